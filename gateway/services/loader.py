@@ -1,0 +1,152 @@
+"""The JSON Lines loader: every line one record (see ``docs/loading.md``).
+
+The whole input is parsed and validated before anything is written, so a typo
+on the last line writes nothing. Then records are applied in batches, one
+transaction each; a batch that the database refuses (an unknown reference, an
+ID reused with other content) is rolled back whole, and the error names its
+line and field. Earlier batches stay committed, and loading the same file again
+is safe: records already applied are skipped by their IDs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from gateway.errors import GatewayError
+from gateway.services.records import Record
+from gateway.services.writes import Actor, RecordError, WriteService
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
+MAX_REPORTED_ERRORS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class LineError:
+    line: int
+    field: str | None
+    message: str
+    code: str = "BAD_USER_INPUT"
+
+    def __str__(self) -> str:
+        where = f", field '{self.field}'" if self.field else ""
+        return f"line {self.line}{where}: {self.message}"
+
+
+class LoadError(GatewayError):
+    """The input was refused. ``errors`` lists the lines; ``committed`` says how
+    many records were written before the refusal (0 when validation failed)."""
+
+    code = "LOAD_REFUSED"
+
+    def __init__(self, errors: list[LineError], committed: int, detail: str) -> None:
+        super().__init__(detail)
+        self.errors = errors
+        self.committed = committed
+
+
+@dataclass
+class LoadReport:
+    records: int = 0
+    batches: int = 0
+    created: Counter[str] = field(default_factory=Counter)
+    unchanged: Counter[str] = field(default_factory=Counter)
+
+
+def _loc(loc: tuple[int | str, ...]) -> str | None:
+    parts: list[str] = []
+    for item in loc[1:] if loc and isinstance(loc[0], str) and loc[0].islower() else loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or None
+
+
+def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
+    """Validate every line; raises :class:`LoadError` listing the bad ones."""
+    parsed: list[tuple[int, Any]] = []
+    errors: list[LineError] = []
+    for number, raw in enumerate(lines, start=1):
+        text = raw.strip()
+        if not text:
+            continue
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            errors.append(LineError(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})"))
+            continue
+        if not isinstance(data, dict):
+            errors.append(LineError(number, None, "a record must be a JSON object"))
+            continue
+        try:
+            parsed.append((number, _ADAPTER.validate_python(data)))
+        except ValidationError as exc:
+            for err in exc.errors(include_url=False):
+                loc = tuple(err["loc"])
+                if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+                    errors.append(LineError(number, "kind", _kind_message(data)))
+                else:
+                    # the discriminator's tag is the first element of loc
+                    errors.append(LineError(number, _loc(loc), _message(err["msg"])))
+        if len(errors) >= MAX_REPORTED_ERRORS:
+            break
+    if errors:
+        raise LoadError(errors, 0, f"{len(errors)} invalid line(s); nothing was written")
+    return parsed
+
+
+def _kind_message(data: dict[str, Any]) -> str:
+    from gateway.services.records import RECORD_KINDS
+
+    kind = data.get("kind")
+    known = ", ".join(RECORD_KINDS)
+    if kind is None:
+        return f"missing; one of: {known}"
+    return f"unknown kind {kind!r}; one of: {known}"
+
+
+async def load(
+    service: WriteService,
+    records: list[tuple[int, Any]],
+    *,
+    batch_size: int,
+    actor: Actor | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> LoadReport:
+    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts."""
+    actor = actor or Actor.operator()
+    report = LoadReport()
+    for start in range(0, len(records), batch_size):
+        chunk = records[start : start + batch_size]
+        try:
+            result = await service.apply([r for _, r in chunk], actor)
+        except RecordError as exc:
+            if exc.index >= 0:
+                line = chunk[exc.index][0]
+                error = LineError(line, exc.field, exc.cause.message, exc.code)
+            else:
+                line = chunk[0][0]
+                error = LineError(line, None, f"batch of lines {chunk[0][0]}-{chunk[-1][0]}: {exc.message}", exc.code)
+            raise LoadError(
+                [error],
+                report.records,
+                f"{error}; lines {chunk[0][0]}-{chunk[-1][0]} were not written "
+                f"({report.records} earlier record(s) are committed; loading again skips them)",
+            ) from exc
+        report.batches += 1
+        report.records += len(chunk)
+        report.created.update(result.created)
+        report.unchanged.update(result.unchanged)
+        if progress is not None:
+            progress(len(chunk))
+    return report
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")

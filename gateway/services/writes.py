@@ -1,0 +1,594 @@
+"""The one write service behind the loader and the mutations.
+
+A batch of records is applied in one transaction: each record is checked
+(authorisation, references visible now, lifecycle transition allowed),
+registered for idempotency, and inserted; the embeddings of the batch's new
+evidence and relationships are computed together and stored before commit. Any
+failure rolls the whole batch back and names the record and field at fault.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+from uuid import UUID
+
+import asyncpg
+
+from gateway.embeddings import EmbeddingProvider
+from gateway.errors import (
+    EmbeddingMismatch,
+    Forbidden,
+    GatewayError,
+    IdempotencyConflict,
+    InvalidInput,
+    NotFound,
+)
+from gateway.services import records as rec
+from gateway.store import writes as store
+from gateway.store.database import Database
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who writes. The operator (loader) may write any team; a principal only its own
+    team's shared space and, with a private-bound token, its own private space."""
+
+    label: str
+    team: str | None = None
+    principal: str | None = None
+    private_bound: bool = False
+
+    @classmethod
+    def operator(cls) -> Actor:
+        return cls(label="operator")
+
+    @classmethod
+    def for_principal(cls, team: str, principal: str, *, private_bound: bool) -> Actor:
+        return cls(
+            label=f"principal:{principal}",
+            team=team,
+            principal=principal,
+            private_bound=private_bound,
+        )
+
+    @property
+    def is_operator(self) -> bool:
+        return self.team is None
+
+
+class RecordError(GatewayError):
+    """A record of a batch was refused; nothing of the batch was written."""
+
+    def __init__(self, index: int, field: str | None, cause: GatewayError) -> None:
+        where = f"field '{field}': " if field else ""
+        super().__init__(f"{where}{cause.message}")
+        self.index = index
+        self.field = field
+        self.code = cause.code
+        self.cause = cause
+
+
+class _FieldError(Exception):
+    def __init__(self, field: str | None, error: GatewayError) -> None:
+        super().__init__(error.message)
+        self.field = field
+        self.error = error
+
+
+def _fail(field: str | None, error: GatewayError) -> _FieldError:
+    return _FieldError(field, error)
+
+
+@dataclass
+class BatchResult:
+    created: Counter[str] = field(default_factory=Counter)
+    unchanged: Counter[str] = field(default_factory=Counter)
+
+
+_OPERATOR_ONLY = frozenset({"team", "principal", "token"})
+
+_SOURCE_TRANSITIONS = {"active": {"withdrawn"}, "withdrawn": {"active"}}
+_EVIDENCE_TRANSITIONS = {
+    "active": {"quarantined", "withdrawn"},
+    "quarantined": {"active", "withdrawn"},
+    "withdrawn": {"active"},
+}
+_RELATIONSHIP_TRANSITIONS = {
+    "active": {"superseded", "retracted"},
+    "superseded": {"active", "retracted"},
+    "retracted": {"active"},
+}
+_SUPPORT_TRANSITIONS = {"revoke": {"grant", "reinstate"}, "reinstate": {"revoke"}}
+_HYPOTHESIS_STATUS = {
+    "confirm": "confirmed",
+    "reject": "rejected",
+    "mark_stale": "stale",
+    "reopen": "proposed",
+}
+
+
+def render_statement(
+    subject: str, predicate: str, obj: str, unit: str | None, polarity: str
+) -> str:
+    """A readable sentence for a relationship; its search text and vector come from it."""
+    verb = predicate.replace("_", " ")
+    tail = f"{obj} {unit}" if unit else obj
+    if polarity == "negative":
+        return f"not: {subject} {verb} {tail}"
+    return f"{subject} {verb} {tail}"
+
+
+class _Batch:
+    """State of one batch inside its transaction."""
+
+    def __init__(self, conn: asyncpg.Connection, actor: Actor, embedder: EmbeddingProvider) -> None:
+        self.conn = conn
+        self.actor = actor
+        self.embedder = embedder
+        self.evidence_texts: list[tuple[str, UUID, str, str]] = []
+        self.relationship_texts: list[tuple[str, UUID, str, str]] = []
+
+    # --- checks shared by several kinds -------------------------------------------
+
+    def _check_team(self, team: str) -> None:
+        if not self.actor.is_operator and team != self.actor.team:
+            raise _fail("team", NotFound(f"no team '{team}'"))
+
+    def _space_allowed(self, owner: str | None) -> bool:
+        if self.actor.is_operator or owner is None:
+            return True
+        return self.actor.private_bound and owner == self.actor.principal
+
+    async def space(self, team: str, ref: str, field_name: str = "space") -> store.Space:
+        owner = rec.private_owner(ref)
+        space = await store.find_space(self.conn, team, owner) if self._space_allowed(owner) else None
+        if space is None:
+            raise _fail(field_name, NotFound(f"no space '{ref}' in team '{team}'"))
+        return space
+
+    async def visible(
+        self,
+        kind: store.VisibleKind,
+        team: str,
+        ids: Sequence[str],
+        field_name: str,
+        *,
+        space_id: UUID | None = None,
+    ) -> dict[str, store.Visible]:
+        found = await store.find_visible(self.conn, kind, team, ids)
+        for i, ident in enumerate(ids):
+            row = found.get(ident)
+            ok = row is not None and self._space_allowed(row.space_owner)
+            if ok and space_id is not None and row is not None and row.space_id != space_id:
+                ok = False
+            if not ok:
+                name = field_name if len(ids) == 1 and "[" in field_name else field_name
+                label = kind.replace("_", " ")
+                where = "" if space_id is None else " in this space"
+                raise _fail(
+                    name if len(ids) == 1 else f"{field_name}[{i}]",
+                    NotFound(f"no {label} '{ident}' in team '{team}'{where}"),
+                )
+        return found
+
+    async def one(
+        self,
+        kind: store.VisibleKind,
+        team: str,
+        ident: str,
+        field_name: str,
+        *,
+        space_id: UUID | None = None,
+    ) -> store.Visible:
+        return (await self.visible(kind, team, [ident], field_name, space_id=space_id))[ident]
+
+    # --- the record kinds -------------------------------------------------------------
+
+    async def team(self, r: rec.TeamRecord) -> None:
+        await store.insert_team(self.conn, r.id, r.name, self.actor.label)
+
+    async def principal(self, r: rec.PrincipalRecord) -> None:
+        if not await store.team_exists(self.conn, r.team):
+            raise _fail("team", NotFound(f"no team '{r.team}'"))
+        await store.insert_principal(
+            self.conn, r.team, r.id, r.type, r.display_name, r.private_space
+        )
+
+    async def token(self, r: rec.TokenRecord) -> None:
+        if not await store.principal_exists(self.conn, r.team, r.principal):
+            raise _fail("principal", NotFound(f"no principal '{r.principal}' in team '{r.team}'"))
+        if await store.token_exists(self.conn, r.id):
+            raise _fail("id", IdempotencyConflict(f"token id '{r.id}' is already in use"))
+        digest = (
+            hashlib.sha256(r.secret.encode()).digest()
+            if r.secret is not None
+            else bytes.fromhex(cast(str, r.secret_sha256))
+        )
+        await store.insert_token(
+            self.conn, r.id, r.team, r.principal, digest, r.binding, r.label, r.expires_at
+        )
+
+    async def source(self, r: rec.SourceRecord) -> None:
+        space = await self.space(r.team, r.space)
+        await store.insert_source(
+            self.conn,
+            r.team,
+            r.id,
+            space,
+            r.type,
+            r.title,
+            r.uri,
+            r.authority,
+            r.created_at,
+            self.actor.label,
+        )
+
+    async def entity(self, r: rec.EntityRecord) -> None:
+        space = await self.space(r.team, r.space)
+        await store.insert_entity(
+            self.conn, r.team, r.id, space, r.name, r.type, r.aliases, self.actor.label
+        )
+
+    async def evidence(self, r: rec.EvidenceRecord) -> None:
+        source = await self.one("source", r.team, r.source, "source")
+        if r.mentions:
+            await self.visible(
+                "entity",
+                r.team,
+                [m.entity for m in r.mentions],
+                "mentions.entity",
+                space_id=source.space_id,
+            )
+        occurrences = [
+            (o.id, r.content[o.start : o.end], o.start, o.end) for o in r.occurrences
+        ]
+        await store.insert_evidence(
+            self.conn,
+            r.team,
+            r.id,
+            source,
+            r.content,
+            hashlib.sha256(r.content.encode()).digest(),
+            r.observed_at,
+            occurrences,
+            [(m.entity, m.occurrence) for m in r.mentions],
+            self.actor.label,
+        )
+        self.evidence_texts.append((r.team, source.space_id, r.id, r.content))
+
+    async def relationship(self, r: rec.RelationshipRecord) -> None:
+        space = await self.space(r.team, r.space)
+        owner = r.owner
+        if not self.actor.is_operator:
+            if owner is not None and owner != self.actor.principal:
+                raise _fail("owner", Forbidden("a principal authors relationships as itself"))
+            owner = self.actor.principal
+        elif owner is None:
+            owner = space.owner
+        if owner is None:
+            raise _fail("owner", InvalidInput("a shared relationship needs an 'owner' principal"))
+        if space.owner is not None and owner != space.owner:
+            raise _fail("owner", Forbidden("a private relationship is owned by its space's owner"))
+        if not await store.principal_exists(self.conn, r.team, owner):
+            raise _fail("owner", NotFound(f"no principal '{owner}' in team '{r.team}'"))
+        names = [r.subject] + ([r.object] if r.object else [])
+        found = await store.find_visible(self.conn, "entity", r.team, names)
+        for fname, ident in (("subject", r.subject), ("object", r.object)):
+            if ident is not None and (
+                ident not in found or found[ident].space_id != space.id
+            ):
+                raise _fail(fname, NotFound(f"no entity '{ident}' in this space"))
+        statement = render_statement(
+            found[r.subject].extra["name"],
+            r.predicate,
+            found[r.object].extra["name"] if r.object else cast(str, r.object_value),
+            r.object_unit,
+            r.polarity,
+        )
+        await store.insert_relationship(
+            self.conn,
+            store.NewRelationship(
+                team=r.team,
+                id=r.id,
+                space=space,
+                subject=r.subject,
+                predicate=r.predicate,
+                object_entity=r.object,
+                object_value=r.object_value,
+                object_unit=r.object_unit,
+                polarity=r.polarity,
+                valid_from=r.valid_from,
+                valid_to=r.valid_to,
+                owner=owner,
+                group_key=r.semantic_group or r.default_group_key(),
+                statement=statement,
+            ),
+            self.actor.label,
+        )
+        for i, spec in enumerate(r.supports):
+            await self._support(r.team, spec, r.id, space.id, f"supports[{i}]")
+        self.relationship_texts.append((r.team, space.id, r.id, statement))
+
+    async def _support(
+        self, team: str, spec: rec.SupportSpec, relationship_id: str, space_id: UUID, prefix: str
+    ) -> None:
+        ev = await self.one("evidence", team, spec.evidence, f"{prefix}.evidence", space_id=space_id)
+        content: str = ev.extra["content"]
+        quote, span = spec.quote, None
+        if spec.occurrence is not None:
+            occ = await store.occurrences_of(self.conn, team, spec.evidence, [spec.occurrence])
+            if spec.occurrence not in occ:
+                raise _fail(
+                    f"{prefix}.occurrence",
+                    NotFound(f"no occurrence '{spec.occurrence}' of evidence '{spec.evidence}'"),
+                )
+            if spec.start is None:
+                quote, start, end = occ[spec.occurrence]
+                span = (start, end)
+        if spec.start is not None and spec.end is not None:
+            if spec.end > len(content):
+                raise _fail(f"{prefix}.end", InvalidInput("the span is past the end of the evidence"))
+            actual = content[spec.start : spec.end]
+            if quote is not None and quote != actual:
+                raise _fail(f"{prefix}.quote", InvalidInput("the quote is not the evidence text at [start, end)"))
+            quote, span = actual, (spec.start, spec.end)
+        await store.insert_support(
+            self.conn,
+            team,
+            spec.id,
+            space_id,
+            spec.evidence,
+            relationship_id,
+            spec.occurrence,
+            quote,
+            span,
+            self.actor.label,
+        )
+
+    async def support(self, r: rec.SupportRecord) -> None:
+        rel = await self.one("relationship", r.team, r.relationship, "relationship")
+        await self._support(r.team, r.spec(), r.relationship, rel.space_id, "")
+
+    async def support_decision(self, r: rec.SupportDecisionRecord) -> None:
+        sup = await self.one("support", r.team, r.support, "support")
+        current = sup.extra["decision"]
+        if current not in _SUPPORT_TRANSITIONS[r.decision]:
+            state = "revoked" if current == "revoke" else "granted"
+            raise _fail("decision", InvalidInput(f"cannot {r.decision} a support that is {state}"))
+        await store.insert_support_decision(
+            self.conn, r.team, sup.space_id, r.support, r.id, r.decision, r.reason, self.actor.label
+        )
+
+    async def source_lifecycle(self, r: rec.SourceLifecycleRecord) -> None:
+        src = await self.one("source", r.team, r.source, "source")
+        self._transition("source", src.extra["status"], r.status, _SOURCE_TRANSITIONS)
+        await store.insert_lifecycle(
+            self.conn, "source", r.team, src.space_id, r.source, r.id, r.status, r.reason,
+            self.actor.label,
+        )
+
+    async def evidence_lifecycle(self, r: rec.EvidenceLifecycleRecord) -> None:
+        ev = await self.one("evidence", r.team, r.evidence, "evidence")
+        self._transition("evidence", ev.extra["status"], r.status, _EVIDENCE_TRANSITIONS)
+        await store.insert_lifecycle(
+            self.conn, "evidence", r.team, ev.space_id, r.evidence, r.id, r.status, r.reason,
+            self.actor.label,
+        )
+
+    async def relationship_transition(self, r: rec.RelationshipTransitionRecord) -> None:
+        rel = await self.one("relationship", r.team, r.relationship, "relationship")
+        self._transition("relationship", rel.extra["status"], r.status, _RELATIONSHIP_TRANSITIONS)
+        if r.superseded_by is not None:
+            await self.one(
+                "relationship", r.team, r.superseded_by, "superseded_by", space_id=rel.space_id
+            )
+        await store.insert_relationship_status(
+            self.conn, r.team, rel.space_id, r.relationship, r.id, r.status, r.superseded_by,
+            r.reason, self.actor.label,
+        )
+
+    @staticmethod
+    def _transition(what: str, current: str, new: str, allowed: dict[str, set[str]]) -> None:
+        if new not in allowed.get(current, set()):
+            raise _fail("status", InvalidInput(f"the {what} is already {current}; cannot become {new}"))
+
+    async def conflict_case(self, r: rec.ConflictCaseRecord) -> None:
+        space = await self.space(r.team, r.space)
+        for i, pos in enumerate(r.positions):
+            await self.visible(
+                "relationship", r.team, pos.relationships, f"positions[{i}].relationships",
+                space_id=space.id,
+            )
+        await store.insert_conflict_case(
+            self.conn,
+            r.team,
+            r.id,
+            space,
+            r.question,
+            [(p.id, p.label, p.relationships) for p in r.positions],
+            r.reason,
+            self.actor.label,
+        )
+
+    async def conflict_resolution(self, r: rec.ConflictResolutionRecord) -> None:
+        case = await self.one("conflict_case", r.team, r.case, "case")
+        if case.extra["state"] == "resolve":
+            raise _fail("case", InvalidInput("the case is already resolved; reopen it first"))
+        if r.preferred_position not in await store.positions_of(self.conn, r.team, r.case):
+            raise _fail(
+                "preferred_position",
+                NotFound(f"no position '{r.preferred_position}' in case '{r.case}'"),
+            )
+        await store.insert_conflict_event(
+            self.conn, r.team, case.space_id, r.case, r.id, "resolve", r.preferred_position,
+            r.reason, self.actor.label,
+        )
+
+    async def conflict_reopening(self, r: rec.ConflictReopeningRecord) -> None:
+        case = await self.one("conflict_case", r.team, r.case, "case")
+        if case.extra["state"] != "resolve":
+            raise _fail("case", InvalidInput("only a resolved case can be reopened"))
+        await store.insert_conflict_event(
+            self.conn, r.team, case.space_id, r.case, r.id, "reopen", None, r.reason,
+            self.actor.label,
+        )
+
+    async def evidence_conflict(self, r: rec.EvidenceConflictRecord) -> None:
+        space = await self.space(r.team, r.space)
+        for i, pos in enumerate(r.positions):
+            await self.one(
+                "evidence", r.team, pos.evidence, f"positions[{i}].evidence", space_id=space.id
+            )
+            occ = await store.occurrences_of(self.conn, r.team, pos.evidence, [pos.occurrence])
+            if pos.occurrence not in occ:
+                raise _fail(
+                    f"positions[{i}].occurrence",
+                    NotFound(f"no occurrence '{pos.occurrence}' of evidence '{pos.evidence}'"),
+                )
+        await store.insert_evidence_conflict(
+            self.conn,
+            r.team,
+            r.id,
+            space,
+            r.question,
+            [(p.id, p.label, p.evidence, p.occurrence) for p in r.positions],
+            self.actor.label,
+        )
+
+    async def hypothesis(self, r: rec.HypothesisRecord) -> None:
+        space = await self.space(r.team, rec.SHARED)
+        await self.visible("relationship", r.team, r.relationships, "relationships", space_id=space.id)
+        await self.visible("evidence", r.team, r.evidence, "evidence", space_id=space.id)
+        proposed_by = r.proposed_by if self.actor.is_operator else self.actor.principal
+        if proposed_by is not None and not await store.principal_exists(self.conn, r.team, proposed_by):
+            raise _fail("proposed_by", NotFound(f"no principal '{proposed_by}' in team '{r.team}'"))
+        await store.insert_hypothesis(
+            self.conn, r.team, r.id, space, r.statement, r.origin, proposed_by,
+            r.relationships, r.evidence, self.actor.label,
+        )
+
+    async def hypothesis_feedback(self, r: rec.HypothesisFeedbackRecord) -> None:
+        hyp = await self.one("hypothesis", r.team, r.hypothesis, "hypothesis")
+        status = _HYPOTHESIS_STATUS[r.decision]
+        if hyp.extra["status"] == status:
+            raise _fail("decision", InvalidInput(f"the hypothesis is already {status}"))
+        await store.insert_hypothesis_feedback(
+            self.conn, r.team, hyp.space_id, r.hypothesis, r.id, r.decision, status, r.note,
+            self.actor.label,
+        )
+
+    async def space_reset(self, r: rec.SpaceResetRecord) -> None:
+        space = await self.space(r.team, r.space)
+        await store.insert_space_generation(self.conn, r.team, space, r.id, r.reason, self.actor.label)
+
+    # --- embeddings, before commit ------------------------------------------------------
+
+    async def embed_pending(self) -> None:
+        if not self.evidence_texts and not self.relationship_texts:
+            return
+        model, dims = self.embedder.model, self.embedder.dimensions
+        registered = await store.store_embedding_model(self.conn)
+        if registered is None:
+            await store.register_embedding_model(self.conn, model, dims)
+        elif registered != (model, dims):
+            raise EmbeddingMismatch(
+                f"the store holds vectors of model '{registered[0]}' ({registered[1]} dimensions); "
+                f"the configured provider makes '{model}' ({dims}): refusing to mix them"
+            )
+        texts = [t[3] for t in self.evidence_texts] + [t[3] for t in self.relationship_texts]
+        vectors = await self.embedder.embed(texts)
+        n = len(self.evidence_texts)
+        if self.evidence_texts:
+            await store.insert_evidence_embeddings(
+                self.conn, [t[:3] for t in self.evidence_texts], vectors[:n], model
+            )
+        if self.relationship_texts:
+            generations: dict[str, int] = {}
+            for team in {t[0] for t in self.relationship_texts}:
+                generations[team] = await store.active_projection(self.conn, team, model)
+            await store.insert_relationship_embeddings(
+                self.conn,
+                [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
+                vectors[n:],
+                model,
+            )
+
+
+_POSTGRES_FIELD_HINTS = {
+    "quote_matches_evidence": "quote",
+}
+
+
+class WriteService:
+    """Applies records; shared by ``recall-gateway load`` and the GraphQL mutations."""
+
+    def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
+        self.db = db
+        self.embedder = embedder
+
+    async def apply(self, records: Sequence[Any], actor: Actor) -> BatchResult:
+        """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal."""
+        result = BatchResult()
+        async with self.db.admin() as conn:
+            batch = _Batch(conn, actor, self.embedder)
+            for index, record in enumerate(records):
+                try:
+                    if await self._apply_one(batch, record):
+                        result.created[record.kind] += 1
+                    else:
+                        result.unchanged[record.kind] += 1
+                except _FieldError as exc:
+                    raise RecordError(index, exc.field, exc.error) from None
+                except asyncpg.PostgresError as exc:
+                    raise RecordError(index, _field_of(exc), InvalidInput(_db_message(exc))) from exc
+            try:
+                await batch.embed_pending()
+            except GatewayError as exc:
+                raise RecordError(-1, None, exc) from exc
+        return result
+
+    async def _apply_one(self, batch: _Batch, record: Any) -> bool:
+        team = rec.record_team(record)
+        if record.kind == "team":
+            if not batch.actor.is_operator:
+                raise _fail("kind", Forbidden("only the operator creates teams"))
+        else:
+            batch._check_team(team)
+        if record.kind in _OPERATOR_ONLY and not batch.actor.is_operator:
+            raise _fail("kind", Forbidden(f"only the operator writes '{record.kind}' records"))
+        claim = await store.claim_write(
+            batch.conn, team, record.kind, record.id, record.payload_sha256(), batch.actor.label
+        )
+        if claim == "same":
+            return False
+        if claim == "different":
+            raise _fail(
+                "id",
+                IdempotencyConflict(
+                    f"{record.kind} '{record.id}' was written before with different content"
+                ),
+            )
+        await getattr(batch, record.kind)(record)
+        return True
+
+
+def _field_of(exc: asyncpg.PostgresError) -> str | None:
+    constraint = getattr(exc, "constraint_name", None)
+    return _POSTGRES_FIELD_HINTS.get(constraint or "", getattr(exc, "column_name", None))
+
+
+def _db_message(exc: asyncpg.PostgresError) -> str:
+    """The database's refusal, without SQL or internal identifiers."""
+    if isinstance(exc, asyncpg.UniqueViolationError):
+        return "an object with this id already exists"
+    if isinstance(exc, asyncpg.ForeignKeyViolationError):
+        return "a referenced object does not exist"
+    if isinstance(exc, asyncpg.CheckViolationError):
+        if getattr(exc, "constraint_name", None) == "quote_matches_evidence":
+            return "the quote does not match the evidence text at its span"
+        return f"a value is out of range ({getattr(exc, 'constraint_name', 'check')})"
+    return "the database refused the record"

@@ -1,0 +1,124 @@
+"""The connection pool and the two kinds of transaction the gateway runs.
+
+Tenant transactions switch to the non-owner role ``recall_app`` and set the
+caller's team and readable spaces, so PostgreSQL's row-level security filters
+every statement even where the SQL forgets its own predicates. Admin
+transactions (loader, migrations, token lookup) run as the connecting role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+from pgvector.asyncpg import register_vector
+
+from gateway.errors import ConfigurationError, DatabaseUnavailable
+from gateway.store import migrations
+
+APP_ROLE = "recall_app"
+
+_ENTER_TENANT = (
+    "SELECT set_config('role', $1, true), set_config('recall.team_id', $2, true), "
+    "set_config('recall.space_ids', $3, true)"
+)
+
+
+def _space_literal(space_ids: Sequence[UUID]) -> str:
+    return "{" + ",".join(str(s) for s in space_ids) + "}"
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    await register_vector(conn)
+
+
+async def connect_once(dsn: str) -> asyncpg.Connection:
+    """One connection, for migrations and checks before the pool exists."""
+    try:
+        return await asyncpg.connect(dsn, timeout=10)
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
+
+
+async def ensure_vector_available(conn: asyncpg.Connection) -> None:
+    """A clear refusal for a server without pgvector, before anything depends on it."""
+    row = await conn.fetchrow("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
+    if row is None:
+        version = await conn.fetchval("SHOW server_version")
+        raise ConfigurationError(
+            f"the PostgreSQL server (version {version}) has no 'vector' extension. Install "
+            "pgvector on that server, or unset DATABASE_URL to use the embedded database."
+        )
+
+
+async def prepare(dsn: str, *, migrate: bool) -> list[migrations.Migration]:
+    """Check pgvector and bring the schema up to date (or report what is pending)."""
+    conn = await connect_once(dsn)
+    try:
+        await ensure_vector_available(conn)
+        if migrate:
+            return await migrations.migrate(conn)
+        pending = await migrations.pending(conn)
+        if pending:
+            raise ConfigurationError(
+                f"{len(pending)} migration(s) pending: run `recall-gateway migrate`"
+            )
+        return []
+    finally:
+        await conn.close()
+
+
+class Database:
+    """The asyncpg pool, and the transactions built on it."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 10,
+        statement_timeout_ms: int = 5000,
+    ) -> Database:
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=min_size,
+                max_size=max_size,
+                init=_init_connection,
+                server_settings={
+                    "application_name": "recall-gateway",
+                    "statement_timeout": str(statement_timeout_ms),
+                },
+            )
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @asynccontextmanager
+    async def tenant(
+        self, team_id: str, space_ids: Sequence[UUID], *, readonly: bool = True
+    ) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction confined by row-level security to one team's spaces."""
+        async with self.pool.acquire() as conn, conn.transaction(readonly=readonly):
+            await conn.execute(_ENTER_TENANT, APP_ROLE, team_id, _space_literal(space_ids))
+            yield conn
+
+    @asynccontextmanager
+    async def admin(self) -> AsyncIterator[asyncpg.Connection]:
+        """A transaction as the connecting (owner) role: loader and operator work."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            yield conn
+
+    async def fetchval(self, sql: str, *args: Any) -> Any:
+        async with self.pool.acquire() as conn:
+            return await conn.fetchval(sql, *args)

@@ -1,0 +1,740 @@
+"""SQL of the write path: lookups of what a record refers to, and the inserts.
+
+Every lookup answers only for rows that are *visible now*: in the named team and
+in the current generation of their space. Anything else is absent, so a write
+can never attach to hidden or foreign material. Lifecycle state is read from the
+latest event (recorded_at, then seq), the same rule the read path uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import asyncpg
+import numpy as np
+
+# --- idempotency -------------------------------------------------------------
+
+Claim = Literal["new", "same", "different"]
+
+
+async def claim_write(
+    conn: asyncpg.Connection, team: str, kind: str, client_id: str, digest: bytes, by: str
+) -> Claim:
+    """Register a client-supplied write, or say how it compares with the earlier one."""
+    inserted = await conn.fetchval(
+        "INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+        team,
+        kind,
+        client_id,
+        digest,
+        by,
+    )
+    if inserted:
+        return "new"
+    stored = await conn.fetchval(
+        "SELECT payload_sha256 FROM write_log WHERE team_id = $1 AND kind = $2 AND client_id = $3",
+        team,
+        kind,
+        client_id,
+    )
+    return "same" if stored == digest else "different"
+
+
+# --- spaces --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    id: UUID
+    kind: str
+    owner: str | None
+    generation: int
+
+
+_SPACE = """
+SELECT s.id, s.kind, s.owner_principal_id AS owner,
+       (SELECT max(g.generation) FROM space_generations g
+         WHERE g.team_id = s.team_id AND g.space_id = s.id) AS generation
+FROM memory_spaces s
+WHERE s.team_id = $1 AND s.owner_principal_id IS NOT DISTINCT FROM $2
+"""
+
+
+async def find_space(conn: asyncpg.Connection, team: str, owner: str | None) -> Space | None:
+    """The team's shared space (owner None) or a principal's private space."""
+    row = await conn.fetchrow(_SPACE, team, owner)
+    return Space(**dict(row)) if row else None
+
+
+async def insert_team(conn: asyncpg.Connection, team: str, name: str, by: str) -> None:
+    await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", team, name)
+    await conn.execute("INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared')", team)
+
+
+async def team_exists(conn: asyncpg.Connection, team: str) -> bool:
+    return bool(await conn.fetchval("SELECT true FROM teams WHERE id = $1", team))
+
+
+async def principal_exists(conn: asyncpg.Connection, team: str, principal: str) -> bool:
+    return bool(
+        await conn.fetchval(
+            "SELECT true FROM principals WHERE team_id = $1 AND id = $2", team, principal
+        )
+    )
+
+
+async def insert_principal(
+    conn: asyncpg.Connection,
+    team: str,
+    principal: str,
+    kind: str,
+    display_name: str,
+    private_space: bool,
+) -> None:
+    await conn.execute(
+        "INSERT INTO principals (team_id, id, kind, display_name) VALUES ($1, $2, $3, $4)",
+        team,
+        principal,
+        kind,
+        display_name,
+    )
+    if private_space:
+        await conn.execute(
+            "INSERT INTO memory_spaces (team_id, kind, owner_principal_id) VALUES ($1, 'private', $2)",
+            team,
+            principal,
+        )
+
+
+async def token_exists(conn: asyncpg.Connection, token_id: str) -> bool:
+    return bool(await conn.fetchval("SELECT true FROM api_tokens WHERE id = $1", token_id))
+
+
+async def insert_token(
+    conn: asyncpg.Connection,
+    token_id: str,
+    team: str,
+    principal: str,
+    secret_sha256: bytes,
+    binding: str,
+    label: str | None,
+    expires_at: datetime | None,
+) -> None:
+    await conn.execute(
+        "INSERT INTO api_tokens (id, team_id, principal_id, secret_sha256, binding, label, expires_at) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        token_id,
+        team,
+        principal,
+        secret_sha256,
+        binding,
+        label,
+        expires_at,
+    )
+
+
+async def insert_space_generation(
+    conn: asyncpg.Connection, team: str, space: Space, reset_id: str, reason: str | None, by: str
+) -> int:
+    generation = space.generation + 1
+    await conn.execute(
+        "INSERT INTO space_generations (team_id, space_id, generation, reset_id, reason, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        team,
+        space.id,
+        generation,
+        reset_id,
+        reason,
+        by,
+    )
+    return generation
+
+
+# --- visible objects -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Visible:
+    """A row that a write may refer to, with the state the write needs."""
+
+    id: str
+    space_id: UUID
+    space_owner: str | None
+    generation: int
+    extra: dict[str, Any]
+
+
+_CURRENT_GENERATION = """(SELECT max(g.generation) FROM space_generations g
+                          WHERE g.team_id = o.team_id AND g.space_id = o.space_id)"""
+
+_LATEST = """(SELECT e.{col} FROM {events} e
+              WHERE e.team_id = o.team_id AND e.{fk} = o.id
+              ORDER BY e.recorded_at DESC, e.seq DESC LIMIT 1)"""
+
+
+def _latest(events: str, fk: str, col: str) -> str:
+    return _LATEST.format(events=events, fk=fk, col=col)
+
+
+_EXTRA: dict[str, tuple[str, str]] = {
+    "source": ("sources", _latest("source_lifecycle_events", "source_id", "status") + " AS status"),
+    "evidence": (
+        "evidence",
+        "o.content, " + _latest("evidence_lifecycle_events", "evidence_id", "status") + " AS status",
+    ),
+    "entity": ("entities", "o.name"),
+    "relationship": (
+        "relationships",
+        "o.statement, "
+        + _latest("relationship_status_events", "relationship_id", "status")
+        + " AS status",
+    ),
+    "conflict_case": (
+        "conflict_cases",
+        _latest("conflict_case_events", "case_id", "event") + " AS state",
+    ),
+    "hypothesis": (
+        "hypotheses",
+        _latest("hypothesis_feedback", "hypothesis_id", "status") + " AS status",
+    ),
+}
+
+_VISIBLE = """
+SELECT o.id, o.space_id, s.owner_principal_id AS space_owner, o.generation{extra}
+FROM {table} o
+JOIN memory_spaces s ON s.team_id = o.team_id AND s.id = o.space_id
+WHERE o.team_id = $1 AND o.id = ANY($2::text[]) AND o.generation = {current}
+"""
+
+_VISIBLE_SUPPORT = """
+SELECT o.id, o.space_id, s.owner_principal_id AS space_owner, ev.generation,
+       o.evidence_id, o.relationship_id,
+       (SELECT d.decision FROM support_decisions d
+         WHERE d.team_id = o.team_id AND d.support_id = o.id
+         ORDER BY d.recorded_at DESC, d.seq DESC LIMIT 1) AS decision
+FROM supports o
+JOIN evidence ev ON ev.team_id = o.team_id AND ev.id = o.evidence_id
+JOIN relationships r ON r.team_id = o.team_id AND r.id = o.relationship_id
+JOIN memory_spaces s ON s.team_id = o.team_id AND s.id = o.space_id
+WHERE o.team_id = $1 AND o.id = ANY($2::text[])
+  AND ev.generation = (SELECT max(g.generation) FROM space_generations g
+                        WHERE g.team_id = o.team_id AND g.space_id = o.space_id)
+  AND r.generation = ev.generation
+"""
+
+VisibleKind = Literal[
+    "source", "evidence", "entity", "relationship", "conflict_case", "hypothesis", "support"
+]
+
+
+async def find_visible(
+    conn: asyncpg.Connection, kind: VisibleKind, team: str, ids: Sequence[str]
+) -> dict[str, Visible]:
+    """Rows of ``kind`` by ID that are visible now; absent IDs are simply missing."""
+    if not ids:
+        return {}
+    if kind == "support":
+        sql = _VISIBLE_SUPPORT
+    else:
+        table, extra = _EXTRA[kind]
+        sql = _VISIBLE.format(table=table, extra=", " + extra, current=_CURRENT_GENERATION)
+    rows = await conn.fetch(sql, team, list(ids))
+    found: dict[str, Visible] = {}
+    for row in rows:
+        data = dict(row)
+        ident = data.pop("id")
+        found[ident] = Visible(
+            id=ident,
+            space_id=data.pop("space_id"),
+            space_owner=data.pop("space_owner"),
+            generation=data.pop("generation"),
+            extra=data,
+        )
+    return found
+
+
+async def occurrences_of(
+    conn: asyncpg.Connection, team: str, evidence_id: str, ids: Sequence[str]
+) -> dict[str, tuple[str, int, int]]:
+    rows = await conn.fetch(
+        "SELECT id, quote, span_start, span_end FROM evidence_occurrences "
+        "WHERE team_id = $1 AND evidence_id = $2 AND id = ANY($3::text[])",
+        team,
+        evidence_id,
+        list(ids),
+    )
+    return {r["id"]: (r["quote"], r["span_start"], r["span_end"]) for r in rows}
+
+
+async def positions_of(conn: asyncpg.Connection, team: str, case_id: str) -> set[str]:
+    rows = await conn.fetch(
+        "SELECT id FROM conflict_positions WHERE team_id = $1 AND case_id = $2", team, case_id
+    )
+    return {r["id"] for r in rows}
+
+
+# --- inserts -----------------------------------------------------------------------
+
+
+async def insert_source(
+    conn: asyncpg.Connection,
+    team: str,
+    source_id: str,
+    space: Space,
+    kind: str,
+    title: str,
+    uri: str | None,
+    authority: str,
+    created_at: datetime | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO sources (team_id, id, space_id, generation, kind, title, uri, authority, "
+        "created_at, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        team,
+        source_id,
+        space.id,
+        space.generation,
+        kind,
+        title,
+        uri,
+        authority,
+        created_at,
+        by,
+    )
+    await insert_lifecycle(conn, "source", team, space.id, source_id, None, "active", None, by)
+
+
+_LIFECYCLE: dict[str, tuple[str, str]] = {
+    "source": ("source_lifecycle_events", "source_id"),
+    "evidence": ("evidence_lifecycle_events", "evidence_id"),
+}
+
+
+async def insert_lifecycle(
+    conn: asyncpg.Connection,
+    kind: Literal["source", "evidence"],
+    team: str,
+    space_id: UUID,
+    target: str,
+    event_id: str | None,
+    status: str,
+    reason: str | None,
+    by: str,
+) -> None:
+    table, fk = _LIFECYCLE[kind]
+    await conn.execute(
+        f"INSERT INTO {table} (team_id, space_id, {fk}, event_id, status, reason, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        team,
+        space_id,
+        target,
+        event_id,
+        status,
+        reason,
+        by,
+    )
+
+
+async def insert_entity(
+    conn: asyncpg.Connection,
+    team: str,
+    entity_id: str,
+    space: Space,
+    name: str,
+    kind: str,
+    aliases: Sequence[str],
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO entities (team_id, id, space_id, generation, name, kind, aliases, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        team,
+        entity_id,
+        space.id,
+        space.generation,
+        name,
+        kind,
+        list(aliases),
+        by,
+    )
+
+
+async def insert_evidence(
+    conn: asyncpg.Connection,
+    team: str,
+    evidence_id: str,
+    source: Visible,
+    content: str,
+    content_sha256: bytes,
+    observed_at: datetime | None,
+    occurrences: Sequence[tuple[str, str, int, int]],
+    mentions: Sequence[tuple[str, str | None]],
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO evidence (team_id, id, space_id, generation, source_id, content, "
+        "content_sha256, observed_at, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        team,
+        evidence_id,
+        source.space_id,
+        source.generation,
+        source.id,
+        content,
+        content_sha256,
+        observed_at,
+        by,
+    )
+    await insert_lifecycle(
+        conn, "evidence", team, source.space_id, evidence_id, None, "active", None, by
+    )
+    if occurrences:
+        await conn.executemany(
+            "INSERT INTO evidence_occurrences (team_id, space_id, evidence_id, id, quote, "
+            "span_start, span_end) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            [(team, source.space_id, evidence_id, *occ) for occ in occurrences],
+        )
+    if mentions:
+        await conn.executemany(
+            "INSERT INTO evidence_entity_mentions (team_id, space_id, evidence_id, entity_id, "
+            "occurrence_id) VALUES ($1, $2, $3, $4, $5)",
+            [(team, source.space_id, evidence_id, ent, occ) for ent, occ in mentions],
+        )
+
+
+async def insert_evidence_embeddings(
+    conn: asyncpg.Connection,
+    rows: Sequence[tuple[str, UUID, str]],
+    vectors: np.ndarray,
+    model: str,
+) -> None:
+    dims = int(vectors.shape[1])
+    await conn.executemany(
+        "INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions, "
+        "embedding) VALUES ($1, $2, $3, $4, $5, $6)",
+        [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NewRelationship:
+    team: str
+    id: str
+    space: Space
+    subject: str
+    predicate: str
+    object_entity: str | None
+    object_value: str | None
+    object_unit: str | None
+    polarity: str
+    valid_from: datetime | None
+    valid_to: datetime | None
+    owner: str
+    group_key: str
+    statement: str
+
+
+async def insert_relationship(conn: asyncpg.Connection, r: NewRelationship, by: str) -> None:
+    await conn.execute(
+        "INSERT INTO relationships (team_id, id, space_id, generation, subject_entity_id, "
+        "predicate, object_entity_id, object_value, object_unit, polarity, valid_from, valid_to, "
+        "owner_principal_id, semantic_group_key, statement, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        r.team,
+        r.id,
+        r.space.id,
+        r.space.generation,
+        r.subject,
+        r.predicate,
+        r.object_entity,
+        r.object_value,
+        r.object_unit,
+        r.polarity,
+        r.valid_from,
+        r.valid_to,
+        r.owner,
+        r.group_key,
+        r.statement,
+        by,
+    )
+    await insert_relationship_status(conn, r.team, r.space.id, r.id, None, "active", None, None, by)
+
+
+async def insert_relationship_status(
+    conn: asyncpg.Connection,
+    team: str,
+    space_id: UUID,
+    relationship_id: str,
+    event_id: str | None,
+    status: str,
+    superseded_by: str | None,
+    reason: str | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO relationship_status_events (team_id, space_id, relationship_id, event_id, "
+        "status, superseded_by, reason, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        team,
+        space_id,
+        relationship_id,
+        event_id,
+        status,
+        superseded_by,
+        reason,
+        by,
+    )
+
+
+async def active_projection(conn: asyncpg.Connection, team: str, model: str) -> int:
+    """The team's active relationship projection generation, made on first use."""
+    generation = await conn.fetchval(
+        "SELECT generation FROM relationship_projections WHERE team_id = $1 AND status = 'active'",
+        team,
+    )
+    if generation is not None:
+        return int(generation)
+    await conn.execute(
+        "INSERT INTO relationship_projections (team_id, generation, model, status, activated_at) "
+        "VALUES ($1, 1, $2, 'active', now())",
+        team,
+        model,
+    )
+    return 1
+
+
+async def insert_relationship_embeddings(
+    conn: asyncpg.Connection,
+    rows: Sequence[tuple[str, UUID, str, int]],
+    vectors: np.ndarray,
+    model: str,
+) -> None:
+    dims = int(vectors.shape[1])
+    await conn.executemany(
+        "INSERT INTO relationship_embeddings (team_id, space_id, relationship_id, "
+        "projection_generation, model, dimensions, embedding) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
+    )
+
+
+async def insert_support(
+    conn: asyncpg.Connection,
+    team: str,
+    support_id: str,
+    space_id: UUID,
+    evidence_id: str,
+    relationship_id: str,
+    occurrence_id: str | None,
+    quote: str | None,
+    span: tuple[int, int] | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO supports (team_id, id, space_id, evidence_id, relationship_id, occurrence_id, "
+        "quote, span_start, span_end, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        team,
+        support_id,
+        space_id,
+        evidence_id,
+        relationship_id,
+        occurrence_id,
+        quote,
+        span[0] if span else None,
+        span[1] if span else None,
+        by,
+    )
+    await insert_support_decision(conn, team, space_id, support_id, None, "grant", None, by)
+
+
+async def insert_support_decision(
+    conn: asyncpg.Connection,
+    team: str,
+    space_id: UUID,
+    support_id: str,
+    decision_id: str | None,
+    decision: str,
+    reason: str | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO support_decisions (team_id, space_id, support_id, decision_id, decision, "
+        "reason, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        team,
+        space_id,
+        support_id,
+        decision_id,
+        decision,
+        reason,
+        by,
+    )
+
+
+async def insert_conflict_case(
+    conn: asyncpg.Connection,
+    team: str,
+    case_id: str,
+    space: Space,
+    question: str,
+    positions: Sequence[tuple[str, str, Sequence[str]]],
+    reason: str | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO conflict_cases (team_id, id, space_id, generation, question, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        team,
+        case_id,
+        space.id,
+        space.generation,
+        question,
+        by,
+    )
+    await conn.executemany(
+        "INSERT INTO conflict_positions (team_id, space_id, case_id, id, label) "
+        "VALUES ($1, $2, $3, $4, $5)",
+        [(team, space.id, case_id, pid, label) for pid, label, _ in positions],
+    )
+    await conn.executemany(
+        "INSERT INTO conflict_position_relationships (team_id, space_id, case_id, position_id, "
+        "relationship_id) VALUES ($1, $2, $3, $4, $5)",
+        [(team, space.id, case_id, pid, rel) for pid, _, rels in positions for rel in rels],
+    )
+    await insert_conflict_event(conn, team, space.id, case_id, None, "open", None, reason, by)
+
+
+async def insert_conflict_event(
+    conn: asyncpg.Connection,
+    team: str,
+    space_id: UUID,
+    case_id: str,
+    event_id: str | None,
+    event: str,
+    preferred_position: str | None,
+    reason: str | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO conflict_case_events (team_id, space_id, case_id, event_id, event, "
+        "preferred_position_id, reason, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        team,
+        space_id,
+        case_id,
+        event_id,
+        event,
+        preferred_position,
+        reason,
+        by,
+    )
+
+
+async def insert_evidence_conflict(
+    conn: asyncpg.Connection,
+    team: str,
+    conflict_id: str,
+    space: Space,
+    question: str,
+    positions: Sequence[tuple[str, str, str, str]],
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO evidence_conflicts (team_id, id, space_id, generation, question, recorded_by) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        team,
+        conflict_id,
+        space.id,
+        space.generation,
+        question,
+        by,
+    )
+    await conn.executemany(
+        "INSERT INTO evidence_conflict_positions (team_id, space_id, conflict_id, id, label, "
+        "evidence_id, occurrence_id) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        [(team, space.id, conflict_id, *p) for p in positions],
+    )
+
+
+async def insert_hypothesis(
+    conn: asyncpg.Connection,
+    team: str,
+    hypothesis_id: str,
+    space: Space,
+    statement: str,
+    origin: str,
+    proposed_by: str | None,
+    relationships: Sequence[str],
+    evidence: Sequence[str],
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO hypotheses (team_id, id, space_id, generation, statement, origin, "
+        "proposed_by, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        team,
+        hypothesis_id,
+        space.id,
+        space.generation,
+        statement,
+        origin,
+        proposed_by,
+        by,
+    )
+    if relationships:
+        await conn.executemany(
+            "INSERT INTO hypothesis_relationships (team_id, space_id, hypothesis_id, "
+            "relationship_id) VALUES ($1, $2, $3, $4)",
+            [(team, space.id, hypothesis_id, r) for r in relationships],
+        )
+    if evidence:
+        await conn.executemany(
+            "INSERT INTO hypothesis_evidence (team_id, space_id, hypothesis_id, evidence_id) "
+            "VALUES ($1, $2, $3, $4)",
+            [(team, space.id, hypothesis_id, e) for e in evidence],
+        )
+    await insert_hypothesis_feedback(
+        conn, team, space.id, hypothesis_id, None, "propose", "proposed", None, by
+    )
+
+
+async def insert_hypothesis_feedback(
+    conn: asyncpg.Connection,
+    team: str,
+    space_id: UUID,
+    hypothesis_id: str,
+    feedback_id: str | None,
+    decision: str,
+    status: str,
+    note: str | None,
+    by: str,
+) -> None:
+    await conn.execute(
+        "INSERT INTO hypothesis_feedback (team_id, space_id, hypothesis_id, feedback_id, decision, "
+        "status, note, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        team,
+        space_id,
+        hypothesis_id,
+        feedback_id,
+        decision,
+        status,
+        note,
+        by,
+    )
+
+
+# --- embedding model registry --------------------------------------------------------
+
+
+async def store_embedding_model(conn: asyncpg.Connection) -> tuple[str, int] | None:
+    row = await conn.fetchrow("SELECT name, dimensions FROM embedding_models")
+    return (row["name"], row["dimensions"]) if row else None
+
+
+async def register_embedding_model(conn: asyncpg.Connection, name: str, dimensions: int) -> None:
+    await conn.execute(
+        "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        name,
+        dimensions,
+    )
