@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     )
     openai_timeout_s: float = Field(default=10.0, gt=0, le=300)
 
+    migrate_on_start: bool = Field(
+        default=True, description="Apply pending migrations when the server starts."
+    )
+
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )

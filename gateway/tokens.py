@@ -50,7 +50,11 @@ def parse_token(raw: str) -> ParsedToken | None:
     if not raw.startswith(PREFIX) or len(raw) < len(PREFIX) + SECRET_LENGTH + 4:
         return None
     body = raw[len(PREFIX) :]
-    secret, sep, token_id = body[-SECRET_LENGTH:], body[-SECRET_LENGTH - 1], body[: -SECRET_LENGTH - 1]
+    secret, sep, token_id = (
+        body[-SECRET_LENGTH:],
+        body[-SECRET_LENGTH - 1],
+        body[: -SECRET_LENGTH - 1],
+    )
     if sep != "_" or not _ID.match(token_id) or not _SECRET.match(secret):
         return None
     return ParsedToken(token_id, secret)

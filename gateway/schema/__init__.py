@@ -1,0 +1,19 @@
+"""The GraphQL schema. ``schema.graphql`` at the repository root is exported from here."""
+
+from __future__ import annotations
+
+import strawberry
+
+from gateway.schema.errors import ErrorCodes
+from gateway.schema.query import Query
+
+
+def build_schema() -> strawberry.Schema:
+    return strawberry.Schema(query=Query, extensions=[ErrorCodes])
+
+
+def export_sdl() -> str:
+    return build_schema().as_str() + "\n"
+
+
+__all__ = ["build_schema", "export_sdl"]

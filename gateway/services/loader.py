@@ -79,7 +79,9 @@ def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            errors.append(LineError(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})"))
+            errors.append(
+                LineError(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})")
+            )
             continue
         if not isinstance(data, dict):
             errors.append(LineError(number, None, "a record must be a JSON object"))
@@ -132,7 +134,12 @@ async def load(
                 error = LineError(line, exc.field, exc.cause.message, exc.code)
             else:
                 line = chunk[0][0]
-                error = LineError(line, None, f"batch of lines {chunk[0][0]}-{chunk[-1][0]}: {exc.message}", exc.code)
+                error = LineError(
+                    line,
+                    None,
+                    f"batch of lines {chunk[0][0]}-{chunk[-1][0]}: {exc.message}",
+                    exc.code,
+                )
             raise LoadError(
                 [error],
                 report.records,

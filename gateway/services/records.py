@@ -20,7 +20,9 @@ ClientId = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$", strict=True)
 ]
 TokenId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9-]{2,63}$")]
-SpaceRef = Annotated[str, StringConstraints(pattern=r"^(shared|private:[A-Za-z0-9][A-Za-z0-9._:-]{0,127})$")]
+SpaceRef = Annotated[
+    str, StringConstraints(pattern=r"^(shared|private:[A-Za-z0-9][A-Za-z0-9._:-]{0,127})$")
+]
 Reason = Annotated[str, StringConstraints(max_length=2000)]
 Predicate = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 
@@ -157,7 +159,9 @@ class EvidenceRecord(_TeamRecord):
             raise ValueError("an entity is mentioned twice")
         for i, m in enumerate(self.mentions):
             if m.occurrence is not None and m.occurrence not in seen:
-                raise ValueError(f"mentions[{i}].occurrence '{m.occurrence}' is not an occurrence here")
+                raise ValueError(
+                    f"mentions[{i}].occurrence '{m.occurrence}' is not an occurrence here"
+                )
         return self
 
 

@@ -29,6 +29,7 @@ from gateway.errors import (
 )
 from gateway.services import records as rec
 from gateway.store import writes as store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 
@@ -125,7 +126,7 @@ def render_statement(
 class _Batch:
     """State of one batch inside its transaction."""
 
-    def __init__(self, conn: asyncpg.Connection, actor: Actor, embedder: EmbeddingProvider) -> None:
+    def __init__(self, conn: Conn, actor: Actor, embedder: EmbeddingProvider) -> None:
         self.conn = conn
         self.actor = actor
         self.embedder = embedder
@@ -145,7 +146,9 @@ class _Batch:
 
     async def space(self, team: str, ref: str, field_name: str = "space") -> store.Space:
         owner = rec.private_owner(ref)
-        space = await store.find_space(self.conn, team, owner) if self._space_allowed(owner) else None
+        space = (
+            await store.find_space(self.conn, team, owner) if self._space_allowed(owner) else None
+        )
         if space is None:
             raise _fail(field_name, NotFound(f"no space '{ref}' in team '{team}'"))
         return space
@@ -166,11 +169,10 @@ class _Batch:
             if ok and space_id is not None and row is not None and row.space_id != space_id:
                 ok = False
             if not ok:
-                name = field_name if len(ids) == 1 and "[" in field_name else field_name
                 label = kind.replace("_", " ")
                 where = "" if space_id is None else " in this space"
                 raise _fail(
-                    name if len(ids) == 1 else f"{field_name}[{i}]",
+                    field_name if len(ids) == 1 else f"{field_name}[{i}]",
                     NotFound(f"no {label} '{ident}' in team '{team}'{where}"),
                 )
         return found
@@ -243,9 +245,7 @@ class _Batch:
                 "mentions.entity",
                 space_id=source.space_id,
             )
-        occurrences = [
-            (o.id, r.content[o.start : o.end], o.start, o.end) for o in r.occurrences
-        ]
+        occurrences = [(o.id, r.content[o.start : o.end], o.start, o.end) for o in r.occurrences]
         await store.insert_evidence(
             self.conn,
             r.team,
@@ -278,9 +278,7 @@ class _Batch:
         names = [r.subject] + ([r.object] if r.object else [])
         found = await store.find_visible(self.conn, "entity", r.team, names)
         for fname, ident in (("subject", r.subject), ("object", r.object)):
-            if ident is not None and (
-                ident not in found or found[ident].space_id != space.id
-            ):
+            if ident is not None and (ident not in found or found[ident].space_id != space.id):
                 raise _fail(fname, NotFound(f"no entity '{ident}' in this space"))
         statement = render_statement(
             found[r.subject].extra["name"],
@@ -316,7 +314,9 @@ class _Batch:
     async def _support(
         self, team: str, spec: rec.SupportSpec, relationship_id: str, space_id: UUID, prefix: str
     ) -> None:
-        ev = await self.one("evidence", team, spec.evidence, f"{prefix}.evidence", space_id=space_id)
+        ev = await self.one(
+            "evidence", team, spec.evidence, f"{prefix}.evidence", space_id=space_id
+        )
         content: str = ev.extra["content"]
         quote, span = spec.quote, None
         if spec.occurrence is not None:
@@ -331,10 +331,15 @@ class _Batch:
                 span = (start, end)
         if spec.start is not None and spec.end is not None:
             if spec.end > len(content):
-                raise _fail(f"{prefix}.end", InvalidInput("the span is past the end of the evidence"))
+                raise _fail(
+                    f"{prefix}.end", InvalidInput("the span is past the end of the evidence")
+                )
             actual = content[spec.start : spec.end]
             if quote is not None and quote != actual:
-                raise _fail(f"{prefix}.quote", InvalidInput("the quote is not the evidence text at [start, end)"))
+                raise _fail(
+                    f"{prefix}.quote",
+                    InvalidInput("the quote is not the evidence text at [start, end)"),
+                )
             quote, span = actual, (spec.start, spec.end)
         await store.insert_support(
             self.conn,
@@ -367,7 +372,14 @@ class _Batch:
         src = await self.one("source", r.team, r.source, "source")
         self._transition("source", src.extra["status"], r.status, _SOURCE_TRANSITIONS)
         await store.insert_lifecycle(
-            self.conn, "source", r.team, src.space_id, r.source, r.id, r.status, r.reason,
+            self.conn,
+            "source",
+            r.team,
+            src.space_id,
+            r.source,
+            r.id,
+            r.status,
+            r.reason,
             self.actor.label,
         )
 
@@ -375,7 +387,14 @@ class _Batch:
         ev = await self.one("evidence", r.team, r.evidence, "evidence")
         self._transition("evidence", ev.extra["status"], r.status, _EVIDENCE_TRANSITIONS)
         await store.insert_lifecycle(
-            self.conn, "evidence", r.team, ev.space_id, r.evidence, r.id, r.status, r.reason,
+            self.conn,
+            "evidence",
+            r.team,
+            ev.space_id,
+            r.evidence,
+            r.id,
+            r.status,
+            r.reason,
             self.actor.label,
         )
 
@@ -387,20 +406,32 @@ class _Batch:
                 "relationship", r.team, r.superseded_by, "superseded_by", space_id=rel.space_id
             )
         await store.insert_relationship_status(
-            self.conn, r.team, rel.space_id, r.relationship, r.id, r.status, r.superseded_by,
-            r.reason, self.actor.label,
+            self.conn,
+            r.team,
+            rel.space_id,
+            r.relationship,
+            r.id,
+            r.status,
+            r.superseded_by,
+            r.reason,
+            self.actor.label,
         )
 
     @staticmethod
     def _transition(what: str, current: str, new: str, allowed: dict[str, set[str]]) -> None:
         if new not in allowed.get(current, set()):
-            raise _fail("status", InvalidInput(f"the {what} is already {current}; cannot become {new}"))
+            raise _fail(
+                "status", InvalidInput(f"the {what} is already {current}; cannot become {new}")
+            )
 
     async def conflict_case(self, r: rec.ConflictCaseRecord) -> None:
         space = await self.space(r.team, r.space)
         for i, pos in enumerate(r.positions):
             await self.visible(
-                "relationship", r.team, pos.relationships, f"positions[{i}].relationships",
+                "relationship",
+                r.team,
+                pos.relationships,
+                f"positions[{i}].relationships",
                 space_id=space.id,
             )
         await store.insert_conflict_case(
@@ -424,8 +455,15 @@ class _Batch:
                 NotFound(f"no position '{r.preferred_position}' in case '{r.case}'"),
             )
         await store.insert_conflict_event(
-            self.conn, r.team, case.space_id, r.case, r.id, "resolve", r.preferred_position,
-            r.reason, self.actor.label,
+            self.conn,
+            r.team,
+            case.space_id,
+            r.case,
+            r.id,
+            "resolve",
+            r.preferred_position,
+            r.reason,
+            self.actor.label,
         )
 
     async def conflict_reopening(self, r: rec.ConflictReopeningRecord) -> None:
@@ -433,7 +471,14 @@ class _Batch:
         if case.extra["state"] != "resolve":
             raise _fail("case", InvalidInput("only a resolved case can be reopened"))
         await store.insert_conflict_event(
-            self.conn, r.team, case.space_id, r.case, r.id, "reopen", None, r.reason,
+            self.conn,
+            r.team,
+            case.space_id,
+            r.case,
+            r.id,
+            "reopen",
+            None,
+            r.reason,
             self.actor.label,
         )
 
@@ -461,14 +506,26 @@ class _Batch:
 
     async def hypothesis(self, r: rec.HypothesisRecord) -> None:
         space = await self.space(r.team, rec.SHARED)
-        await self.visible("relationship", r.team, r.relationships, "relationships", space_id=space.id)
+        await self.visible(
+            "relationship", r.team, r.relationships, "relationships", space_id=space.id
+        )
         await self.visible("evidence", r.team, r.evidence, "evidence", space_id=space.id)
         proposed_by = r.proposed_by if self.actor.is_operator else self.actor.principal
-        if proposed_by is not None and not await store.principal_exists(self.conn, r.team, proposed_by):
+        if proposed_by is not None and not await store.principal_exists(
+            self.conn, r.team, proposed_by
+        ):
             raise _fail("proposed_by", NotFound(f"no principal '{proposed_by}' in team '{r.team}'"))
         await store.insert_hypothesis(
-            self.conn, r.team, r.id, space, r.statement, r.origin, proposed_by,
-            r.relationships, r.evidence, self.actor.label,
+            self.conn,
+            r.team,
+            r.id,
+            space,
+            r.statement,
+            r.origin,
+            proposed_by,
+            r.relationships,
+            r.evidence,
+            self.actor.label,
         )
 
     async def hypothesis_feedback(self, r: rec.HypothesisFeedbackRecord) -> None:
@@ -477,13 +534,22 @@ class _Batch:
         if hyp.extra["status"] == status:
             raise _fail("decision", InvalidInput(f"the hypothesis is already {status}"))
         await store.insert_hypothesis_feedback(
-            self.conn, r.team, hyp.space_id, r.hypothesis, r.id, r.decision, status, r.note,
+            self.conn,
+            r.team,
+            hyp.space_id,
+            r.hypothesis,
+            r.id,
+            r.decision,
+            status,
+            r.note,
             self.actor.label,
         )
 
     async def space_reset(self, r: rec.SpaceResetRecord) -> None:
         space = await self.space(r.team, r.space)
-        await store.insert_space_generation(self.conn, r.team, space, r.id, r.reason, self.actor.label)
+        await store.insert_space_generation(
+            self.conn, r.team, space, r.id, r.reason, self.actor.label
+        )
 
     # --- embeddings, before commit ------------------------------------------------------
 
@@ -544,7 +610,9 @@ class WriteService:
                 except _FieldError as exc:
                     raise RecordError(index, exc.field, exc.error) from None
                 except asyncpg.PostgresError as exc:
-                    raise RecordError(index, _field_of(exc), InvalidInput(_db_message(exc))) from exc
+                    raise RecordError(
+                        index, _field_of(exc), InvalidInput(_db_message(exc))
+                    ) from exc
             try:
                 await batch.embed_pending()
             except GatewayError as exc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -18,6 +17,7 @@ from pgvector.asyncpg import register_vector
 
 from gateway.errors import ConfigurationError, DatabaseUnavailable
 from gateway.store import migrations
+from gateway.store.connection import Conn
 
 APP_ROLE = "recall_app"
 
@@ -43,7 +43,7 @@ async def connect_once(dsn: str) -> asyncpg.Connection:
         raise DatabaseUnavailable(f"cannot connect to PostgreSQL: {exc}") from exc
 
 
-async def ensure_vector_available(conn: asyncpg.Connection) -> None:
+async def ensure_vector_available(conn: Conn) -> None:
     """A clear refusal for a server without pgvector, before anything depends on it."""
     row = await conn.fetchrow("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'")
     if row is None:
@@ -107,18 +107,25 @@ class Database:
     @asynccontextmanager
     async def tenant(
         self, team_id: str, space_ids: Sequence[UUID], *, readonly: bool = True
-    ) -> AsyncIterator[asyncpg.Connection]:
+    ) -> AsyncIterator[Conn]:
         """A transaction confined by row-level security to one team's spaces."""
         async with self.pool.acquire() as conn, conn.transaction(readonly=readonly):
             await conn.execute(_ENTER_TENANT, APP_ROLE, team_id, _space_literal(space_ids))
             yield conn
 
     @asynccontextmanager
-    async def admin(self) -> AsyncIterator[asyncpg.Connection]:
+    async def admin(self) -> AsyncIterator[Conn]:
         """A transaction as the connecting (owner) role: loader and operator work."""
         async with self.pool.acquire() as conn, conn.transaction():
             yield conn
 
-    async def fetchval(self, sql: str, *args: Any) -> Any:
-        async with self.pool.acquire() as conn:
-            return await conn.fetchval(sql, *args)
+
+async def ping(db: Database) -> None:
+    """Raise unless the server answers a trivial query."""
+    async with db.pool.acquire(timeout=5) as conn:
+        await conn.fetchval("SELECT 1")
+
+
+async def pending_migrations(db: Database) -> list[migrations.Migration]:
+    async with db.pool.acquire(timeout=5) as conn:
+        return await migrations.pending(conn)

@@ -19,6 +19,7 @@ from pathlib import Path
 import asyncpg
 
 from gateway.errors import MigrationError
+from gateway.store.connection import Conn
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 # An arbitrary constant: the key of the advisory lock that serialises migrators.
@@ -70,7 +71,7 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
-async def applied(conn: asyncpg.Connection) -> dict[int, str]:
+async def applied(conn: Conn) -> dict[int, str]:
     """Applied versions and their checksums; empty when the table is missing."""
     exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
     if not exists:
@@ -97,7 +98,7 @@ def check_history(done: dict[int, str], known: list[Migration]) -> list[Migratio
     return [m for m in known if m.version not in done]
 
 
-async def migrate(conn: asyncpg.Connection, folder: Path | None = None) -> list[Migration]:
+async def migrate(conn: Conn, folder: Path | None = None) -> list[Migration]:
     """Apply what is pending; returns what was applied (empty when current)."""
     known = discover(folder)
     await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
@@ -123,6 +124,6 @@ async def migrate(conn: asyncpg.Connection, folder: Path | None = None) -> list[
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
 
 
-async def pending(conn: asyncpg.Connection, folder: Path | None = None) -> list[Migration]:
+async def pending(conn: Conn, folder: Path | None = None) -> list[Migration]:
     """What :func:`migrate` would apply; raises if the history disagrees."""
     return check_history(await applied(conn), discover(folder))

@@ -14,8 +14,9 @@ from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
-import asyncpg
 import numpy as np
+
+from gateway.store.connection import Conn
 
 # --- idempotency -------------------------------------------------------------
 
@@ -23,7 +24,7 @@ Claim = Literal["new", "same", "different"]
 
 
 async def claim_write(
-    conn: asyncpg.Connection, team: str, kind: str, client_id: str, digest: bytes, by: str
+    conn: Conn, team: str, kind: str, client_id: str, digest: bytes, by: str
 ) -> Claim:
     """Register a client-supplied write, or say how it compares with the earlier one."""
     inserted = await conn.fetchval(
@@ -66,22 +67,22 @@ WHERE s.team_id = $1 AND s.owner_principal_id IS NOT DISTINCT FROM $2
 """
 
 
-async def find_space(conn: asyncpg.Connection, team: str, owner: str | None) -> Space | None:
+async def find_space(conn: Conn, team: str, owner: str | None) -> Space | None:
     """The team's shared space (owner None) or a principal's private space."""
     row = await conn.fetchrow(_SPACE, team, owner)
     return Space(**dict(row)) if row else None
 
 
-async def insert_team(conn: asyncpg.Connection, team: str, name: str, by: str) -> None:
+async def insert_team(conn: Conn, team: str, name: str, by: str) -> None:
     await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", team, name)
     await conn.execute("INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared')", team)
 
 
-async def team_exists(conn: asyncpg.Connection, team: str) -> bool:
+async def team_exists(conn: Conn, team: str) -> bool:
     return bool(await conn.fetchval("SELECT true FROM teams WHERE id = $1", team))
 
 
-async def principal_exists(conn: asyncpg.Connection, team: str, principal: str) -> bool:
+async def principal_exists(conn: Conn, team: str, principal: str) -> bool:
     return bool(
         await conn.fetchval(
             "SELECT true FROM principals WHERE team_id = $1 AND id = $2", team, principal
@@ -90,7 +91,7 @@ async def principal_exists(conn: asyncpg.Connection, team: str, principal: str) 
 
 
 async def insert_principal(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     principal: str,
     kind: str,
@@ -112,12 +113,12 @@ async def insert_principal(
         )
 
 
-async def token_exists(conn: asyncpg.Connection, token_id: str) -> bool:
+async def token_exists(conn: Conn, token_id: str) -> bool:
     return bool(await conn.fetchval("SELECT true FROM api_tokens WHERE id = $1", token_id))
 
 
 async def insert_token(
-    conn: asyncpg.Connection,
+    conn: Conn,
     token_id: str,
     team: str,
     principal: str,
@@ -140,7 +141,7 @@ async def insert_token(
 
 
 async def insert_space_generation(
-    conn: asyncpg.Connection, team: str, space: Space, reset_id: str, reason: str | None, by: str
+    conn: Conn, team: str, space: Space, reset_id: str, reason: str | None, by: str
 ) -> int:
     generation = space.generation + 1
     await conn.execute(
@@ -186,7 +187,9 @@ _EXTRA: dict[str, tuple[str, str]] = {
     "source": ("sources", _latest("source_lifecycle_events", "source_id", "status") + " AS status"),
     "evidence": (
         "evidence",
-        "o.content, " + _latest("evidence_lifecycle_events", "evidence_id", "status") + " AS status",
+        "o.content, "
+        + _latest("evidence_lifecycle_events", "evidence_id", "status")
+        + " AS status",
     ),
     "entity": ("entities", "o.name"),
     "relationship": (
@@ -234,7 +237,7 @@ VisibleKind = Literal[
 
 
 async def find_visible(
-    conn: asyncpg.Connection, kind: VisibleKind, team: str, ids: Sequence[str]
+    conn: Conn, kind: VisibleKind, team: str, ids: Sequence[str]
 ) -> dict[str, Visible]:
     """Rows of ``kind`` by ID that are visible now; absent IDs are simply missing."""
     if not ids:
@@ -260,7 +263,7 @@ async def find_visible(
 
 
 async def occurrences_of(
-    conn: asyncpg.Connection, team: str, evidence_id: str, ids: Sequence[str]
+    conn: Conn, team: str, evidence_id: str, ids: Sequence[str]
 ) -> dict[str, tuple[str, int, int]]:
     rows = await conn.fetch(
         "SELECT id, quote, span_start, span_end FROM evidence_occurrences "
@@ -272,7 +275,7 @@ async def occurrences_of(
     return {r["id"]: (r["quote"], r["span_start"], r["span_end"]) for r in rows}
 
 
-async def positions_of(conn: asyncpg.Connection, team: str, case_id: str) -> set[str]:
+async def positions_of(conn: Conn, team: str, case_id: str) -> set[str]:
     rows = await conn.fetch(
         "SELECT id FROM conflict_positions WHERE team_id = $1 AND case_id = $2", team, case_id
     )
@@ -283,7 +286,7 @@ async def positions_of(conn: asyncpg.Connection, team: str, case_id: str) -> set
 
 
 async def insert_source(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     source_id: str,
     space: Space,
@@ -318,7 +321,7 @@ _LIFECYCLE: dict[str, tuple[str, str]] = {
 
 
 async def insert_lifecycle(
-    conn: asyncpg.Connection,
+    conn: Conn,
     kind: Literal["source", "evidence"],
     team: str,
     space_id: UUID,
@@ -343,7 +346,7 @@ async def insert_lifecycle(
 
 
 async def insert_entity(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     entity_id: str,
     space: Space,
@@ -367,7 +370,7 @@ async def insert_entity(
 
 
 async def insert_evidence(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     evidence_id: str,
     source: Visible,
@@ -409,7 +412,7 @@ async def insert_evidence(
 
 
 async def insert_evidence_embeddings(
-    conn: asyncpg.Connection,
+    conn: Conn,
     rows: Sequence[tuple[str, UUID, str]],
     vectors: np.ndarray,
     model: str,
@@ -440,7 +443,7 @@ class NewRelationship:
     statement: str
 
 
-async def insert_relationship(conn: asyncpg.Connection, r: NewRelationship, by: str) -> None:
+async def insert_relationship(conn: Conn, r: NewRelationship, by: str) -> None:
     await conn.execute(
         "INSERT INTO relationships (team_id, id, space_id, generation, subject_entity_id, "
         "predicate, object_entity_id, object_value, object_unit, polarity, valid_from, valid_to, "
@@ -467,7 +470,7 @@ async def insert_relationship(conn: asyncpg.Connection, r: NewRelationship, by: 
 
 
 async def insert_relationship_status(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     space_id: UUID,
     relationship_id: str,
@@ -491,7 +494,7 @@ async def insert_relationship_status(
     )
 
 
-async def active_projection(conn: asyncpg.Connection, team: str, model: str) -> int:
+async def active_projection(conn: Conn, team: str, model: str) -> int:
     """The team's active relationship projection generation, made on first use."""
     generation = await conn.fetchval(
         "SELECT generation FROM relationship_projections WHERE team_id = $1 AND status = 'active'",
@@ -509,7 +512,7 @@ async def active_projection(conn: asyncpg.Connection, team: str, model: str) -> 
 
 
 async def insert_relationship_embeddings(
-    conn: asyncpg.Connection,
+    conn: Conn,
     rows: Sequence[tuple[str, UUID, str, int]],
     vectors: np.ndarray,
     model: str,
@@ -523,7 +526,7 @@ async def insert_relationship_embeddings(
 
 
 async def insert_support(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     support_id: str,
     space_id: UUID,
@@ -552,7 +555,7 @@ async def insert_support(
 
 
 async def insert_support_decision(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     space_id: UUID,
     support_id: str,
@@ -575,7 +578,7 @@ async def insert_support_decision(
 
 
 async def insert_conflict_case(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     case_id: str,
     space: Space,
@@ -608,7 +611,7 @@ async def insert_conflict_case(
 
 
 async def insert_conflict_event(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     space_id: UUID,
     case_id: str,
@@ -633,7 +636,7 @@ async def insert_conflict_event(
 
 
 async def insert_evidence_conflict(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     conflict_id: str,
     space: Space,
@@ -659,7 +662,7 @@ async def insert_evidence_conflict(
 
 
 async def insert_hypothesis(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     hypothesis_id: str,
     space: Space,
@@ -700,7 +703,7 @@ async def insert_hypothesis(
 
 
 async def insert_hypothesis_feedback(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     space_id: UUID,
     hypothesis_id: str,
@@ -727,12 +730,12 @@ async def insert_hypothesis_feedback(
 # --- embedding model registry --------------------------------------------------------
 
 
-async def store_embedding_model(conn: asyncpg.Connection) -> tuple[str, int] | None:
+async def store_embedding_model(conn: Conn) -> tuple[str, int] | None:
     row = await conn.fetchrow("SELECT name, dimensions FROM embedding_models")
     return (row["name"], row["dimensions"]) if row else None
 
 
-async def register_embedding_model(conn: asyncpg.Connection, name: str, dimensions: int) -> None:
+async def register_embedding_model(conn: Conn, name: str, dimensions: int) -> None:
     await conn.execute(
         "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
         name,

@@ -1,0 +1,152 @@
+"""The Starlette application: ``/graphql``, ``/healthz`` and ``/readyz``.
+
+The lifespan owns the process-wide resources (the database, started embedded
+when no DSN is configured, the pool and the embedding provider); each request
+gets its own context with the authenticated caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from strawberry.asgi import GraphQL
+
+from gateway.embedded import EmbeddedPostgres
+from gateway.embeddings import EmbeddingProvider, create_provider
+from gateway.errors import GatewayError, Unauthenticated
+from gateway.schema import build_schema
+from gateway.schema.context import RequestContext
+from gateway.services.auth import authenticate, bearer
+from gateway.services.writes import WriteService
+from gateway.settings import Settings
+from gateway.store.database import Database, pending_migrations, ping, prepare
+
+log = logging.getLogger("gateway")
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
+
+
+@dataclass
+class Services:
+    """What one process shares across requests."""
+
+    settings: Settings
+    db: Database
+    embedder: EmbeddingProvider
+    writes: WriteService
+
+
+class RequestIdMiddleware:
+    """Give every request an ID (the client's ``X-Request-ID`` if well-formed) and
+    return it, so a masked error in a response can be found in the logs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", []).append((b"x-request-id", request_id.encode()))
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class GatewayGraphQL(GraphQL[RequestContext, None]):
+    async def get_context(self, request: Any, response: Any) -> RequestContext:
+        services: Services = request.app.state.services
+        ctx = RequestContext(
+            request=request,
+            response=response,
+            services=services,
+            request_id=getattr(request.state, "request_id", uuid.uuid4().hex),
+        )
+        raw = bearer(request.headers.get("authorization"))
+        if raw is not None:
+            try:
+                ctx.principal = await authenticate(services.db, raw)
+            except Unauthenticated as exc:
+                ctx.auth_error = exc
+        return ctx
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    services: Services = request.app.state.services
+    try:
+        await ping(services.db)
+        waiting = await pending_migrations(services.db)
+    except (GatewayError, OSError, TimeoutError) as exc:
+        log.warning("not ready: %s", exc)
+        return JSONResponse({"status": "not ready", "reason": "database unavailable"}, 503)
+    except Exception:  # asyncpg raises many kinds when the server is away
+        log.warning("not ready", exc_info=True)
+        return JSONResponse({"status": "not ready", "reason": "database unavailable"}, 503)
+    if waiting:
+        return JSONResponse(
+            {"status": "not ready", "reason": f"{len(waiting)} migration(s) pending"}, 503
+        )
+    return JSONResponse({"status": "ready"})
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        embedded: EmbeddedPostgres | None = None
+        dsn = settings.database_url
+        if dsn is None:
+            embedded = EmbeddedPostgres(settings.data_dir).start()
+            dsn = embedded.dsn
+        try:
+            await prepare(dsn, migrate=settings.migrate_on_start)
+            db = await Database.open(
+                dsn,
+                min_size=settings.pool_min_size,
+                max_size=settings.pool_max_size,
+                statement_timeout_ms=settings.statement_timeout_ms,
+            )
+            embedder = create_provider(settings)
+            app.state.services = Services(settings, db, embedder, WriteService(db, embedder))
+            try:
+                yield
+            finally:
+                await db.close()
+                await embedder.aclose()
+        finally:
+            if embedded is not None:
+                embedded.stop()
+
+    graphql = GatewayGraphQL(build_schema(), graphql_ide="graphiql")
+    app = Starlette(
+        routes=[
+            Route("/graphql", graphql, methods=["GET", "POST"]),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+        ],
+        lifespan=lifespan,
+    )
+    app.add_middleware(RequestIdMiddleware)
+    return app

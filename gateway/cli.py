@@ -1,0 +1,340 @@
+"""``recall-gateway``: serve, migrate, load, demo, tokens, export-schema.
+
+Commands that need a database use ``DATABASE_URL`` when set; otherwise they
+start (or attach to) the embedded PostgreSQL under the data directory and stop
+it on exit, Ctrl-C or SIGTERM if they started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Any, TextIO
+
+from gateway import __version__, tokens
+from gateway.embedded import EmbeddedPostgres
+from gateway.errors import GatewayError
+from gateway.settings import Settings
+
+DEMO_TEAM = "northwind"
+
+
+def _err(message: str) -> None:
+    print(f"recall-gateway: {message}", file=sys.stderr)
+
+
+@contextlib.contextmanager
+def database(settings: Settings) -> Iterator[str]:
+    """A DSN: the configured server, or the embedded one for the duration of the block."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    server = EmbeddedPostgres(settings.data_dir)
+    server.install_signal_handlers()
+    server.start()
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
+
+
+# --- commands --------------------------------------------------------------------
+
+
+def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.store.database import prepare
+
+    with database(settings) as dsn:
+        applied = asyncio.run(prepare(dsn, migrate=True))
+    if applied:
+        for m in applied:
+            print(f"applied {m.version:04d}_{m.name}")
+    else:
+        print("schema is current; nothing to apply")
+    return 0
+
+
+async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any]) -> Any:
+    from gateway.embeddings import create_provider
+    from gateway.services.writes import WriteService
+    from gateway.store.database import Database, prepare
+
+    await prepare(dsn, migrate=True)
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    embedder = create_provider(settings)
+    try:
+        return await work(WriteService(db, embedder))
+    finally:
+        await db.close()
+        await embedder.aclose()
+
+
+def _read_input(path: str) -> list[str]:
+    if path == "-":
+        return sys.stdin.read().splitlines()
+    file = Path(path)
+    if not file.is_file():
+        raise GatewayError(f"no such file: {path}")
+    return file.read_text(encoding="utf-8").splitlines()
+
+
+def _load_lines(
+    settings: Settings, dsn: str, lines: list[str], batch_size: int, out: TextIO
+) -> int:
+    from gateway.services import loader
+
+    try:
+        records = loader.parse(lines)
+    except loader.LoadError as exc:
+        for error in exc.errors:
+            _err(str(error))
+        _err(exc.message)
+        return 1
+    show_bar = sys.stderr.isatty()
+
+    async def work(service: Any) -> loader.LoadReport:
+        if not show_bar:
+            return await loader.load(service, records, batch_size=batch_size)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        with Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            transient=True,
+        ) as bar:
+            task = bar.add_task("loading", total=len(records))
+            return await loader.load(
+                service,
+                records,
+                batch_size=batch_size,
+                progress=lambda n: bar.advance(task, n),
+            )
+
+    started = time.perf_counter()
+    try:
+        report = asyncio.run(_with_services(dsn, settings, work))
+    except loader.LoadError as exc:
+        _err(exc.message)
+        return 1
+    elapsed = time.perf_counter() - started
+    created = sum(report.created.values())
+    unchanged = sum(report.unchanged.values())
+    print(
+        f"loaded {report.records} record(s) in {report.batches} batch(es), {elapsed:.1f} s: "
+        f"{created} written, {unchanged} already present",
+        file=out,
+    )
+    for kind in sorted(set(report.created) | set(report.unchanged)):
+        print(
+            f"  {kind:24} {report.created[kind]:6} written {report.unchanged[kind]:6} unchanged",
+            file=out,
+        )
+    return 0
+
+
+def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
+    lines = _read_input(args.file)
+    with database(settings) as dsn:
+        return _load_lines(
+            settings, dsn, lines, args.batch_size or settings.load_batch_size, sys.stdout
+        )
+
+
+def _issue(
+    dsn: str,
+    settings: Settings,
+    team: str,
+    principal: str,
+    binding: str,
+    label: str | None,
+    expires_in_days: float | None,
+) -> str:
+    from gateway.services.records import TokenRecord
+    from gateway.services.writes import Actor
+
+    token_id = tokens.new_token_id()
+    secret = tokens.new_secret()
+    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
+    record = TokenRecord(
+        kind="token",
+        team=team,
+        id=token_id,
+        principal=principal,
+        binding=binding,  # type: ignore[arg-type]
+        secret=secret,
+        label=label,
+        expires_at=expires,
+    )
+
+    async def work(service: Any) -> None:
+        await service.apply([record], Actor.operator())
+
+    asyncio.run(_with_services(dsn, settings, work))
+    return tokens.format_token(token_id, secret)
+
+
+def cmd_tokens_issue(settings: Settings, args: argparse.Namespace) -> int:
+    with database(settings) as dsn:
+        token = _issue(
+            dsn, settings, args.team, args.principal, args.binding, args.label, args.expires_in_days
+        )
+    print(token)
+    return 0
+
+
+def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.schema import export_sdl
+
+    sdl = export_sdl()
+    if args.output == "-":
+        sys.stdout.write(sdl)
+    else:
+        Path(args.output).write_text(sdl, encoding="utf-8")
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
+    import uvicorn
+
+    if workers > 1:
+        # Worker processes rebuild the app from the environment: hand them the DSN.
+        os.environ["RECALL_DATABASE_URL"] = dsn
+        uvicorn.run(
+            "gateway.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=settings.log_level,
+        )
+        return
+    from gateway.app import create_app
+
+    app = create_app(settings.model_copy(update={"database_url": dsn}))
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    workers = args.workers or settings.workers
+    with database(settings) as dsn:
+        from gateway.store.database import prepare
+
+        asyncio.run(prepare(dsn, migrate=settings.migrate_on_start))
+        _run_server(settings, dsn, host, port, workers)
+    return 0
+
+
+def demo_dataset() -> list[str]:
+    text = (resources.files("gateway") / "demo" / "demo.jsonl").read_text(encoding="utf-8")
+    return text.splitlines()
+
+
+def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    started = time.perf_counter()
+    with database(settings) as dsn:
+        status = _load_lines(settings, dsn, demo_dataset(), settings.load_batch_size, sys.stderr)
+        if status:
+            return status
+        token = _issue(dsn, settings, DEMO_TEAM, args.principal, "private", "demo", 7)
+        url = f"http://{host}:{port}/graphql"
+        print(
+            f"\nRecall Gateway demo is starting (data loaded in {time.perf_counter() - started:.1f} s)."
+            f"\n  GraphiQL:  {url}"
+            f"\n  principal: {args.principal} (team {DEMO_TEAM}), token valid 7 days:"
+            f"\n  export RECALL_TOKEN={token}"
+            f'\n  curl -s {url} -H "Authorization: Bearer $RECALL_TOKEN" '
+            "-H 'Content-Type: application/json' "
+            '-d \'{"query":"{ viewer { principalId displayName team { name } readableSpaces } }"}\''
+            "\nPress Ctrl-C to stop.\n",
+            flush=True,
+        )
+        _run_server(settings, dsn, host, port, 1)
+    return 0
+
+
+# --- argument parsing --------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="recall-gateway",
+        description="Recall Gateway: a GraphQL memory-recall API over PostgreSQL and pgvector.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--data-dir", type=Path, help="folder of the embedded database (RECALL_DATA_DIR)"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the GraphQL server")
+    serve.add_argument("--host", help="bind address (RECALL_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (RECALL_PORT, default 8000)")
+    serve.add_argument("--workers", type=int, help="worker processes (RECALL_WORKERS, default 1)")
+    serve.set_defaults(func=cmd_serve)
+
+    migrate = sub.add_parser("migrate", help="apply pending database migrations")
+    migrate.set_defaults(func=cmd_migrate)
+
+    load = sub.add_parser("load", help="load a JSON Lines file of records (see docs/loading.md)")
+    load.add_argument("file", help="the file, or - for standard input")
+    load.add_argument("--batch-size", type=int, help="records per transaction (default 500)")
+    load.set_defaults(func=cmd_load)
+
+    demo = sub.add_parser("demo", help="load the bundled demo data, print a token and serve it")
+    demo.add_argument("--host")
+    demo.add_argument("--port", type=int)
+    demo.add_argument("--principal", default="ines", help="demo principal to issue a token for")
+    demo.set_defaults(func=cmd_demo)
+
+    tok = sub.add_parser("tokens", help="manage bearer tokens")
+    tok_sub = tok.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
+    issue = tok_sub.add_parser("issue", help="issue a token and print it (shown once)")
+    issue.add_argument("--team", required=True)
+    issue.add_argument("--principal", required=True)
+    issue.add_argument("--binding", choices=["private", "shared_only"], default="private")
+    issue.add_argument("--label")
+    issue.add_argument("--expires-in-days", type=float)
+    issue.set_defaults(func=cmd_tokens_issue)
+
+    export = sub.add_parser("export-schema", help="print or write the GraphQL schema (SDL)")
+    export.add_argument("-o", "--output", default="-", help="file to write (default stdout)")
+    export.set_defaults(func=cmd_export_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        overrides: dict[str, Any] = {}
+        if args.data_dir is not None:
+            overrides["data_dir"] = args.data_dir
+        settings = Settings(**overrides)
+    except Exception as exc:  # pydantic's ValidationError: name the bad setting
+        _err(f"invalid settings: {exc}")
+        return 2
+    try:
+        return int(args.func(settings, args))
+    except GatewayError as exc:
+        _err(exc.message)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

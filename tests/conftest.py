@@ -1,0 +1,141 @@
+"""Test fixtures: a real PostgreSQL with pgvector, never a mock.
+
+The server is chosen in this order: ``RECALL_TEST_DATABASE_URL`` (or
+``DATABASE_URL``) from the environment; a testcontainers pgvector container if
+a Docker engine answers; else the embedded server in a temporary folder. Each
+test session works in a fresh database made for it, and each test makes its
+own teams with unique IDs, so tests never see each other's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from gateway.embeddings import EmbeddingProvider, create_provider
+from gateway.services import loader
+from gateway.services.writes import Actor, WriteService
+from gateway.settings import Settings
+from gateway.store.database import Database, prepare
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=2)
+        client.ping()
+        return True
+    except Exception:
+        return False
+
+
+def _with_database(dsn: str, name: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@dataclass(frozen=True)
+class Server:
+    kind: str
+    admin_dsn: str
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    given = os.environ.get("RECALL_TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
+    if given:
+        yield Server("environment", given)
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("pgvector/pgvector:pg17", driver=None) as container:
+            yield Server("testcontainers", container.get_connection_url())
+        return
+    from gateway.embedded import EmbeddedPostgres
+
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), database="postgres")
+    server.start()
+    try:
+        yield Server("embedded", server.dsn)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def dsn(pg_server: Server) -> Iterator[str]:
+    """A fresh, migrated database for this test session."""
+    name = "recall_test_" + secrets.token_hex(4)
+
+    async def create() -> None:
+        conn = await asyncpg.connect(pg_server.admin_dsn)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            await conn.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(pg_server.admin_dsn)
+        try:
+            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    url = _with_database(pg_server.admin_dsn, name)
+    asyncio.run(prepare(url, migrate=True))
+    try:
+        yield url
+    finally:
+        asyncio.run(drop())
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def db(dsn: str) -> AsyncIterator[Database]:
+    database = await Database.open(dsn, min_size=1, max_size=8)
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def embedder() -> AsyncIterator[EmbeddingProvider]:
+    provider = create_provider(Settings(embedding_provider="local"))
+    try:
+        yield provider
+    finally:
+        await provider.aclose()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def writes(db: Database, embedder: EmbeddingProvider) -> WriteService:
+    return WriteService(db, embedder)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -> loader.LoadReport:
+    records = loader.parse(text.splitlines())
+    return await loader.load(writes, records, batch_size=batch_size, actor=Actor.operator())
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def admin_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
+    """A plain connection as the owner role, for checking what was written."""
+    async with db.pool.acquire() as conn:
+        yield conn

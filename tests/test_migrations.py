@@ -1,0 +1,124 @@
+"""The migration runner against a real, empty database."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+import pytest_asyncio
+
+from gateway.errors import MigrationError
+from gateway.store import migrations
+
+from .conftest import Server, _with_database
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def empty_db(pg_server: Server) -> AsyncIterator[asyncpg.Connection]:
+    name = "recall_mig_" + secrets.token_hex(4)
+    admin = await asyncpg.connect(pg_server.admin_dsn)
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    conn = await asyncpg.connect(_with_database(pg_server.admin_dsn, name))
+    try:
+        yield conn
+    finally:
+        await conn.close()
+        await admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+async def test_from_empty_then_idempotent(empty_db: asyncpg.Connection) -> None:
+    known = migrations.discover()
+    first = await migrations.migrate(empty_db)
+    assert [m.version for m in first] == [m.version for m in known]
+    assert await migrations.migrate(empty_db) == []
+    assert await migrations.pending(empty_db) == []
+    rows = await empty_db.fetch("SELECT version, sha256 FROM schema_migrations ORDER BY version")
+    assert [(r["version"], r["sha256"]) for r in rows] == [(m.version, m.sha256) for m in known]
+    tables = {
+        r["tablename"]
+        for r in await empty_db.fetch("SELECT tablename FROM pg_tables WHERE schemaname='public'")
+    }
+    for expected in (
+        "teams",
+        "principals",
+        "api_tokens",
+        "memory_spaces",
+        "space_generations",
+        "sources",
+        "source_lifecycle_events",
+        "evidence",
+        "evidence_occurrences",
+        "evidence_entity_mentions",
+        "evidence_terms",
+        "entities",
+        "relationships",
+        "relationship_status_events",
+        "supports",
+        "support_decisions",
+        "conflict_cases",
+        "conflict_positions",
+        "conflict_case_events",
+        "evidence_conflicts",
+        "evidence_conflict_positions",
+        "community_runs",
+        "communities",
+        "community_members",
+        "hypotheses",
+        "hypothesis_feedback",
+        "recall_events",
+        "recall_feedback",
+        "write_log",
+    ):
+        assert expected in tables
+    indexes = await empty_db.fetch(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname='public'"
+    )
+    defs = {r["indexname"]: r["indexdef"] for r in indexes}
+    assert "USING hnsw" in defs["evidence_embeddings_hnsw"]
+    assert "USING gin" in defs["evidence_search_document"]
+
+
+async def test_changed_file_is_refused(empty_db: asyncpg.Connection, tmp_path: Path) -> None:
+    folder = tmp_path / "db"
+    shutil.copytree(migrations.migrations_dir(), folder)
+    await migrations.migrate(empty_db, folder)
+    first = sorted(folder.glob("*.sql"))[0]
+    first.write_text(first.read_text() + "\n-- edited\n")
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        await migrations.migrate(empty_db, folder)
+
+
+async def test_unknown_applied_version_is_refused(
+    empty_db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    await migrations.migrate(empty_db)
+    await empty_db.execute(
+        "INSERT INTO schema_migrations (version, name, sha256) VALUES (9999, 'future', 'x')"
+    )
+    with pytest.raises(MigrationError, match="does not know"):
+        await migrations.pending(empty_db)
+
+
+async def test_failing_migration_leaves_nothing(
+    empty_db: asyncpg.Connection, tmp_path: Path
+) -> None:
+    folder = tmp_path / "db"
+    shutil.copytree(migrations.migrations_dir(), folder)
+    (folder / "9000_broken.sql").write_text("CREATE TABLE half_made (x int);\nSELECT 1/0;\n")
+    with pytest.raises(MigrationError, match="9000_broken"):
+        await migrations.migrate(empty_db, folder)
+    assert await empty_db.fetchval("SELECT to_regclass('half_made')") is None
+    assert await empty_db.fetchval("SELECT max(version) FROM schema_migrations") < 9000
+
+
+def test_file_names_are_checked(tmp_path: Path) -> None:
+    (tmp_path / "1_bad.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match=r"NNNN_name\.sql"):
+        migrations.discover(tmp_path)

@@ -1,0 +1,100 @@
+"""Row-level security is really in force for the gateway's role.
+
+These statements deliberately omit every team and space predicate: only the
+policies stand between the caller and other teams' rows.
+"""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from gateway.store.database import Database
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl, team_records
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, object]:
+    rows = await conn.fetch(
+        "SELECT id, owner_principal_id FROM memory_spaces WHERE team_id = $1", team
+    )
+    return {r["owner_principal_id"]: r["id"] for r in rows}
+
+
+async def test_app_role_cannot_bypass(db: Database) -> None:
+    async with db.tenant("nobody", []) as conn:
+        row = await conn.fetchrow(
+            "SELECT current_user AS who, rolbypassrls, rolsuper FROM pg_roles "
+            "WHERE rolname = current_user"
+        )
+    assert row["who"] == "recall_app"
+    assert row["rolbypassrls"] is False and row["rolsuper"] is False
+
+
+async def test_no_predicate_still_confined_to_team_and_spaces(
+    db: Database, writes, admin_conn: asyncpg.Connection
+) -> None:
+    team_a, team_b = unique("rls-a"), unique("rls-b")
+    await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
+    spaces_a = await _spaces(admin_conn, team_a)
+
+    # Shared space only (a shared-only token): no private rows, no other team.
+    async with db.tenant(team_a, [spaces_a[None]]) as conn:
+        teams = {r["team_id"] for r in await conn.fetch("SELECT team_id FROM evidence")}
+        ids = {r["id"] for r in await conn.fetch("SELECT id FROM evidence")}
+        rels = {r["id"] for r in await conn.fetch("SELECT id FROM relationships")}
+        principals = {r["team_id"] for r in await conn.fetch("SELECT team_id FROM principals")}
+        vectors = await conn.fetchval("SELECT count(*) FROM evidence_embeddings")
+    assert teams == {team_a}
+    assert ids == {"ev-owner"}
+    assert rels == {"rel-owner"}
+    assert principals == {team_a}
+    assert vectors == 1
+
+    # Alice's private-bound view: shared + her private space, still one team.
+    async with db.tenant(team_a, [spaces_a[None], spaces_a["alice"]]) as conn:
+        ids = {r["id"] for r in await conn.fetch("SELECT id FROM evidence")}
+        teams = {r["team_id"] for r in await conn.fetch("SELECT team_id FROM supports")}
+    assert ids == {"ev-owner", "ev-private"}
+    assert teams == {team_a}
+
+    # Bob may read the shared space but not Alice's private one.
+    async with db.tenant(team_a, [spaces_a[None]]) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM evidence WHERE id = 'ev-private'") == 0
+
+    # Team A's space IDs used with team B's tenancy show nothing of either.
+    async with db.tenant(team_b, [spaces_a[None]]) as conn:
+        assert await conn.fetchval("SELECT count(*) FROM evidence") == 0
+
+
+async def test_unset_tenancy_sees_nothing(db: Database, writes) -> None:
+    await load_jsonl(writes, jsonl(team_records(unique("rls-c"))))
+    async with db.pool.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL ROLE recall_app")
+        assert await conn.fetchval("SELECT count(*) FROM evidence") == 0
+        assert await conn.fetchval("SELECT count(*) FROM teams") == 0
+        assert await conn.fetchval("SELECT count(*) FROM api_tokens") == 0
+
+
+async def test_writes_into_another_team_are_refused(
+    db: Database, writes, admin_conn: asyncpg.Connection
+) -> None:
+    team_a, team_b = unique("rls-d"), unique("rls-e")
+    await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
+    spaces_a = await _spaces(admin_conn, team_a)
+    spaces_b = await _spaces(admin_conn, team_b)
+    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+        async with db.tenant(team_a, [spaces_a[None]], readonly=False) as conn:
+            await conn.execute(
+                "INSERT INTO evidence_lifecycle_events (team_id, space_id, evidence_id, status) "
+                "VALUES ($1, $2, 'ev-owner', 'withdrawn')",
+                team_b,
+                spaces_b[None],
+            )
+    count = await admin_conn.fetchval(
+        "SELECT count(*) FROM evidence_lifecycle_events WHERE team_id = $1", team_b
+    )
+    assert count == 2  # only the two initial 'active' events
