@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from gateway import __version__, tokens
 from gateway.embedded import EmbeddedPostgres
 from gateway.errors import GatewayError
+from gateway.services.loader import split_lines
 from gateway.settings import Settings
 
 DEMO_TEAM = "northwind"
@@ -79,11 +80,11 @@ async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any
 
 def _read_input(path: str) -> list[str]:
     if path == "-":
-        return sys.stdin.read().splitlines()
+        return split_lines(sys.stdin.read())
     file = Path(path)
     if not file.is_file():
         raise GatewayError(f"no such file: {path}")
-    return file.read_text(encoding="utf-8").splitlines()
+    return split_lines(file.read_text(encoding="utf-8"))
 
 
 def _load_lines(
@@ -239,7 +240,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
 def demo_dataset() -> list[str]:
     text = (resources.files("gateway") / "demo" / "demo.jsonl").read_text(encoding="utf-8")
-    return text.splitlines()
+    return split_lines(text)
 
 
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
@@ -270,6 +271,22 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
 # --- argument parsing --------------------------------------------------------------
 
 
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0-65535)")
+    return int(text)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= 100_000:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 100000")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recall-gateway",
@@ -283,8 +300,10 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the GraphQL server")
     serve.add_argument("--host", help="bind address (RECALL_HOST, default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (RECALL_PORT, default 8000)")
-    serve.add_argument("--workers", type=int, help="worker processes (RECALL_WORKERS, default 1)")
+    serve.add_argument("--port", type=_port, help="port (RECALL_PORT, default 8000)")
+    serve.add_argument(
+        "--workers", type=_positive, help="worker processes (RECALL_WORKERS, default 1)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     migrate = sub.add_parser("migrate", help="apply pending database migrations")
@@ -292,12 +311,16 @@ def _parser() -> argparse.ArgumentParser:
 
     load = sub.add_parser("load", help="load a JSON Lines file of records (see docs/loading.md)")
     load.add_argument("file", help="the file, or - for standard input")
-    load.add_argument("--batch-size", type=int, help="records per transaction (default 500)")
+    load.add_argument(
+        "--batch-size",
+        type=_positive,
+        help="records per transaction (RECALL_LOAD_BATCH_SIZE, default 500)",
+    )
     load.set_defaults(func=cmd_load)
 
     demo = sub.add_parser("demo", help="load the bundled demo data, print a token and serve it")
     demo.add_argument("--host")
-    demo.add_argument("--port", type=int)
+    demo.add_argument("--port", type=_port)
     demo.add_argument("--principal", default="ines", help="demo principal to issue a token for")
     demo.set_defaults(func=cmd_demo)
 

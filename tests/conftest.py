@@ -130,7 +130,7 @@ def unique(prefix: str) -> str:
 
 
 async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -> loader.LoadReport:
-    records = loader.parse(text.splitlines())
+    records = loader.parse(loader.split_lines(text))
     return await loader.load(writes, records, batch_size=batch_size, actor=Actor.operator())
 
 

@@ -16,7 +16,6 @@ from gateway.store import migrations
 
 from .conftest import Server, _with_database
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -14,7 +14,6 @@ from gateway.store.database import Database
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, object]:

@@ -14,7 +14,17 @@ import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from datetime import UTC, datetime
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 ClientId = Annotated[
     str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$", strict=True)
@@ -25,6 +35,15 @@ SpaceRef = Annotated[
 ]
 Reason = Annotated[str, StringConstraints(max_length=2000)]
 Predicate = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+# A point in time with its offset, normalised to UTC: the same instant written
+# with another offset is the same content for idempotency.
+Instant = Annotated[AwareDatetime, AfterValidator(_utc)]
 
 SHARED = "shared"
 _PRIVATE_PREFIX = "private:"
@@ -77,7 +96,7 @@ class TokenRecord(_Record):
     secret: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{43}$")] | None = None
     secret_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")] | None = None
     label: Annotated[str, StringConstraints(max_length=200)] | None = None
-    expires_at: AwareDatetime | None = None
+    expires_at: Instant | None = None
 
     @model_validator(mode="after")
     def _one_secret(self) -> TokenRecord:
@@ -96,7 +115,7 @@ class SourceRecord(_TeamRecord):
     title: Annotated[str, StringConstraints(min_length=1, max_length=500)]
     uri: Annotated[str, StringConstraints(max_length=2000)] | None = None
     authority: Literal["unverified", "low", "medium", "high", "authoritative"] = "medium"
-    created_at: AwareDatetime | None = None
+    created_at: Instant | None = None
 
 
 class EntityRecord(_TeamRecord):
@@ -136,7 +155,7 @@ class EvidenceRecord(_TeamRecord):
     kind: Literal["evidence"]
     source: ClientId
     content: Annotated[str, StringConstraints(min_length=1, max_length=20000)]
-    observed_at: AwareDatetime | None = None
+    observed_at: Instant | None = None
     occurrences: Annotated[list[Occurrence], Field(max_length=200)] = []
     mentions: Annotated[list[Mention], Field(max_length=200)] = []
 
@@ -199,8 +218,8 @@ class RelationshipRecord(_TeamRecord):
     object_value: Annotated[str, StringConstraints(min_length=1, max_length=1000)] | None = None
     object_unit: Annotated[str, StringConstraints(min_length=1, max_length=50)] | None = None
     polarity: Literal["positive", "negative"] = "positive"
-    valid_from: AwareDatetime | None = None
-    valid_to: AwareDatetime | None = None
+    valid_from: Instant | None = None
+    valid_to: Instant | None = None
     owner: ClientId | None = None
     semantic_group: Annotated[str, StringConstraints(min_length=1, max_length=300)] | None = None
     supports: Annotated[list[SupportSpec], Field(max_length=200)] = []

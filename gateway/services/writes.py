@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 from uuid import UUID
@@ -158,10 +158,13 @@ class _Batch:
         kind: store.VisibleKind,
         team: str,
         ids: Sequence[str],
-        field_name: str,
+        field_name: str | Callable[[int], str],
         *,
         space_id: UUID | None = None,
     ) -> dict[str, store.Visible]:
+        """The rows of ``ids``, each visible now and readable by the actor (and in
+        ``space_id`` when given); the first that is not is reported as not found.
+        ``field_name`` is the field, or a function of the list index giving it."""
         found = await store.find_visible(self.conn, kind, team, ids)
         for i, ident in enumerate(ids):
             row = found.get(ident)
@@ -169,11 +172,11 @@ class _Batch:
             if ok and space_id is not None and row is not None and row.space_id != space_id:
                 ok = False
             if not ok:
-                label = kind.replace("_", " ")
                 where = "" if space_id is None else " in this space"
+                name = field_name(i) if callable(field_name) else field_name
                 raise _fail(
-                    field_name if len(ids) == 1 else f"{field_name}[{i}]",
-                    NotFound(f"no {label} '{ident}' in team '{team}'{where}"),
+                    name,
+                    NotFound(f"no {kind.replace('_', ' ')} '{ident}' in team '{team}'{where}"),
                 )
         return found
 
@@ -242,7 +245,7 @@ class _Batch:
                 "entity",
                 r.team,
                 [m.entity for m in r.mentions],
-                "mentions.entity",
+                lambda i: f"mentions[{i}].entity",
                 space_id=source.space_id,
             )
         occurrences = [(o.id, r.content[o.start : o.end], o.start, o.end) for o in r.occurrences]
@@ -326,9 +329,18 @@ class _Batch:
                     f"{prefix}.occurrence",
                     NotFound(f"no occurrence '{spec.occurrence}' of evidence '{spec.evidence}'"),
                 )
-            if spec.start is None:
-                quote, start, end = occ[spec.occurrence]
-                span = (start, end)
+            occ_quote, start, end = occ[spec.occurrence]
+            if spec.start is not None and (spec.start, spec.end) != (start, end):
+                raise _fail(
+                    f"{prefix}.start",
+                    InvalidInput(
+                        f"the span differs from occurrence '{spec.occurrence}' [{start}, {end}); "
+                        "give the occurrence or a span, or both alike"
+                    ),
+                )
+            if quote is not None and quote != occ_quote:
+                raise _fail(f"{prefix}.quote", InvalidInput("the quote is not the occurrence's"))
+            quote, span = occ_quote, (start, end)
         if spec.start is not None and spec.end is not None:
             if spec.end > len(content):
                 raise _fail(
@@ -431,7 +443,7 @@ class _Batch:
                 "relationship",
                 r.team,
                 pos.relationships,
-                f"positions[{i}].relationships",
+                lambda j, i=i: f"positions[{i}].relationships[{j}]",
                 space_id=space.id,
             )
         await store.insert_conflict_case(
@@ -507,9 +519,11 @@ class _Batch:
     async def hypothesis(self, r: rec.HypothesisRecord) -> None:
         space = await self.space(r.team, rec.SHARED)
         await self.visible(
-            "relationship", r.team, r.relationships, "relationships", space_id=space.id
+            "relationship", r.team, r.relationships, lambda i: f"relationships[{i}]", space_id=space.id
         )
-        await self.visible("evidence", r.team, r.evidence, "evidence", space_id=space.id)
+        await self.visible(
+            "evidence", r.team, r.evidence, lambda i: f"evidence[{i}]", space_id=space.id
+        )
         proposed_by = r.proposed_by if self.actor.is_operator else self.actor.principal
         if proposed_by is not None and not await store.principal_exists(
             self.conn, r.team, proposed_by
@@ -652,7 +666,8 @@ def _field_of(exc: asyncpg.PostgresError) -> str | None:
 def _db_message(exc: asyncpg.PostgresError) -> str:
     """The database's refusal, without SQL or internal identifiers."""
     if isinstance(exc, asyncpg.UniqueViolationError):
-        return "an object with this id already exists"
+        table = getattr(exc, "table_name", None) or "object"
+        return f"an ID is already used in this team ({table.replace('_', ' ')})"
     if isinstance(exc, asyncpg.ForeignKeyViolationError):
         return "a referenced object does not exist"
     if isinstance(exc, asyncpg.CheckViolationError):
