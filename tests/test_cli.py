@@ -1,0 +1,149 @@
+"""The command line, run as a user runs it: a subprocess of the installed console script."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import REPO, unique
+from .factories import jsonl, team_records
+
+CLI = [sys.executable, "-m", "gateway.cli"]
+
+
+def run(
+    args: list[str], dsn: str | None, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    environ = {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RECALL_DATABASE_URL")
+    }
+    if dsn is not None:
+        environ["DATABASE_URL"] = dsn
+    environ.update(env)
+    return subprocess.run(
+        CLI + args, input=stdin, capture_output=True, text=True, env=environ, timeout=120, cwd=REPO
+    )
+
+
+def test_migrate_is_idempotent(dsn: str) -> None:
+    result = run(["migrate"], dsn)
+    assert result.returncode == 0, result.stderr
+    assert "nothing to apply" in result.stdout
+
+
+def test_load_file_then_again_then_stdin(dsn: str, tmp_path: Path) -> None:
+    team = unique("cli")
+    path = tmp_path / "memory.jsonl"
+    path.write_text(jsonl(team_records(team)))
+    first = run(["load", str(path)], dsn)
+    assert first.returncode == 0, first.stderr
+    assert f"loaded {len(team_records(team))} record(s)" in first.stdout
+    assert "0 already present" in first.stdout
+    again = run(["load", "-"], dsn, stdin=path.read_text())
+    assert again.returncode == 0, again.stderr
+    assert " 0 written" in again.stdout
+
+
+def test_bad_line_names_line_and_field(dsn: str, tmp_path: Path) -> None:
+    team = unique("clibad")
+    records = team_records(team)
+    records[3]["authority"] = "supreme"
+    path = tmp_path / "bad.jsonl"
+    path.write_text(jsonl(records))
+    result = run(["load", str(path)], dsn)
+    assert result.returncode == 1
+    assert "line 4, field 'authority'" in result.stderr
+    assert "nothing was written" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_file_and_bad_flag(dsn: str) -> None:
+    result = run(["load", "no-such-file.jsonl"], dsn)
+    assert result.returncode == 1 and "no such file" in result.stderr
+    result = run(["load", "-", "--batch-size", "0"], dsn, stdin="")
+    assert result.returncode == 2 and "between 1 and 100000" in result.stderr
+
+
+def test_tokens_issue_prints_a_working_token(dsn: str) -> None:
+    team = unique("clitok")
+    assert run(["load", "-"], dsn, stdin=jsonl(team_records(team))).returncode == 0
+    result = run(["tokens", "issue", "--team", team, "--principal", "bob"], dsn)
+    assert result.returncode == 0, result.stderr
+    assert re.fullmatch(r"rgt_t-[0-9a-f]{16}_[A-Za-z0-9_-]{43}\n", result.stdout)
+    refused = run(["tokens", "issue", "--team", team, "--principal", "nobody"], dsn)
+    assert refused.returncode == 1 and "no principal 'nobody'" in refused.stderr
+
+
+def test_export_schema_matches_committed(tmp_path: Path) -> None:
+    out = tmp_path / "schema.graphql"
+    assert run(["export-schema", "-o", str(out)], None).returncode == 0
+    assert out.read_text() == (REPO / "schema.graphql").read_text()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.slow
+def test_demo_serves_viewer_and_stops_its_database(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The README's demo path, on its own embedded database."""
+    data = tmp_path_factory.mktemp("demo")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RECALL_DATABASE_URL")}
+    env.update(RECALL_DATA_DIR=str(data), RECALL_PORT=str(port))
+    proc = subprocess.Popen(
+        [*CLI, "demo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+    try:
+        token = None
+        deadline = time.monotonic() + 90
+        assert proc.stdout is not None
+        while time.monotonic() < deadline and token is None:
+            line = proc.stdout.readline()
+            if not line and proc.poll() is not None:
+                pytest.fail(f"demo exited: {proc.stderr.read() if proc.stderr else ''}")
+            match = re.search(r"RECALL_TOKEN=(rgt_\S+)", line)
+            token = match.group(1) if match else None
+        assert token, "the demo printed no token"
+        url = f"http://127.0.0.1:{port}"
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        answer = httpx.post(
+            f"{url}/graphql",
+            json={"query": "{ viewer { principalId team { id } readableSpaces } }"},
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=10,
+        ).json()
+        assert answer == {
+            "data": {
+                "viewer": {
+                    "principalId": "ines",
+                    "team": {"id": "northwind"},
+                    "readableSpaces": ["SHARED", "PRIVATE"],
+                }
+            }
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    postmaster = data / "pgdata" / "postmaster.pid"
+    assert not postmaster.exists(), "the demo left its database running"
+    shutil.rmtree(data, ignore_errors=True)
