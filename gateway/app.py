@@ -7,6 +7,7 @@ gets its own context with the authenticated caller.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import uuid
@@ -129,6 +130,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
             embedder = create_provider(settings)
+            # Load (and checksum) a local model now, so a bad file fails the start,
+            # not the first request.
+            load = getattr(embedder, "load", None)
+            if callable(load):
+                await asyncio.to_thread(load)
             app.state.services = Services(settings, db, embedder, WriteService(db, embedder))
             try:
                 yield

@@ -15,7 +15,6 @@ from gateway.settings import Settings
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
-
 VIEWER = "{ viewer { principalId displayName kind team { id name } tokenBinding readableSpaces } }"
 
 

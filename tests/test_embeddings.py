@@ -371,6 +371,8 @@ async def test_http_good_response(endpoint: FakeEndpoint) -> None:
         vectors = await provider.embed(["first text", "second text", "third"])
     finally:
         await provider.aclose()
+    with pytest.raises(EmbeddingError, match="closed"):
+        await provider.embed(["after close"])
     assert provider.model == "openai:text-embedding-3-small"
     assert vectors.dtype == np.float32
     assert vectors.shape == (3, 8)

@@ -17,7 +17,6 @@ from gateway.services.writes import Actor, WriteService
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
 
-
 EXAMPLE = REPO / "docs" / "examples" / "loading-example.jsonl"
 
 

@@ -17,7 +17,6 @@ from gateway.store import migrations
 from .conftest import Server, _with_database
 
 
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def empty_db(pg_server: Server) -> AsyncIterator[asyncpg.Connection]:
     name = "recall_mig_" + secrets.token_hex(4)

@@ -15,7 +15,6 @@ from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
 
-
 async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, object]:
     rows = await conn.fetch(
         "SELECT id, owner_principal_id FROM memory_spaces WHERE team_id = $1", team

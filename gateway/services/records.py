@@ -12,9 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, Any, Literal
-
 from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,

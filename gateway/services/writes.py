@@ -90,6 +90,9 @@ class BatchResult:
     unchanged: Counter[str] = field(default_factory=Counter)
 
 
+# The width of the store's vector columns (db/0001_memory_model.sql).
+STORE_DIMENSIONS = 384
+
 _OPERATOR_ONLY = frozenset({"team", "principal", "token"})
 
 _SOURCE_TRANSITIONS = {"active": {"withdrawn"}, "withdrawn": {"active"}}
@@ -439,11 +442,12 @@ class _Batch:
     async def conflict_case(self, r: rec.ConflictCaseRecord) -> None:
         space = await self.space(r.team, r.space)
         for i, pos in enumerate(r.positions):
+            prefix = f"positions[{i}].relationships"
             await self.visible(
                 "relationship",
                 r.team,
                 pos.relationships,
-                lambda j, i=i: f"positions[{i}].relationships[{j}]",
+                lambda j, prefix=prefix: f"{prefix}[{j}]",  # type: ignore[misc]
                 space_id=space.id,
             )
         await store.insert_conflict_case(
@@ -519,7 +523,11 @@ class _Batch:
     async def hypothesis(self, r: rec.HypothesisRecord) -> None:
         space = await self.space(r.team, rec.SHARED)
         await self.visible(
-            "relationship", r.team, r.relationships, lambda i: f"relationships[{i}]", space_id=space.id
+            "relationship",
+            r.team,
+            r.relationships,
+            lambda i: f"relationships[{i}]",
+            space_id=space.id,
         )
         await self.visible(
             "evidence", r.team, r.evidence, lambda i: f"evidence[{i}]", space_id=space.id
@@ -571,6 +579,11 @@ class _Batch:
         if not self.evidence_texts and not self.relationship_texts:
             return
         model, dims = self.embedder.model, self.embedder.dimensions
+        if dims != STORE_DIMENSIONS:
+            raise EmbeddingMismatch(
+                f"the store holds {STORE_DIMENSIONS}-dimension vectors; the configured "
+                f"provider '{model}' makes {dims}: configure it for {STORE_DIMENSIONS}"
+            )
         registered = await store.store_embedding_model(self.conn)
         if registered is None:
             await store.register_embedding_model(self.conn, model, dims)

@@ -1,0 +1,114 @@
+"""The one small interface every embedding provider meets, and the checks they share.
+
+The store keeps exactly one model's vectors and compares them by cosine, so a
+provider's answer is only usable when it has the right shape, holds finite
+numbers and has unit rows. Every provider, local or remote, runs its output
+through :func:`validate_vectors` so that nothing else ever has to doubt a vector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.errors import EmbeddingError
+
+T = TypeVar("T")
+
+Vectors: TypeAlias = npt.NDArray[np.float32]
+"""Rows of one embedding each, float32, shape ``(n, dimensions)``."""
+
+# Below this a row has no direction worth trusting (a float32 zero vector, or
+# one so small that normalising it would only amplify rounding noise).
+_MIN_NORM = 1e-12
+
+
+@runtime_checkable
+class EmbeddingProvider(Protocol):
+    """What the write and recall services need from an embedding model.
+
+    A Protocol rather than a base class so that a test double or a future
+    provider needs no import from here to fit.
+    """
+
+    model: str
+    """Stable identifier stored next to every vector; a change means a new vector space."""
+
+    dimensions: int
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        """One unit-length float32 row per text, in input order; ``(0, dimensions)`` for none."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release threads, sessions and connections; the provider is unusable after."""
+        ...
+
+
+def check_texts(texts: Sequence[str]) -> list[str]:
+    """The texts as a list, refusing a bare ``str``.
+
+    A ``str`` is itself a ``Sequence[str]``: without this check ``embed("hello")``
+    would quietly embed five one-letter texts.
+    """
+    if isinstance(texts, str):
+        raise TypeError("embed() takes a sequence of texts, not a single str")
+    items = list(texts)
+    for i, text in enumerate(items):
+        if not isinstance(text, str):
+            raise TypeError(f"text {i} is {type(text).__name__}, not str")
+    return items
+
+
+def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
+    """Consecutive slices of at most ``size`` items (``itertools.batched`` is 3.12+)."""
+    if size < 1:
+        raise ValueError("batch size must be at least 1")
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def empty(dimensions: int) -> Vectors:
+    """The answer for no texts, with the right width so callers can still slice and stack."""
+    return np.empty((0, dimensions), dtype=np.float32)
+
+
+def validate_vectors(vectors: object, expected_count: int, dimensions: int) -> Vectors:
+    """Check a provider's raw answer and return it as unit-length float32 rows.
+
+    Accepts an array or nested lists (parsed JSON). Anything that is not a
+    ``(expected_count, dimensions)`` block of finite real numbers with a non-zero
+    norm per row raises :class:`EmbeddingError`: a bad vector written to the
+    store would silently corrupt every later recall, so it is refused here.
+    Rows are re-normalised in float64 because remote providers round their
+    output and cosine scores assume exactly unit rows.
+    """
+    try:
+        raw = np.asarray(vectors)
+    except (TypeError, ValueError) as exc:  # ragged lists and the like
+        raise EmbeddingError(f"embedding response is not a numeric matrix ({exc})") from exc
+    # Numbers only: np.asarray(..., dtype=float) would accept "0.1" or True.
+    if raw.size and raw.dtype.kind not in "iuf":
+        raise EmbeddingError(f"embedding response holds non-numeric values ({raw.dtype})")
+    if expected_count == 0 and raw.size == 0:
+        return empty(dimensions)
+    if raw.ndim != 2 or raw.shape[0] != expected_count:
+        raise EmbeddingError(
+            f"expected {expected_count} vectors, got an array of shape {raw.shape}"
+        )
+    if raw.shape[1] != dimensions:
+        raise EmbeddingError(f"expected {dimensions} dimensions, got {raw.shape[1]}")
+    block = raw.astype(np.float64, copy=False)
+    finite = np.isfinite(block).all(axis=1)
+    if not finite.all():
+        rows = np.flatnonzero(~finite).tolist()
+        raise EmbeddingError(f"embedding rows {rows[:5]} contain NaN or infinite values")
+    norms = np.linalg.norm(block, axis=1, keepdims=True)
+    unusable = ~np.isfinite(norms[:, 0]) | (norms[:, 0] < _MIN_NORM)
+    if unusable.any():
+        rows = np.flatnonzero(unusable).tolist()
+        raise EmbeddingError(f"embedding rows {rows[:5]} are zero vectors (or overflow)")
+    return np.ascontiguousarray(block / norms, dtype=np.float32)

