@@ -104,6 +104,7 @@ def _load_lines(
     async def work(service: Any) -> loader.LoadReport:
         if not show_bar:
             return await loader.load(service, records, batch_size=batch_size)
+        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
         with Progress(
@@ -111,6 +112,7 @@ def _load_lines(
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
+            console=Console(stderr=True),
             transient=True,
         ) as bar:
             task = bar.add_task("loading", total=len(records))

@@ -147,3 +147,38 @@ def test_demo_serves_viewer_and_stops_its_database(
     postmaster = data / "pgdata" / "postmaster.pid"
     assert not postmaster.exists(), "the demo left its database running"
     shutil.rmtree(data, ignore_errors=True)
+
+
+def test_progress_bar_on_a_terminal(dsn: str, tmp_path: Path) -> None:
+    """On a terminal the loader shows a progress bar; piped, it prints only the summary."""
+    import pty
+
+    team = unique("clipty")
+    path = tmp_path / "memory.jsonl"
+    path.write_text(jsonl(team_records(team)))
+    controller, terminal = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k != "RECALL_DATABASE_URL"}
+    environ.update(DATABASE_URL=dsn, COLUMNS="100", TERM="xterm")
+    proc = subprocess.run(
+        [*CLI, "load", str(path), "--batch-size", "2"],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        env=environ,
+        cwd=REPO,
+        timeout=120,
+        text=True,
+    )
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert proc.returncode == 0, shown.decode(errors="replace")
+    assert "loading" in shown.decode(errors="replace")
+    assert f"/{len(team_records(team))}" in shown.decode(errors="replace")

@@ -96,3 +96,29 @@ async def test_writes_into_another_team_are_refused(
         "SELECT count(*) FROM evidence_lifecycle_events WHERE team_id = $1", team_b
     )
     assert count == 2  # only the two initial 'active' events
+
+
+async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -> None:
+    """A table added later without row-level security fails here, not in production."""
+    rows = await admin_conn.fetch(
+        """
+        SELECT c.relname, c.relrowsecurity, c.relispartition,
+               (SELECT count(*) FROM pg_policy p WHERE p.polrelid = c.oid) AS policies,
+               has_table_privilege('recall_app', c.oid, 'SELECT') AS readable
+        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p')
+          AND EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = c.oid
+                      AND a.attname = 'team_id' AND NOT a.attisdropped)
+        """
+    )
+    assert rows
+    for row in rows:
+        if row["relispartition"]:
+            # partitions are reached only through their parent, whose policy applies
+            assert not row["readable"], row["relname"]
+        else:
+            assert row["relrowsecurity"] and row["policies"] >= 1, row["relname"]
+    teams = await admin_conn.fetchrow(
+        "SELECT relrowsecurity FROM pg_class WHERE relname = 'teams' AND relkind = 'r'"
+    )
+    assert teams["relrowsecurity"]

@@ -13,7 +13,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 from uuid import UUID
 
 import asyncpg
@@ -384,33 +384,23 @@ class _Batch:
         )
 
     async def source_lifecycle(self, r: rec.SourceLifecycleRecord) -> None:
-        src = await self.one("source", r.team, r.source, "source")
-        self._transition("source", src.extra["status"], r.status, _SOURCE_TRANSITIONS)
-        await store.insert_lifecycle(
-            self.conn,
-            "source",
-            r.team,
-            src.space_id,
-            r.source,
-            r.id,
-            r.status,
-            r.reason,
-            self.actor.label,
-        )
+        await self._lifecycle("source", r.team, r.source, r, _SOURCE_TRANSITIONS)
 
     async def evidence_lifecycle(self, r: rec.EvidenceLifecycleRecord) -> None:
-        ev = await self.one("evidence", r.team, r.evidence, "evidence")
-        self._transition("evidence", ev.extra["status"], r.status, _EVIDENCE_TRANSITIONS)
+        await self._lifecycle("evidence", r.team, r.evidence, r, _EVIDENCE_TRANSITIONS)
+
+    async def _lifecycle(
+        self,
+        kind: Literal["source", "evidence"],
+        team: str,
+        target: str,
+        r: rec.SourceLifecycleRecord | rec.EvidenceLifecycleRecord,
+        allowed: dict[str, set[str]],
+    ) -> None:
+        row = await self.one(kind, team, target, kind)
+        self._transition(kind, row.extra["status"], r.status, allowed)
         await store.insert_lifecycle(
-            self.conn,
-            "evidence",
-            r.team,
-            ev.space_id,
-            r.evidence,
-            r.id,
-            r.status,
-            r.reason,
-            self.actor.label,
+            self.conn, kind, team, row.space_id, target, r.id, r.status, r.reason, self.actor.label
         )
 
     async def relationship_transition(self, r: rec.RelationshipTransitionRecord) -> None:
