@@ -29,6 +29,7 @@ from gateway.errors import GatewayError, Unauthenticated
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
+from gateway.services.recall import RecallService
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
@@ -45,6 +46,7 @@ class Services:
     db: Database
     embedder: EmbeddingProvider
     writes: WriteService
+    recall: RecallService
 
 
 class RequestIdMiddleware:
@@ -135,7 +137,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
-            app.state.services = Services(settings, db, embedder, WriteService(db, embedder))
+            app.state.services = Services(
+                settings, db, embedder, WriteService(db, embedder), RecallService(db, embedder)
+            )
             try:
                 yield
             finally:

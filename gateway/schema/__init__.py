@@ -6,10 +6,13 @@ import strawberry
 
 from gateway.schema.errors import ErrorCodes
 from gateway.schema.query import Query
+from gateway.schema.recall_types import EvidenceConflict, RelationshipConflict
 
 
 def build_schema() -> strawberry.Schema:
-    return strawberry.Schema(query=Query, extensions=[ErrorCodes])
+    return strawberry.Schema(
+        query=Query, types=[RelationshipConflict, EvidenceConflict], extensions=[ErrorCodes]
+    )
 
 
 def export_sdl() -> str:

@@ -6,6 +6,8 @@ import strawberry
 from strawberry.types import Info
 
 from gateway.schema.context import RequestContext
+from gateway.schema.recall import recall_memory
+from gateway.schema.recall_types import RecallResult
 from gateway.schema.types import PrincipalKind, SpaceKind, Team, TokenBinding, Viewer
 
 
@@ -22,3 +24,9 @@ class Query:
             token_binding=TokenBinding(p.binding),
             readable_spaces=[SpaceKind(k) for k in p.space_kinds],
         )
+
+    recall_memory: RecallResult = strawberry.field(
+        resolver=recall_memory,
+        description="Ranked, authorised, time-correct evidence about a query, with the "
+        "relationships, communities, conflicts and hypotheses around it.",
+    )

@@ -23,7 +23,7 @@ APP_ROLE = "recall_app"
 
 _ENTER_TENANT = (
     "SELECT set_config('role', $1, true), set_config('recall.team_id', $2, true), "
-    "set_config('recall.space_ids', $3, true)"
+    "set_config('recall.space_ids', $3, true), set_config('lock_timeout', $4, true)"
 )
 
 
@@ -31,8 +31,25 @@ def _space_literal(space_ids: Sequence[UUID]) -> str:
     return "{" + ",".join(str(s) for s in space_ids) + "}"
 
 
-async def _init_connection(conn: asyncpg.Connection) -> None:
-    await register_vector(conn)
+# Statements asyncpg sends on its own: one-off type introspection of a new
+# prepared statement, and the reset of a connection returned to the pool.
+_DRIVER_QUERIES = ("pg_catalog.pg_type", "set_config('jit'", "pg_advisory_unlock_all()")
+
+
+class StatementCounter:
+    """Counts statements sent on the pool's connections: tests check with it that
+    the number of statements of a recall does not grow with its limit."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.recent: list[str] = []
+
+    def __call__(self, record: object) -> None:
+        query = str(getattr(record, "query", ""))
+        if any(mark in query for mark in _DRIVER_QUERIES):
+            return  # asyncpg's own: type introspection, pool reset
+        self.count += 1
+        self.recent = [*self.recent[-99:], query]
 
 
 async def connect_once(dsn: str) -> asyncpg.Connection:
@@ -74,8 +91,12 @@ async def prepare(dsn: str, *, migrate: bool) -> list[migrations.Migration]:
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, counter: StatementCounter | None = None) -> None:
         self.pool = pool
+        self.counter = counter or StatementCounter()
+        # A read waits at most this long for a lock (a migration, a reindex)
+        # before failing, so that an optional branch degrades instead of hanging.
+        self.lock_timeout = "2s"
 
     @classmethod
     async def open(
@@ -86,12 +107,18 @@ class Database:
         max_size: int = 10,
         statement_timeout_ms: int = 5000,
     ) -> Database:
+        counter = StatementCounter()
+
+        async def init(conn: asyncpg.Connection) -> None:
+            await register_vector(conn)
+            conn.add_query_logger(counter)
+
         try:
             pool = await asyncpg.create_pool(
                 dsn,
                 min_size=min_size,
                 max_size=max_size,
-                init=_init_connection,
+                init=init,
                 server_settings={
                     "application_name": "recall-gateway",
                     "statement_timeout": str(statement_timeout_ms),
@@ -99,7 +126,7 @@ class Database:
             )
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
-        return cls(pool)
+        return cls(pool, counter)
 
     async def close(self) -> None:
         await self.pool.close()
@@ -110,7 +137,9 @@ class Database:
     ) -> AsyncIterator[Conn]:
         """A transaction confined by row-level security to one team's spaces."""
         async with self.pool.acquire() as conn, conn.transaction(readonly=readonly):
-            await conn.execute(_ENTER_TENANT, APP_ROLE, team_id, _space_literal(space_ids))
+            await conn.execute(
+                _ENTER_TENANT, APP_ROLE, team_id, _space_literal(space_ids), self.lock_timeout
+            )
             yield conn
 
     @asynccontextmanager

@@ -1,0 +1,342 @@
+"""Recall benchmark: generate a multi-team dataset, then measure recallMemory over HTTP.
+
+    python benchmarks/recall_bench.py --evidence 100000 --teams 10 --queries 200
+
+Prints, from one run: p50 and p95 latency of recallMemory over HTTP on
+loopback, SQL statements per recall, and the vector list's recall@10 against
+an exact search under the team/space filter.
+
+The dataset is written straight into the tables with COPY (the loader's
+embedding step would take ~6 minutes per 100k texts here). Texts are built
+from per-topic vocabularies; vectors are synthetic: every team draws its
+evidence from the *same* topic centroids, so other teams' vectors crowd each
+team's neighbourhood, the case that plain HNSW + WHERE gets wrong. Recall over
+HTTP embeds the query with the real model, so its latency is real; the
+filtered-recall figure uses synthetic query vectors near the centroids.
+
+With no DATABASE_URL, an embedded server is started in a temporary folder and
+removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+import httpx
+import numpy as np
+from pgvector.asyncpg import register_vector
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gateway import tokens  # noqa: E402
+from gateway.store.database import prepare  # noqa: E402
+
+TOPICS = [
+    "billing invoices payments ledger refund charge customer account",
+    "latency spikes timeout queue backlog worker throughput saturation",
+    "database migration schema postgres index vacuum replication failover",
+    "deploy release rollback canary pipeline build artifact version",
+    "security token rotation secret vault audit access permission",
+    "search ranking relevance recall embedding vector query index",
+    "incident outage pager alert escalation postmortem root cause",
+    "storage bucket object retention backup snapshot restore archive",
+]
+DIM = 384
+MODEL = "all-MiniLM-L6-v2-int8-onnx"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def database() -> Iterator[str]:
+    given = os.environ.get("DATABASE_URL")
+    if given:
+        yield given
+        return
+    from gateway.embedded import EmbeddedPostgres
+
+    with tempfile.TemporaryDirectory(prefix="recall-bench-") as folder:
+        server = EmbeddedPostgres(Path(folder), database="bench")
+        server.start()
+        try:
+            yield server.dsn
+        finally:
+            server.stop()
+
+
+def unit(v: np.ndarray) -> np.ndarray:
+    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+
+
+async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[str, Any]:
+    """Write the dataset; returns the team names, their shared spaces and the centroids."""
+    rng = np.random.default_rng(seed)
+    centroids = unit(rng.standard_normal((len(TOPICS), DIM)))
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    try:
+        await conn.execute(
+            "INSERT INTO embedding_models (name, dimensions) VALUES ($1, 384) "
+            "ON CONFLICT DO NOTHING",
+            MODEL,
+        )
+        teams: dict[str, UUID] = {}
+        per_team = n_evidence // n_teams
+        for t in range(n_teams):
+            team = f"bench-{t:02d}"
+            started = time.perf_counter()
+            await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $1)", team)
+            await conn.execute(
+                "INSERT INTO principals (team_id, id, kind, display_name) "
+                "VALUES ($1, 'analyst', 'person', 'Analyst')",
+                team,
+            )
+            space = await conn.fetchval(
+                "INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared') RETURNING id",
+                team,
+            )
+            teams[team] = space
+            await conn.execute(
+                "INSERT INTO sources (team_id, id, space_id, generation, kind, title, authority) "
+                "VALUES ($1, 'src', $2, 1, 'document', 'Generated notes', 'medium')",
+                team,
+                space,
+            )
+            await conn.execute(
+                "INSERT INTO source_lifecycle_events (team_id, space_id, source_id, status) "
+                "VALUES ($1, $2, 'src', 'active')",
+                team,
+                space,
+            )
+            await conn.execute(
+                "INSERT INTO entities (team_id, id, space_id, generation, name, kind) "
+                "VALUES ($1, 'topic', $2, 1, 'Topic', 'concept')",
+                team,
+                space,
+            )
+            topic_of = rng.integers(0, len(TOPICS), size=per_team)
+            words = [t.split() for t in TOPICS]
+            evidence, lifecycle, rels, rel_events, supports, decisions, vectors = (
+                [], [], [], [], [], [], [],
+            )
+            noise = rng.standard_normal((per_team, DIM)).astype(np.float32) * 0.045
+            vecs = unit(centroids[topic_of] + noise)
+            for i in range(per_team):
+                ident = f"ev-{i:06d}"
+                vocab = words[topic_of[i]]
+                body = " ".join(rng.choice(vocab, size=int(rng.integers(8, 30))).tolist())
+                text = f"Note {i} of {team}: {body}."
+                evidence.append(
+                    (team, ident, space, 1, "src", text, hashlib.sha256(text.encode()).digest())
+                )
+                lifecycle.append((team, space, ident, "active"))
+                rels.append(
+                    (team, f"rel-{i:06d}", space, 1, "topic", "mentions", f"t{topic_of[i]}-{i}",
+                     "analyst", f"g-{i}", f"Topic mentions {i}")
+                )
+                rel_events.append((team, space, f"rel-{i:06d}", "active"))
+                supports.append((team, f"sup-{i:06d}", space, ident, f"rel-{i:06d}"))
+                decisions.append((team, space, f"sup-{i:06d}", "grant"))
+                vectors.append((team, space, ident, MODEL, DIM, vecs[i]))
+            async with conn.transaction():
+                await conn.copy_records_to_table(
+                    "evidence", records=evidence,
+                    columns=["team_id", "id", "space_id", "generation", "source_id", "content",
+                             "content_sha256"],
+                )
+                await conn.copy_records_to_table(
+                    "evidence_lifecycle_events", records=lifecycle,
+                    columns=["team_id", "space_id", "evidence_id", "status"],
+                )
+                await conn.copy_records_to_table(
+                    "relationships", records=rels,
+                    columns=["team_id", "id", "space_id", "generation", "subject_entity_id",
+                             "predicate", "object_value", "owner_principal_id",
+                             "semantic_group_key", "statement"],
+                )
+                await conn.copy_records_to_table(
+                    "relationship_status_events", records=rel_events,
+                    columns=["team_id", "space_id", "relationship_id", "status"],
+                )
+                await conn.copy_records_to_table(
+                    "supports", records=supports,
+                    columns=["team_id", "id", "space_id", "evidence_id", "relationship_id"],
+                )
+                await conn.copy_records_to_table(
+                    "support_decisions", records=decisions,
+                    columns=["team_id", "space_id", "support_id", "decision"],
+                )
+                await conn.copy_records_to_table(
+                    "evidence_embeddings", records=vectors,
+                    columns=["team_id", "space_id", "evidence_id", "model", "dimensions",
+                             "embedding"],
+                )
+            log(f"  {team}: {per_team} evidence in {time.perf_counter() - started:.1f} s")
+        secret = tokens.new_secret()
+        await conn.execute(
+            "INSERT INTO api_tokens (id, team_id, principal_id, secret_sha256, binding) "
+            "VALUES ('bench-token', 'bench-00', 'analyst', $1, 'private')",
+            tokens.hash_secret(secret),
+        )
+        await conn.execute("ANALYZE")
+        return {
+            "teams": teams,
+            "centroids": centroids,
+            "token": tokens.format_token("bench-token", secret),
+        }
+    finally:
+        await conn.close()
+
+
+def serve(dsn: str, port: int) -> tuple[Any, Any]:
+    """The gateway on loopback in a thread; returns (uvicorn server, app)."""
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    app = create_app(Settings(database_url=dsn, migrate_on_start=False))
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
+                return server, app
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit("the gateway did not become ready")
+
+
+QUERY = """query($q: String!) { recallMemory(query: $q, limit: 10) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  degradations { code } } }"""
+
+
+def http_latency(port: int, token: str, queries: list[str], app: Any) -> dict[str, float]:
+    counter = app.state.services.db.counter
+    latencies, statements = [], []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        headers = {"Authorization": f"Bearer {token}"}
+        for q in queries[:5]:  # warm-up: model, plans, caches
+            client.post("/graphql", json={"query": QUERY, "variables": {"q": q}}, headers=headers)
+        for q in queries:
+            before = counter.count
+            started = time.perf_counter()
+            r = client.post("/graphql", json={"query": QUERY, "variables": {"q": q}},
+                            headers=headers)
+            latencies.append((time.perf_counter() - started) * 1000)
+            statements.append(counter.count - before)
+            body = r.json()
+            if "errors" in body:
+                raise SystemExit(f"recall failed: {body['errors']}")
+    latencies.sort()
+    return {
+        "p50_ms": statistics.median(latencies),
+        "p95_ms": latencies[int(0.95 * (len(latencies) - 1))],
+        "statements": statistics.median(statements),
+    }
+
+
+async def filtered_vector_recall(
+    dsn: str, data: dict[str, Any], n_queries: int, seed: int
+) -> float:
+    """Top-10 of the store's vector list vs an exact scan of the same space."""
+    from gateway.store import search
+
+    rng = np.random.default_rng(seed + 1)
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    hits = total = 0
+    try:
+        teams = list(data["teams"].items())
+        for i in range(n_queries):
+            team, space = teams[i % len(teams)]
+            topic = int(rng.integers(0, len(TOPICS)))
+            qv = unit(data["centroids"][topic] + rng.standard_normal(DIM).astype(np.float32) * 0.045)
+            async with conn.transaction():
+                got = await search.evidence_candidates(
+                    conn,
+                    search.CandidateQuery(
+                        team_id=team,
+                        branches=(search.BranchSearch("shared", space, 1),),
+                        text=None,
+                        vector=qv,
+                        entity_ids=(),
+                        exclude_ids=(),
+                        per_list=10,
+                        known_at=None,
+                    ),
+                )
+            approx = got[("shared", "vector")][:10]
+            async with conn.transaction():
+                await conn.execute("SET LOCAL enable_indexscan = off")
+                await conn.execute("SET LOCAL enable_bitmapscan = off")
+                rows = await conn.fetch(
+                    "SELECT evidence_id FROM evidence_embeddings WHERE team_id = $1 "
+                    "AND space_id = $2 ORDER BY embedding <=> $3, evidence_id LIMIT 10",
+                    team,
+                    space,
+                    qv,
+                )
+            exact = [r["evidence_id"] for r in rows]
+            hits += len(set(approx) & set(exact))
+            total += len(exact)
+    finally:
+        await conn.close()
+    return hits / total if total else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--evidence", type=int, default=100_000)
+    parser.add_argument("--teams", type=int, default=10)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--port", type=int, default=8790)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    with database() as dsn:
+        asyncio.run(prepare(dsn, migrate=True))
+        log(f"generating {args.evidence} evidence across {args.teams} teams")
+        started = time.perf_counter()
+        data = asyncio.run(generate(dsn, args.evidence, args.teams, args.seed))
+        log(f"generated in {time.perf_counter() - started:.0f} s")
+        rng = np.random.default_rng(args.seed + 2)
+        queries = [
+            " ".join(rng.choice(TOPICS[int(rng.integers(0, len(TOPICS)))].split(), size=4))
+            for _ in range(args.queries)
+        ]
+        server, app = serve(dsn, args.port)
+        try:
+            figures = http_latency(args.port, data["token"], queries, app)
+        finally:
+            server.should_exit = True
+        recall10 = asyncio.run(filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed))
+    print(f"dataset: {args.evidence} evidence, {args.teams} teams, one shared space each")
+    print(f"recallMemory over HTTP, {args.queries} queries, limit 10, sequential:")
+    print(f"  p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms")
+    print(f"  SQL statements per recall (median): {figures['statements']:.0f}")
+    print(f"vector recall@10 vs exact search under the space filter: {recall10:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""SQL of the read path: the view's spaces, canonical hydration, and batch loads.
+
+Every statement takes the view's system time ``t_sys`` explicitly (the caller
+resolves it once per request from the database clock), so that the several
+statements of one recall see one consistent instant even though each runs in
+its own short transaction. State at ``t_sys`` is the latest event with
+``recorded_at <= t_sys`` (ties: highest ``seq``), the rule the write path keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from gateway.store.connection import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceView:
+    space_id: UUID
+    kind: str
+    generation: int | None  # None: the space did not exist at the view's time
+
+
+_VIEW = """
+SELECT now() AS now, s.id, s.kind,
+       (SELECT max(g.generation) FROM space_generations g
+         WHERE g.team_id = s.team_id AND g.space_id = s.id
+           AND g.recorded_at <= coalesce($3::timestamptz, now())) AS generation
+FROM memory_spaces s
+WHERE s.team_id = $1 AND s.id = ANY($2::uuid[])
+"""
+
+
+async def resolve_view(
+    conn: Conn, team: str, space_ids: Sequence[UUID], known_at: datetime | None
+) -> tuple[datetime, list[SpaceView]]:
+    """The database's current time and each space's generation at the view's time."""
+    rows = await conn.fetch(_VIEW, team, list(space_ids), known_at)
+    if not rows:
+        now = await conn.fetchval("SELECT now()")
+        return now, []
+    return rows[0]["now"], [SpaceView(r["id"], r["kind"], r["generation"]) for r in rows]
+
+
+def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
+    return (
+        f"(SELECT {alias}.{col} FROM {table} {alias} "
+        f"WHERE {alias}.team_id = $1 AND {alias}.{fk} = {ref} AND {alias}.recorded_at <= $4 "
+        f"ORDER BY {alias}.recorded_at DESC, {alias}.seq DESC LIMIT 1)"
+    )
+
+
+# Eligible evidence: visible in its space's generation at t_sys, evidence and
+# source active at t_sys, and at least one eligible support path: a support
+# granted (or reinstated) at t_sys to a relationship that is active at t_sys,
+# valid at t_valid, of the same generation, and not on the losing side of a
+# conflict case resolved at t_sys. Hypotheses never count: they are not supports.
+_ELIGIBLE = f"""
+WITH gen AS (
+    SELECT g.space_id, max(g.generation) AS generation
+    FROM space_generations g
+    WHERE g.team_id = $1 AND g.space_id = ANY($3::uuid[]) AND g.recorded_at <= $4
+    GROUP BY g.space_id
+),
+ev AS (
+    SELECT e.id, e.space_id, e.source_id, e.content, e.observed_at, e.recorded_at
+    FROM evidence e
+    JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
+    WHERE e.team_id = $1 AND e.id = ANY($2::text[]) AND e.space_id = ANY($3::uuid[])
+      AND e.recorded_at <= $4
+      AND {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
+      AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id")} = 'active'
+),
+paths AS (
+    SELECT s.evidence_id, r.id AS relationship_id
+    FROM ev
+    JOIN supports s ON s.team_id = $1 AND s.space_id = ev.space_id AND s.evidence_id = ev.id
+    JOIN relationships r ON r.team_id = $1 AND r.space_id = s.space_id AND r.id = s.relationship_id
+    JOIN gen ON gen.space_id = r.space_id AND gen.generation = r.generation
+    WHERE s.recorded_at <= $4 AND r.recorded_at <= $4
+      AND {_latest("support_decisions", "support_id", "decision", "sd", "s.id")}
+          IN ('grant', 'reinstate')
+      AND {_latest("relationship_status_events", "relationship_id", "status", "rs", "r.id")}
+          = 'active'
+      AND (r.valid_from IS NULL OR r.valid_from <= $5)
+      AND (r.valid_to IS NULL OR $5 < r.valid_to)
+      AND NOT EXISTS (
+          SELECT 1
+          FROM conflict_position_relationships cpr
+          JOIN conflict_cases cc ON cc.team_id = $1 AND cc.id = cpr.case_id
+          JOIN gen cg ON cg.space_id = cc.space_id AND cg.generation = cc.generation
+          CROSS JOIN LATERAL (
+              SELECT ce.event, ce.preferred_position_id FROM conflict_case_events ce
+              WHERE ce.team_id = $1 AND ce.case_id = cc.id AND ce.recorded_at <= $4
+              ORDER BY ce.recorded_at DESC, ce.seq DESC LIMIT 1
+          ) last
+          WHERE cpr.team_id = $1 AND cpr.relationship_id = r.id AND cc.recorded_at <= $4
+            AND last.event = 'resolve' AND last.preferred_position_id <> cpr.position_id
+      )
+)
+SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,
+       array_agg(DISTINCT paths.relationship_id ORDER BY paths.relationship_id) AS relationship_ids
+FROM ev JOIN paths ON paths.evidence_id = ev.id
+GROUP BY ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class EligibleEvidence:
+    id: str
+    space_id: UUID
+    source_id: str
+    content: str
+    observed_at: datetime | None
+    recorded_at: datetime
+    relationship_ids: tuple[str, ...]
+
+
+async def eligible_evidence(
+    conn: Conn,
+    team: str,
+    evidence_ids: Sequence[str],
+    space_ids: Sequence[UUID],
+    t_sys: datetime,
+    t_valid: datetime,
+) -> dict[str, EligibleEvidence]:
+    """The candidates that pass canonical eligibility for the view; others are absent."""
+    if not evidence_ids:
+        return {}
+    rows = await conn.fetch(_ELIGIBLE, team, list(evidence_ids), list(space_ids), t_sys, t_valid)
+    return {
+        r["id"]: EligibleEvidence(
+            id=r["id"],
+            space_id=r["space_id"],
+            source_id=r["source_id"],
+            content=r["content"],
+            observed_at=r["observed_at"],
+            recorded_at=r["recorded_at"],
+            relationship_ids=tuple(r["relationship_ids"]),
+        )
+        for r in rows
+    }
+
+
+# --- batch loads for the GraphQL layer's DataLoaders ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRow:
+    id: str
+    space_id: UUID
+    kind: str
+    title: str
+    uri: str | None
+    authority: str
+    created_at: datetime | None
+    status: str
+
+
+_SOURCES = f"""
+SELECT o.id, o.space_id, o.kind, o.title, o.uri, o.authority, o.created_at,
+       {_latest("source_lifecycle_events", "source_id", "status", "ls", "o.id")} AS status
+FROM sources o
+WHERE o.team_id = $1 AND o.id = ANY($2::text[]) AND o.space_id = ANY($3::uuid[])
+  AND o.recorded_at <= $4
+"""
+
+
+async def sources(
+    conn: Conn, team: str, ids: Sequence[str], space_ids: Sequence[UUID], t_sys: datetime
+) -> dict[str, SourceRow]:
+    rows = await conn.fetch(_SOURCES, team, list(ids), list(space_ids), t_sys)
+    return {r["id"]: SourceRow(**dict(r)) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class RelationshipRow:
+    id: str
+    space_id: UUID
+    subject_entity_id: str
+    predicate: str
+    object_entity_id: str | None
+    object_value: str | None
+    object_unit: str | None
+    polarity: str
+    valid_from: datetime | None
+    valid_to: datetime | None
+    owner_principal_id: str
+    semantic_group_key: str
+    statement: str
+    recorded_at: datetime
+    status: str
+
+
+_RELATIONSHIPS = f"""
+SELECT o.id, o.space_id, o.subject_entity_id, o.predicate, o.object_entity_id, o.object_value,
+       o.object_unit, o.polarity, o.valid_from, o.valid_to, o.owner_principal_id,
+       o.semantic_group_key, o.statement, o.recorded_at,
+       {_latest("relationship_status_events", "relationship_id", "status", "rs", "o.id")} AS status
+FROM relationships o
+WHERE o.team_id = $1 AND o.id = ANY($2::text[]) AND o.space_id = ANY($3::uuid[])
+  AND o.recorded_at <= $4
+"""
+
+
+async def relationships(
+    conn: Conn, team: str, ids: Sequence[str], space_ids: Sequence[UUID], t_sys: datetime
+) -> dict[str, RelationshipRow]:
+    rows = await conn.fetch(_RELATIONSHIPS, team, list(ids), list(space_ids), t_sys)
+    return {r["id"]: RelationshipRow(**dict(r)) for r in rows}
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRow:
+    id: str
+    space_id: UUID
+    name: str
+    kind: str
+    aliases: tuple[str, ...]
+
+
+_ENTITIES = """
+SELECT o.id, o.space_id, o.name, o.kind, o.aliases
+FROM entities o
+WHERE o.team_id = $1 AND o.id = ANY($2::text[]) AND o.space_id = ANY($3::uuid[])
+  AND o.recorded_at <= $4
+"""
+
+
+async def entities(
+    conn: Conn, team: str, ids: Sequence[str], space_ids: Sequence[UUID], t_sys: datetime
+) -> dict[str, EntityRow]:
+    rows = await conn.fetch(_ENTITIES, team, list(ids), list(space_ids), t_sys)
+    return {
+        r["id"]: EntityRow(r["id"], r["space_id"], r["name"], r["kind"], tuple(r["aliases"]))
+        for r in rows
+    }

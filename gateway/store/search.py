@@ -1,0 +1,357 @@
+"""Evidence candidate search: every candidate list of a recall in one SQL round trip.
+
+A recall searches each allowed space branch (shared, private) with up to three
+lists: full text, vector similarity and explicit entity expansion (SPEC section
+3, step 1). This module sends them all as **one statement**: a ``UNION ALL`` of
+one subquery per branch and list, returning ``(branch, list_name, rank,
+evidence_id)`` rows that are grouped here. The number of statements of a
+recall therefore depends neither on the overfetch (``per_list``) nor on the
+number of branches.
+
+Candidates are search hits, not answers: canonical eligibility (supports,
+lifecycle, validity, conflicts) is decided later by hydration. Only three
+things are filtered here, in every list: the evidence belongs to the branch's
+space *and* the view's generation of it, it was recorded at or before
+``known_at``, and it is not among the caller's known (excluded) IDs. Every
+subquery names the team and the space itself; row-level security is the
+second wall, not the only one.
+
+**Full text ranks with BM25** (k1 = 0.9, b = 0.4), computed in PostgreSQL over
+the postings in ``evidence_terms``. ``ts_rank_cd`` has neither IDF nor length
+normalisation and scored about half of BM25's nDCG@10 on SciFact (see
+``docs/data-model.md``). The query's lexemes come from
+``to_tsvector('english', text)``, the same configuration the documents use, so
+stemming matches; ``unnest`` of that vector yields each lexeme once. Any
+lexeme match is a candidate (OR semantics): ``websearch_to_tsquery`` ANDs all
+terms, which drops most matches of a natural-language question, and
+``to_tsquery`` raises on user syntax. Neither is used, so no input can raise:
+text without lexemes (stop words, punctuation) simply matches nothing. Per
+lexeme, IDF = ln(1 + (N - df + 0.5) / (df + 0.5)); df is counted from the
+postings' primary-key prefix ``(team_id, space_id, lexeme)``, N and the total
+document length from ``evidence_search_stats`` (db/0002_search_stats.sql).
+These statistics cover the whole space, all generations and the present
+state; they shape the order of candidates, never which evidence qualifies.
+
+**Vector similarity** goes through the SQL function
+``evidence_vector_candidates`` (also db/0002), one call per branch. It runs in
+the space's own partition of ``evidence_embeddings`` (so other teams' vectors
+cannot crowd out this space's neighbours) and chooses the method by the size
+of the space: an exact scan below :data:`EXACT_SEARCH_BELOW` vectors, else the
+partition's HNSW index with an iterative scan and ``hnsw.ef_search`` =
+max(2 * per_list, 100), re-sorted by distance. It is a server-side function so
+that its settings (``plan_cache_mode = force_custom_plan``,
+``hnsw.iterative_scan``, ``hnsw.ef_search``) are in force before its query is
+planned and scanned, scoped to the function, without a second round trip: a
+``set_config`` inside the statement itself cannot change how that statement
+is planned, and a generic plan of a query over the partitioned table is built
+over every partition of every space (measured here: 218 ms to build with 450
+spaces, ~20 ms per execution, against ~1 ms for a pruned custom plan).
+
+**Entity expansion** returns evidence of the branch's space that mentions any
+of the given entities, ranked by how many of them it mentions (more first),
+then by recency of recording (newer first: of two equally matching texts the
+later one is likelier to be current), then by ID.
+
+Ties are always broken by evidence ID in code-point order (``COLLATE "C"``),
+the order Python's ``sorted`` and the fusion engine use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal
+from uuid import UUID
+
+import numpy as np
+
+from gateway.store.connection import Conn
+
+__all__ = [
+    "BM25_B",
+    "BM25_K1",
+    "DIMENSIONS",
+    "EXACT_SEARCH_BELOW",
+    "LIST_NAMES",
+    "MAX_PER_LIST",
+    "BranchSearch",
+    "CandidateQuery",
+    "evidence_candidates",
+]
+
+ListName = Literal["fulltext", "vector", "entity"]
+LIST_NAMES: Final[tuple[ListName, ...]] = ("fulltext", "vector", "entity")
+BRANCHES: Final = frozenset({"shared", "private"})
+
+# BM25 parameters. k1 = 0.9, b = 0.4 are the values measured on SciFact
+# (benchmarks/fulltext_quality.py); short, focused evidence texts gain little
+# from stronger length normalisation.
+BM25_K1: Final = 0.9
+BM25_B: Final = 0.4
+
+# Below this many vectors in a space the vector list is an exact scan, above it
+# the HNSW index is used. Measured on 2 cores with 384-dimension vectors: an
+# exact scan costs about 1.6 ms per 1000 vectors (8 ms at 5k, 32 ms at 20k),
+# the HNSW scan 2-9 ms from 2k to 50k. At 10k the exact scan (~15 ms) is still
+# affordable and its answer is complete by construction. Read at call time
+# (passed as a parameter), so tests can force either path.
+EXACT_SEARCH_BELOW: int = 10_000
+
+MAX_PER_LIST: Final = 500
+DIMENSIONS: Final = 384
+
+
+@dataclass(frozen=True, slots=True)
+class BranchSearch:
+    """One space branch of a recall."""
+
+    branch: str  # "shared" or "private"
+    space_id: UUID
+    generation: int  # the space generation of the requested view
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateQuery:
+    """Everything the candidate lists of one recall need, for all its branches."""
+
+    team_id: str
+    branches: Sequence[BranchSearch]
+    # Full-text query; None or blank: no fulltext list.
+    text: str | None
+    # Query embedding, float32 (384,), unit norm; None: no vector list.
+    vector: np.ndarray | None
+    # Explicit entity expansion; empty: no entity list.
+    entity_ids: Sequence[str]
+    # Known evidence IDs, never returned.
+    exclude_ids: Sequence[str]
+    # Candidates per list per branch (the caller's overfetch), 1..500.
+    per_list: int
+    # Evidence recorded after known_at is not a candidate; None: now.
+    known_at: datetime | None
+
+
+class _Params:
+    """Numbered bind parameters: each value is bound once, then referred to by key.
+
+    The statement's text depends only on which lists and how many branches are
+    searched, never on values, so asyncpg's statement cache keeps a handful of
+    prepared statements for all recalls.
+    """
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._refs: dict[str, str] = {}
+
+    def bind(self, key: str, value: Any, sql_type: str) -> None:
+        self.values.append(value)
+        self._refs[key] = f"${len(self.values)}::{sql_type}"
+
+    def __getitem__(self, key: str) -> str:
+        return self._refs[key]
+
+
+def _float(value: float) -> str:
+    """A float8 literal for a module constant (never user input)."""
+    return f"CAST({float(value)!r} AS double precision)"
+
+
+def _visible(p: _Params, alias: str, space: str, generation: str) -> str:
+    """The filters every list applies: team, space, generation, system time, exclusions."""
+    return (
+        f"{alias}.team_id = {p['team']} AND {alias}.space_id = {space} "
+        f"AND {alias}.generation = {generation} "
+        f"AND {alias}.recorded_at <= coalesce({p['known_at']}, "
+        "'infinity'::timestamptz) "
+        f"AND NOT ({alias}.id = ANY ({p['exclude']}))"
+    )
+
+
+def _fulltext(p: _Params, branch: str, space: str, generation: str) -> str:
+    """BM25 over the space's postings, OR semantics over the query's lexemes.
+
+    score(d) = sum over matching lexemes of
+    idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)).
+    Postings are grouped per document first, so that each hit document is
+    looked up once (index-only, ``evidence_search_filter``) rather than once
+    per matching lexeme (SciFact, before that index: p95 35 ms down to 26 ms).
+    """
+    team = p["team"]
+    limit = p["per_list"]
+    k1, b = _float(BM25_K1), _float(BM25_B)
+    return f"""
+SELECT {branch} AS branch, 'fulltext'::text AS list_name, s.rank, s.evidence_id
+FROM (
+    SELECT h.evidence_id,
+           row_number() OVER (ORDER BY h.score DESC, h.evidence_id COLLATE "C") AS rank
+    FROM (
+        SELECT g.evidence_id,
+               (SELECT sum(u.idf * u.tf * ({k1} + 1)
+                           / (u.tf + {k1} * (1 - {b} + {b} * e.doc_length / g.avgdl)))
+                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
+        FROM (
+            -- avgdl is one value per space; min() only carries it through the grouping.
+            SELECT t.evidence_id::text AS evidence_id, array_agg(w.idf) AS idfs,
+                   array_agg(t.tf::double precision) AS tfs, min(w.avgdl) AS avgdl
+            FROM (
+                -- One row per query lexeme present in the space, with its IDF.
+                SELECT ql.lexeme,
+                       ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf,
+                       st.avgdl
+                FROM query_lexemes ql
+                CROSS JOIN (
+                    SELECT sum(x.doc_count)::double precision AS n,
+                           sum(x.total_length)::double precision
+                               / nullif(sum(x.doc_count), 0) AS avgdl
+                    FROM evidence_search_stats x
+                    WHERE x.team_id = {team} AND x.space_id = {space}
+                ) st
+                CROSS JOIN LATERAL (
+                    SELECT count(*)::double precision AS df
+                    FROM evidence_terms c
+                    WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
+                ) d
+                WHERE d.df > 0 AND st.avgdl > 0
+            ) w
+            JOIN evidence_terms t
+              ON t.team_id = {team} AND t.space_id = {space} AND t.lexeme = w.lexeme
+            GROUP BY t.evidence_id
+        ) g
+        JOIN evidence e
+          ON e.team_id = {team} AND e.space_id = {space} AND e.id = g.evidence_id
+        WHERE {_visible(p, "e", space, generation)}
+    ) h
+    ORDER BY h.score DESC, h.evidence_id COLLATE "C"
+    LIMIT {limit}
+) s"""
+
+
+def _vector(p: _Params, branch: str, space: str, generation: str) -> str:
+    """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates)."""
+    return f"""
+SELECT {branch} AS branch, 'vector'::text AS list_name,
+       row_number() OVER (ORDER BY v.distance, v.evidence_id COLLATE "C") AS rank,
+       v.evidence_id
+FROM evidence_vector_candidates(
+    {p["team"]}, {space}, {generation}, {p["vector"]},
+    {p["per_list"]}, {p["known_at"]},
+    {p["exclude"]}, {p["exact_below"]}
+) v"""
+
+
+def _entity(p: _Params, branch: str, space: str, generation: str) -> str:
+    """Evidence mentioning the given entities: most mentioned first, then newest, then ID."""
+    team = p["team"]
+    entities = p["entities"]
+    limit = p["per_list"]
+    return f"""
+SELECT {branch} AS branch, 'entity'::text AS list_name, s.rank, s.evidence_id
+FROM (
+    SELECT m.evidence_id::text AS evidence_id,
+           row_number() OVER (ORDER BY count(*) DESC, e.recorded_at DESC,
+                                       m.evidence_id::text COLLATE "C") AS rank
+    FROM evidence_entity_mentions m
+    JOIN evidence e ON e.team_id = {team} AND e.space_id = {space} AND e.id = m.evidence_id
+    WHERE m.team_id = {team} AND m.space_id = {space} AND m.entity_id = ANY ({entities})
+      AND {_visible(p, "e", space, generation)}
+    GROUP BY m.evidence_id, e.recorded_at
+    ORDER BY rank
+    LIMIT {limit}
+) s"""
+
+
+_BUILDERS = {"fulltext": _fulltext, "vector": _vector, "entity": _entity}
+
+
+def _wanted(q: CandidateQuery) -> list[ListName]:
+    wanted: list[ListName] = []
+    if q.text is not None and q.text.strip():
+        wanted.append("fulltext")
+    if q.vector is not None:
+        wanted.append("vector")
+    if q.entity_ids:
+        wanted.append("entity")
+    return wanted
+
+
+def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str, list[Any]]:
+    """The one statement and its parameters (public for tests and plan inspection).
+
+    Branches are bound as arrays (space IDs, generations, names) and each
+    branch's subqueries take element ``i``; the text varies only with the
+    number of branches and the set of lists.
+    """
+    p = _Params()
+    p.bind("team", q.team_id, "text")
+    p.bind("spaces", [b.space_id for b in q.branches], "uuid[]")
+    p.bind("generations", [b.generation for b in q.branches], "integer[]")
+    p.bind("branches", [b.branch for b in q.branches], "text[]")
+    p.bind("per_list", q.per_list, "integer")
+    p.bind("known_at", q.known_at, "timestamptz")
+    p.bind("exclude", list(q.exclude_ids), "text[]")
+    prelude = ""
+    if "fulltext" in wanted:
+        p.bind("text", q.text, "text")
+        # Computed once for all branches. unnest(tsvector) yields each lexeme once.
+        prelude = (
+            "WITH query_lexemes AS MATERIALIZED (\n"
+            "    SELECT u.lexeme FROM unnest(to_tsvector('english'::regconfig, "
+            f"{p['text']})) AS u\n)\n"
+        )
+    if "vector" in wanted:
+        p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
+        p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
+    if "entity" in wanted:
+        p.bind("entities", list(q.entity_ids), "text[]")
+
+    parts = []
+    for i in range(1, len(q.branches) + 1):
+        branch = f"({p['branches']})[{i}]"
+        space = f"({p['spaces']})[{i}]"
+        generation = f"({p['generations']})[{i}]"
+        for name in wanted:
+            parts.append(_BUILDERS[name](p, branch, space, generation))
+    union = "\nUNION ALL\n".join(f"({part}\n)" for part in parts)
+    sql = f"{prelude}SELECT c.branch, c.list_name, c.rank, c.evidence_id FROM (\n{union}\n) c"
+    return sql, p.values
+
+
+def _check(q: CandidateQuery) -> None:
+    if not 1 <= q.per_list <= MAX_PER_LIST:
+        raise ValueError(f"per_list must be between 1 and {MAX_PER_LIST}, not {q.per_list}")
+    seen = set()
+    for b in q.branches:
+        if b.branch not in BRANCHES:
+            raise ValueError(f"unknown branch {b.branch!r}")
+        if b.branch in seen:
+            raise ValueError(f"branch {b.branch!r} given twice")
+        seen.add(b.branch)
+    if q.vector is not None:
+        shape = np.shape(q.vector)
+        if shape != (DIMENSIONS,):
+            raise ValueError(f"the query vector must have shape ({DIMENSIONS},), not {shape}")
+
+
+async def evidence_candidates(conn: Conn, q: CandidateQuery) -> dict[tuple[str, str], list[str]]:
+    """All candidate lists of all branches, in one round trip.
+
+    Returns ``(branch, list_name) -> evidence IDs in rank order`` with every
+    requested list present, possibly empty. A list is requested when its input
+    is given: non-blank ``text``, a ``vector``, non-empty ``entity_ids``.
+    Nothing requested (or no branch) sends no statement at all.
+    """
+    _check(q)
+    wanted = _wanted(q)
+    lists: dict[tuple[str, str], list[str]] = {
+        (b.branch, name): [] for b in q.branches for name in wanted
+    }
+    if not lists:
+        return lists
+    sql, args = build_statement(q, wanted)
+    ranked: dict[tuple[str, str], list[tuple[int, str]]] = {key: [] for key in lists}
+    for row in await conn.fetch(sql, *args):
+        ranked[(row["branch"], row["list_name"])].append((row["rank"], row["evidence_id"]))
+    for key, hits in ranked.items():
+        hits.sort()
+        lists[key] = [evidence_id for _, evidence_id in hits]
+    return lists
