@@ -102,7 +102,7 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
         for t in range(n_teams):
             team = f"bench-{t:02d}"
             started = time.perf_counter()
-            await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $1)", team)
+            await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", team, team)
             await conn.execute(
                 "INSERT INTO principals (team_id, id, kind, display_name) "
                 "VALUES ($1, 'analyst', 'person', 'Analyst')",

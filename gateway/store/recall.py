@@ -59,13 +59,13 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 # valid at t_valid, of the same generation, and not on the losing side of a
 # conflict case resolved at t_sys. Hypotheses never count: they are not supports.
 _ELIGIBLE = f"""
-WITH gen AS (
+WITH gen AS MATERIALIZED (
     SELECT g.space_id, max(g.generation) AS generation
     FROM space_generations g
     WHERE g.team_id = $1 AND g.space_id = ANY($3::uuid[]) AND g.recorded_at <= $4
     GROUP BY g.space_id
 ),
-ev AS (
+ev AS MATERIALIZED (
     SELECT e.id, e.space_id, e.source_id, e.content, e.observed_at, e.recorded_at
     FROM evidence e
     JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
@@ -74,7 +74,7 @@ ev AS (
       AND {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
       AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id")} = 'active'
 ),
-paths AS (
+paths AS MATERIALIZED (
     SELECT s.evidence_id, r.id AS relationship_id
     FROM ev
     JOIN supports s ON s.team_id = $1 AND s.space_id = ev.space_id AND s.evidence_id = ev.id
