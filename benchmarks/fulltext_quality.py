@@ -203,7 +203,14 @@ async def load_corpus(
                 )
                 await conn.copy_records_to_table(
                     "evidence_embeddings",
-                    columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
+                    columns=[
+                        "team_id",
+                        "space_id",
+                        "evidence_id",
+                        "model",
+                        "dimensions",
+                        "embedding",
+                    ],
                     records=[
                         (TEAM, space, did, model, vectors.shape[1], vectors[i])
                         for i, (did, _) in enumerate(data.corpus)
@@ -275,7 +282,9 @@ async def evaluate(
 ) -> None:
     branch = BranchSearch("shared", space, 1)
 
-    async def call(text: str | None, vector: np.ndarray | None) -> tuple[dict[str, list[str]], float]:
+    async def call(
+        text: str | None, vector: np.ndarray | None
+    ) -> tuple[dict[str, list[str]], float]:
         query = CandidateQuery(
             team_id=TEAM,
             branches=(branch,),

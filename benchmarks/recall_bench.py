@@ -134,7 +134,13 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
             topic_of = rng.integers(0, len(TOPICS), size=per_team)
             words = [t.split() for t in TOPICS]
             evidence, lifecycle, rels, rel_events, supports, decisions, vectors = (
-                [], [], [], [], [], [], [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
+                [],
             )
             noise = rng.standard_normal((per_team, DIM)).astype(np.float32) * 0.045
             vecs = unit(centroids[topic_of] + noise)
@@ -148,8 +154,18 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
                 )
                 lifecycle.append((team, space, ident, "active"))
                 rels.append(
-                    (team, f"rel-{i:06d}", space, 1, "topic", "mentions", f"t{topic_of[i]}-{i}",
-                     "analyst", f"g-{i}", f"Topic mentions {i}")
+                    (
+                        team,
+                        f"rel-{i:06d}",
+                        space,
+                        1,
+                        "topic",
+                        "mentions",
+                        f"t{topic_of[i]}-{i}",
+                        "analyst",
+                        f"g-{i}",
+                        f"Topic mentions {i}",
+                    )
                 )
                 rel_events.append((team, space, f"rel-{i:06d}", "active"))
                 supports.append((team, f"sup-{i:06d}", space, ident, f"rel-{i:06d}"))
@@ -157,36 +173,65 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
                 vectors.append((team, space, ident, MODEL, DIM, vecs[i]))
             async with conn.transaction():
                 await conn.copy_records_to_table(
-                    "evidence", records=evidence,
-                    columns=["team_id", "id", "space_id", "generation", "source_id", "content",
-                             "content_sha256"],
+                    "evidence",
+                    records=evidence,
+                    columns=[
+                        "team_id",
+                        "id",
+                        "space_id",
+                        "generation",
+                        "source_id",
+                        "content",
+                        "content_sha256",
+                    ],
                 )
                 await conn.copy_records_to_table(
-                    "evidence_lifecycle_events", records=lifecycle,
+                    "evidence_lifecycle_events",
+                    records=lifecycle,
                     columns=["team_id", "space_id", "evidence_id", "status"],
                 )
                 await conn.copy_records_to_table(
-                    "relationships", records=rels,
-                    columns=["team_id", "id", "space_id", "generation", "subject_entity_id",
-                             "predicate", "object_value", "owner_principal_id",
-                             "semantic_group_key", "statement"],
+                    "relationships",
+                    records=rels,
+                    columns=[
+                        "team_id",
+                        "id",
+                        "space_id",
+                        "generation",
+                        "subject_entity_id",
+                        "predicate",
+                        "object_value",
+                        "owner_principal_id",
+                        "semantic_group_key",
+                        "statement",
+                    ],
                 )
                 await conn.copy_records_to_table(
-                    "relationship_status_events", records=rel_events,
+                    "relationship_status_events",
+                    records=rel_events,
                     columns=["team_id", "space_id", "relationship_id", "status"],
                 )
                 await conn.copy_records_to_table(
-                    "supports", records=supports,
+                    "supports",
+                    records=supports,
                     columns=["team_id", "id", "space_id", "evidence_id", "relationship_id"],
                 )
                 await conn.copy_records_to_table(
-                    "support_decisions", records=decisions,
+                    "support_decisions",
+                    records=decisions,
                     columns=["team_id", "space_id", "support_id", "decision"],
                 )
                 await conn.copy_records_to_table(
-                    "evidence_embeddings", records=vectors,
-                    columns=["team_id", "space_id", "evidence_id", "model", "dimensions",
-                             "embedding"],
+                    "evidence_embeddings",
+                    records=vectors,
+                    columns=[
+                        "team_id",
+                        "space_id",
+                        "evidence_id",
+                        "model",
+                        "dimensions",
+                        "embedding",
+                    ],
                 )
             log(f"  {team}: {per_team} evidence in {time.perf_counter() - started:.1f} s")
         secret = tokens.new_secret()
@@ -242,8 +287,9 @@ def http_latency(port: int, token: str, queries: list[str], app: Any) -> dict[st
         for q in queries:
             before = counter.count
             started = time.perf_counter()
-            r = client.post("/graphql", json={"query": QUERY, "variables": {"q": q}},
-                            headers=headers)
+            r = client.post(
+                "/graphql", json={"query": QUERY, "variables": {"q": q}}, headers=headers
+            )
             latencies.append((time.perf_counter() - started) * 1000)
             statements.append(counter.count - before)
             body = r.json()
@@ -272,7 +318,9 @@ async def filtered_vector_recall(
         for i in range(n_queries):
             team, space = teams[i % len(teams)]
             topic = int(rng.integers(0, len(TOPICS)))
-            qv = unit(data["centroids"][topic] + rng.standard_normal(DIM).astype(np.float32) * 0.045)
+            qv = unit(
+                data["centroids"][topic] + rng.standard_normal(DIM).astype(np.float32) * 0.045
+            )
             async with conn.transaction():
                 got = await search.evidence_candidates(
                     conn,

@@ -77,8 +77,10 @@ GRANT SELECT ON evidence_search_stats TO recall_app;
 -- A SET clause on the function does both, within the caller's one round trip:
 --   * plan_cache_mode = force_custom_plan: a generic plan of a query over the
 --     partitioned evidence_embeddings is built over every partition of every
---     space (measured: 218 ms to build with 450 spaces, then ~20 ms per run),
---     while a custom plan is pruned to the one partition at planning time.
+--     space. Measured with about 300 spaces: 50 ms to 2 s to build; pruned at
+--     executor startup, but with a parallel sequential scan chosen, 20-40 ms
+--     per run. A custom plan is pruned to the one partition when planned and
+--     uses its HNSW index: 1-3 ms.
 --   * hnsw.iterative_scan = relaxed_order: the generation, system-time and
 --     exclusion filters are applied after the index scan; an iterative scan
 --     keeps walking the graph until enough rows pass them.
@@ -91,7 +93,11 @@ GRANT SELECT ON evidence_search_stats TO recall_app;
 -- larger space uses its partition's HNSW index. The size is the space's
 -- evidence count from evidence_search_stats (every evidence gets one vector).
 -- The filter is a scalar subquery rather than a join so that the planner keeps
--- the ordered index scan and checks each candidate as it comes.
+-- the ordered index scan and checks each candidate as it comes. Limit of the
+-- approximate path: an iterative scan gives up after hnsw.max_scan_tuples
+-- (20,000 by default) visited tuples, so a large space whose nearest vectors
+-- are nearly all filtered out (just after a reset, say) can return fewer rows
+-- than asked.
 --
 -- SECURITY INVOKER (the default): it reads as the caller, under row-level
 -- security, and also names the team and space in every predicate.
@@ -113,6 +119,7 @@ CREATE FUNCTION evidence_vector_candidates(
 AS $$
 DECLARE
     space_size bigint;
+    ef integer;
 BEGIN
     SELECT coalesce(sum(s.doc_count), 0) INTO space_size
     FROM evidence_search_stats s
@@ -140,7 +147,8 @@ BEGIN
                WHERE e.team_id = p_team AND e.space_id = p_space AND e.id = o.evidence_id) IS TRUE
         LIMIT p_limit;
     ELSE
-        PERFORM set_config('hnsw.ef_search', least(greatest(p_limit * 2, 100), 1000)::text, true);
+        ef := least(greatest(p_limit * 2, 100), 1000);
+        PERFORM set_config('hnsw.ef_search', ef::text, true);
         RETURN QUERY
         SELECT r.evidence_id, r.distance
         FROM (
@@ -154,17 +162,21 @@ BEGIN
                    WHERE e.team_id = p_team AND e.space_id = p_space
                      AND e.id = ee.evidence_id) IS TRUE
             ORDER BY ee.embedding <=> p_query
-            LIMIT p_limit
+            -- relaxed_order returns rows only roughly by distance: take ef of
+            -- them (not just the limit), so that a near row returned a little
+            -- late is not cut off, then sort and keep the nearest.
+            LIMIT ef
         ) r
-        -- relaxed_order may return rows slightly out of order: sort them.
-        ORDER BY r.distance, r.evidence_id COLLATE "C";
+        ORDER BY r.distance, r.evidence_id COLLATE "C"
+        LIMIT p_limit;
     END IF;
 END $$;
 
 -- Every candidate list filters evidence by space, generation and system time,
 -- and BM25 needs each hit's document length. With them in one covering index
 -- those lookups are index-only (no visit to the wide evidence rows with their
--- text and tsvector): measured on SciFact, the full-text candidate call went
--- from 16 ms to 12 ms median (p95 35 to 20 ms). About 80 bytes per evidence.
+-- text and tsvector). Measured on SciFact, with the postings grouped per
+-- document first (gateway/store/search.py), the full-text candidate call went
+-- from 16 ms to 12 ms median, p95 35 to 20 ms. About 80 bytes per evidence.
 CREATE INDEX evidence_search_filter ON evidence (team_id, space_id, id)
     INCLUDE (generation, recorded_at, doc_length);

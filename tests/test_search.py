@@ -36,9 +36,7 @@ def _team(team: str, *principals: str) -> list[dict[str, Any]]:
     out += [
         {"kind": "principal", "team": team, "id": p, "display_name": p.title()} for p in principals
     ]
-    out.append(
-        {"kind": "source", "team": team, "id": "src", "type": "document", "title": "Notes"}
-    )
+    out.append({"kind": "source", "team": team, "id": "src", "type": "document", "title": "Notes"})
     return out
 
 
@@ -166,11 +164,16 @@ async def test_fulltext_ranks_like_hand_computed_bm25(
         got = await _search(db, team, [branch], text=query)
         assert got == {("shared", "fulltext"): bm25_order(BM25_CORPUS, query)}, query
 
-    # ev-7a and ev-7b tie; the ID decides. ev-4 (short, rare "replica") beats
-    # ev-3 (longer): length normalisation is in effect.
+    # ev-7a and ev-7b tie; the ID decides.
     order = (await _search(db, team, [branch], text="broker lag replica"))[("shared", "fulltext")]
     assert order.index("ev-7a") == order.index("ev-7b") - 1
-    assert order.index("ev-4") < order.index("ev-3")
+    # One "partition" each in ev-1, ev-3, ev-5: the shorter document ranks higher.
+    assert (await _search(db, team, [branch], text="partition"))[("shared", "fulltext")] == [
+        "ev-6",
+        "ev-1",
+        "ev-3",
+        "ev-5",
+    ]
     # per_list cuts the same order.
     cut = await _search(db, team, [branch], text="broker lag replica", per_list=3)
     assert cut[("shared", "fulltext")] == order[:3]
@@ -200,9 +203,7 @@ async def test_search_statistics_follow_inserts(
 ) -> None:
     team = unique("stats")
     await load_jsonl(writes, jsonl(_team(team) + [_ev(team, "s-1", "alpha beta beta")]))
-    await load_jsonl(
-        writes, jsonl([_ev(team, f"s-{i}", "gamma delta " * i) for i in range(2, 6)])
-    )
+    await load_jsonl(writes, jsonl([_ev(team, f"s-{i}", "gamma delta " * i) for i in range(2, 6)]))
     stats = await admin_conn.fetchrow(
         "SELECT sum(doc_count) AS n, sum(total_length) AS total FROM evidence_search_stats "
         "WHERE team_id = $1",
@@ -255,6 +256,8 @@ async def test_query_of_stop_words_gives_an_empty_list(
         "' OR 1=1; --",
         "caché ünïcode 数据库 🚀",
         "x" * 3000,
+        "nul \x00 byte",
+        "lone surrogate \ud800",
     ],
 )
 async def test_operator_laden_query_never_raises(
@@ -280,7 +283,12 @@ async def test_excluded_ids_are_never_returned(
     team = unique("excl")
     records = _team(team) + [_entity(team, "billing")]
     records += [
-        _ev(team, f"ev-{i}", f"Billing invoice run number {i} finished.", mentions=_mentions("billing"))
+        _ev(
+            team,
+            f"ev-{i}",
+            f"Billing invoice run number {i} finished.",
+            mentions=_mentions("billing"),
+        )
         for i in range(6)
     ]
     await load_jsonl(writes, jsonl(records))
@@ -310,7 +318,9 @@ async def test_known_at_excludes_later_evidence(
 ) -> None:
     team = unique("known")
     early = _team(team) + [_entity(team, "fleet")]
-    early.append(_ev(team, "ev-early", "The robot fleet charges at dock B.", mentions=_mentions("fleet")))
+    early.append(
+        _ev(team, "ev-early", "The robot fleet charges at dock B.", mentions=_mentions("fleet"))
+    )
     await load_jsonl(writes, jsonl(early))
     late = [_ev(team, "ev-late", "The robot fleet charges at dock C.", mentions=_mentions("fleet"))]
     await load_jsonl(writes, jsonl(late))
@@ -336,14 +346,24 @@ async def test_generation_filter_after_space_reset(
 ) -> None:
     team = unique("gen")
     old = _team(team) + [_entity(team, "billing")]
-    old.append(_ev(team, "ev-old", "Billing invoices are sent monthly.", mentions=_mentions("billing")))
+    old.append(
+        _ev(team, "ev-old", "Billing invoices are sent monthly.", mentions=_mentions("billing"))
+    )
     await load_jsonl(writes, jsonl(old))
     before = await _branch(admin_conn, team)
-    await load_jsonl(writes, jsonl([{"kind": "space_reset", "team": team, "id": "r1", "space": "shared"}]))
+    await load_jsonl(
+        writes, jsonl([{"kind": "space_reset", "team": team, "id": "r1", "space": "shared"}])
+    )
     new = [
         {"kind": "source", "team": team, "id": "src-2", "type": "document", "title": "Notes 2"},
         _entity(team, "billing-2"),
-        _ev(team, "ev-new", "Billing invoices are sent weekly.", source="src-2", mentions=_mentions("billing-2")),
+        _ev(
+            team,
+            "ev-new",
+            "Billing invoices are sent weekly.",
+            source="src-2",
+            mentions=_mentions("billing-2"),
+        ),
     ]
     await load_jsonl(writes, jsonl(new))
     after = await _branch(admin_conn, team)
@@ -482,7 +502,15 @@ async def _insert_direct(
     """Evidence rows and their vectors written directly as the owner: fast, same triggers."""
     await conn.copy_records_to_table(
         "evidence",
-        columns=["team_id", "id", "space_id", "generation", "source_id", "content", "content_sha256"],
+        columns=[
+            "team_id",
+            "id",
+            "space_id",
+            "generation",
+            "source_id",
+            "content",
+            "content_sha256",
+        ],
         records=[
             (team, i, space, generation, source, f"filler {i}", hashlib.sha256(i.encode()).digest())
             for i in ids
@@ -529,13 +557,27 @@ async def test_vector_list_is_complete_despite_crowding_teams(
         ids = [f"{team}-{i:04d}" for i in range(2000)]
         async with admin_conn.transaction():
             await _insert_direct(
-                admin_conn, team, space, 1, "src", ids, _near(query, rng.uniform(0.02, 0.30, 2000), rng), model
+                admin_conn,
+                team,
+                space,
+                1,
+                "src",
+                ids,
+                _near(query, rng.uniform(0.02, 0.30, 2000), rng),
+                model,
             )
     # Team A, generation 1: 100 vectors nearer than any current one.
     old_ids = [f"old-{i:03d}" for i in range(100)]
     async with admin_conn.transaction():
         await _insert_direct(
-            admin_conn, team_a, space_a, 1, "src", old_ids, _near(query, rng.uniform(0.05, 0.30, 100), rng), model
+            admin_conn,
+            team_a,
+            space_a,
+            1,
+            "src",
+            old_ids,
+            _near(query, rng.uniform(0.05, 0.30, 100), rng),
+            model,
         )
     # A reset, then the current generation: 200 vectors from 0.35 to 1.4 rad.
     async with admin_conn.transaction():
@@ -552,14 +594,24 @@ async def test_vector_list_is_complete_despite_crowding_teams(
             space_a,
         )
         cur_ids = [f"cur-{i:03d}" for i in range(200)]
-        cur_vecs = _near(query, rng.uniform(0.35, 1.4, 200), rng)
+        # Evenly spaced angles, shuffled: no two distances are near a tie.
+        cur_vecs = _near(query, rng.permutation(np.linspace(0.35, 1.4, 200)), rng)
         await _insert_direct(admin_conn, team_a, space_a, 2, "src-2", cur_ids, cur_vecs, model)
-    known_at = await admin_conn.fetchval("SELECT max(recorded_at) FROM evidence WHERE team_id = $1", team_a)
+    known_at = await admin_conn.fetchval(
+        "SELECT max(recorded_at) FROM evidence WHERE team_id = $1", team_a
+    )
     # Recorded after known_at: 30 more, nearer than every current one.
     late_ids = [f"late-{i:03d}" for i in range(30)]
     async with admin_conn.transaction():
         await _insert_direct(
-            admin_conn, team_a, space_a, 2, "src-2", late_ids, _near(query, rng.uniform(0.1, 0.3, 30), rng), model
+            admin_conn,
+            team_a,
+            space_a,
+            2,
+            "src-2",
+            late_ids,
+            _near(query, rng.uniform(0.1, 0.3, 30), rng),
+            model,
         )
 
     # Exact reference over team A's eligible vectors; the 10 nearest are excluded.
@@ -570,36 +622,56 @@ async def test_vector_list_is_complete_despite_crowding_teams(
     per_list = 50
     expected = ranked[10 : 10 + per_list]
 
-    async def vector_list() -> list[str]:
-        got = await _search(
-            db, team_a, [branch], vector=query, exclude=excluded, per_list=per_list, known_at=known_at
+    partition = f"evidence_embeddings_{space_a.hex}"
+
+    async def vector_list(
+        *, force_index: bool = False
+    ) -> tuple[list[str], dict[tuple[str, str], int]]:
+        return await _vector_search_with_scans(
+            dsn, team_a, branch, query, known_at, excluded, per_list, force_index=force_index
         )
-        return got[("shared", "vector")]
 
-    # Small space: the exact scan.
-    assert await vector_list() == expected
-    # The HNSW path, forced: iterative scan past the 100 old, 10 excluded and
-    # 30 later vectors that sit nearest to the query in A's own graph.
+    # A small space: the exact scan, of team A's partition only.
+    got, scans = await vector_list()
+    assert got == expected
+    # Read in full (by a sequential or a primary-key scan), never by the HNSW index.
+    assert {table for table, _ in scans} == {partition}, scans
+    assert "hnsw" not in {method for _, method in scans}, scans
+
+    # The HNSW path of that partition (used from EXACT_SEARCH_BELOW vectors on).
+    # At 330 rows the planner prefers an exact scan even on this path, so the
+    # test forbids full scans and sorts: the iterative index scan must walk past
+    # the 100 old, 10 excluded and 30 later vectors nearest to the query in A's
+    # graph. Approximate by nature, and these vectors are adversarial (mutually
+    # near-orthogonal, unlike text embeddings): one true neighbour of 50 was
+    # seen missing. Asserted: only eligible evidence of A, in distance order,
+    # and at least 90% of the exact answer.
     monkeypatch.setattr(search, "EXACT_SEARCH_BELOW", 0)
-    assert await vector_list() == expected
-
-    # Only team A's partition is read, by the method chosen (fresh connections,
-    # so that no other statement's scans are counted).
-    for exact_below, method in ((10_000, "seq_scan"), (0, "idx_scan")):
-        monkeypatch.setattr(search, "EXACT_SEARCH_BELOW", exact_below)
-        scanned = await _scanned_partitions(dsn, team_a, branch, query, known_at, excluded)
-        assert list(scanned) == [f"evidence_embeddings_{space_a.hex}"], scanned
-        assert scanned[f"evidence_embeddings_{space_a.hex}"][method] > 0
+    got, scans = await vector_list(force_index=True)
+    assert {table for table, _ in scans} == {partition}, scans
+    assert "hnsw" in {method for _, method in scans}, scans
+    eligible = set(cur_ids) - set(excluded)
+    assert len(got) == per_list and set(got) <= eligible
+    assert got == sorted(got, key=ranked.index)
+    assert len(set(got) & set(expected)) >= 0.9 * per_list, sorted(set(expected) - set(got))
 
 
-async def _scanned_partitions(
+async def _vector_search_with_scans(
     dsn: str,
     team: str,
     branch: BranchSearch,
     vector: np.ndarray,
     known_at: datetime,
     excluded: Sequence[str],
-) -> dict[str, dict[str, int]]:
+    per_list: int,
+    *,
+    force_index: bool,
+) -> tuple[list[str], dict[tuple[str, str], int]]:
+    """The vector list, and which embedding partitions and indexes it scanned.
+
+    On a fresh connection, so that pg_stat_xact_* counts no other statement's
+    scans: (table, "seq") for sequential scans, (table, access method) for index scans.
+    """
     conn = await asyncpg.connect(dsn)
     try:
         await register_vector(conn)
@@ -611,13 +683,26 @@ async def _scanned_partitions(
                 team,
                 "{" + str(branch.space_id) + "}",
             )
-            query = CandidateQuery(team, (branch,), None, vector, (), tuple(excluded), 50, known_at)
-            assert len((await evidence_candidates(conn, query))[("shared", "vector")]) == 50
-            rows = await conn.fetch(
-                "SELECT relname, seq_scan, idx_scan FROM pg_stat_xact_user_tables "
-                "WHERE relname LIKE 'evidence_embeddings%' AND (seq_scan > 0 OR idx_scan > 0)"
+            if force_index:
+                # Neither a sequential scan nor a sort of a full scan: only the
+                # index can deliver the rows in distance order.
+                await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+            query = CandidateQuery(
+                team, (branch,), None, vector, (), tuple(excluded), per_list, known_at
             )
-        return {r["relname"]: {"seq_scan": r["seq_scan"], "idx_scan": r["idx_scan"]} for r in rows}
+            got = (await evidence_candidates(conn, query))[("shared", "vector")]
+            rows = await conn.fetch(
+                "SELECT relname AS tbl, 'seq' AS method, seq_scan AS n "
+                "FROM pg_stat_xact_user_tables "
+                "WHERE relname LIKE 'evidence_embeddings%' AND seq_scan > 0 "
+                "UNION ALL "
+                "SELECT t.relname, a.amname, pg_stat_get_xact_numscans(i.oid) "
+                "FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                "JOIN pg_class t ON t.oid = x.indrelid JOIN pg_am a ON a.oid = i.relam "
+                "WHERE t.relname LIKE 'evidence_embeddings%' "
+                "AND pg_stat_get_xact_numscans(i.oid) > 0"
+            )
+        return got, {(r["tbl"], r["method"]): r["n"] for r in rows}
     finally:
         await conn.close()
 
@@ -680,6 +765,22 @@ async def test_one_statement_whatever_the_overfetch_and_branches(
     assert set(counts.values()) == {1}, counts
 
 
+def test_largest_statement_stays_in_the_statement_cache() -> None:
+    """asyncpg caches (prepares once per connection) statements up to 15 KiB;
+    a longer one would be parsed again on every call, one more round trip."""
+    branches = [BranchSearch("shared", UUID(int=1), 1), BranchSearch("private", UUID(int=2), 1)]
+    query = CandidateQuery(
+        "t", branches, "text", np.zeros(384, np.float32), ["e"], ["x"], 500, None
+    )
+    sql, _ = search.build_statement(query, ["fulltext", "vector", "entity"])
+    assert len(sql.encode()) < 15 * 1024
+    # Values never enter the text: other values, the same cached statement.
+    other = CandidateQuery(
+        "u", branches[::-1], "other words", np.ones(384, np.float32), ["f", "g"], [], 7, None
+    )
+    assert search.build_statement(other, ["fulltext", "vector", "entity"])[0] == sql
+
+
 async def test_nothing_to_search_sends_nothing(db: Database) -> None:
     branch = BranchSearch("shared", UUID(int=1), 1)
     statements: list[object] = []
@@ -703,6 +804,7 @@ async def test_nothing_to_search_sends_nothing(db: Database) -> None:
         ({"per_list": 0}, "per_list"),
         ({"per_list": 501}, "per_list"),
         ({"vector": np.zeros(64, dtype=np.float32)}, "shape"),
+        ({"vector": np.full(384, np.nan, dtype=np.float32)}, "non-finite"),
         ({"branches": [BranchSearch("team", UUID(int=1), 1)]}, "unknown branch"),
         ({"branches": [BranchSearch("shared", UUID(int=1), 1)] * 2}, "twice"),
     ],

@@ -161,7 +161,9 @@ class Entity:
 
     @classmethod
     def of(cls, row: EntityRow) -> Entity:
-        return cls(id=strawberry.ID(row.id), name=row.name, kind=row.kind, aliases=list(row.aliases))
+        return cls(
+            id=strawberry.ID(row.id), name=row.name, kind=row.kind, aliases=list(row.aliases)
+        )
 
 
 @strawberry.type(description="Where evidence came from.")

@@ -153,9 +153,7 @@ class RecallService:
         for branch, ids in fused.items():
             kept = [i for i in ids if i in eligible]
             per_branch[branch] = kept[: request.limit]
-            full_lists = any(
-                len(v) >= per_list for (b, _), v in lists.items() if b == branch
-            )
+            full_lists = any(len(v) >= per_list for (b, _), v in lists.items() if b == branch)
             if len(kept) < request.limit and full_lists:
                 starved = True
         order = fuse_branches(
@@ -355,8 +353,12 @@ class RecallService:
         try:
             async with self.db.tenant(team, [b.space_id for b in shared]) as conn:
                 got = await store.eligible_evidence(
-                    conn, team, fused.get("shared", []), [b.space_id for b in shared],
-                    view.t_sys, view.t_valid,
+                    conn,
+                    team,
+                    fused.get("shared", []),
+                    [b.space_id for b in shared],
+                    view.t_sys,
+                    view.t_valid,
                 )
         except _STORE_FAILURES as exc:
             raise DatabaseUnavailable("canonical evidence could not be loaded") from exc

@@ -84,7 +84,9 @@ def _instant(name: str, value: datetime | None, now: datetime) -> datetime | Non
     if value is None:
         return None
     if value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidInput(f"{name} needs a time zone (for example 2026-01-31T12:00:00Z)", field=name)
+        raise InvalidInput(
+            f"{name} needs a time zone (for example 2026-01-31T12:00:00Z)", field=name
+        )
     return value.astimezone(UTC)
 
 
@@ -106,9 +108,7 @@ def validate(
     now = now or datetime.now(UTC)
     if query is not None:
         if len(query) > MAX_QUERY_CHARS:
-            raise InvalidInput(
-                f"query is longer than {MAX_QUERY_CHARS} characters", field="query"
-            )
+            raise InvalidInput(f"query is longer than {MAX_QUERY_CHARS} characters", field="query")
         if not query.strip():
             raise InvalidInput("query is blank; leave it out or give words", field="query")
     entities = _ids("expandFromEntityIds", expand_from_entity_ids, MAX_EXPAND_ENTITIES)
@@ -116,7 +116,9 @@ def validate(
         raise InvalidInput("give a query, expandFromEntityIds, or both", field="query")
     known = _instant("knownAt", known_at, now)
     if known is not None and known > now:
-        raise InvalidInput("knownAt is in the future: the system cannot know it yet", field="knownAt")
+        raise InvalidInput(
+            "knownAt is in the future: the system cannot know it yet", field="knownAt"
+        )
     return RecallRequest(
         query=query,
         limit=_bounded("limit", limit),

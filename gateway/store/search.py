@@ -44,8 +44,10 @@ that its settings (``plan_cache_mode = force_custom_plan``,
 planned and scanned, scoped to the function, without a second round trip: a
 ``set_config`` inside the statement itself cannot change how that statement
 is planned, and a generic plan of a query over the partitioned table is built
-over every partition of every space (measured here: 218 ms to build with 450
-spaces, ~20 ms per execution, against ~1 ms for a pruned custom plan).
+over every partition of every space. Measured with about 300 spaces: building
+it took 50 ms to 2 s; it did prune at executor startup ("Subplans Removed:
+306") but had chosen a parallel sequential scan, 20-40 ms per execution,
+against 1-3 ms for the custom plan on the partition's HNSW index.
 
 **Entity expansion** returns evidence of the branch's space that mentions any
 of the given entities, ranked by how many of them it mentions (more first),
@@ -77,6 +79,7 @@ __all__ = [
     "MAX_PER_LIST",
     "BranchSearch",
     "CandidateQuery",
+    "build_statement",
     "evidence_candidates",
 ]
 
@@ -84,9 +87,9 @@ ListName = Literal["fulltext", "vector", "entity"]
 LIST_NAMES: Final[tuple[ListName, ...]] = ("fulltext", "vector", "entity")
 BRANCHES: Final = frozenset({"shared", "private"})
 
-# BM25 parameters. k1 = 0.9, b = 0.4 are the values measured on SciFact
-# (benchmarks/fulltext_quality.py); short, focused evidence texts gain little
-# from stronger length normalisation.
+# BM25 parameters: the common defaults (Anserini's), which reach nDCG@10
+# 0.686 on SciFact here (benchmarks/fulltext_quality.py); the mild length
+# normalisation suits short evidence texts.
 BM25_K1: Final = 0.9
 BM25_B: Final = 0.4
 
@@ -291,7 +294,7 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
     p.bind("exclude", list(q.exclude_ids), "text[]")
     prelude = ""
     if "fulltext" in wanted:
-        p.bind("text", q.text, "text")
+        p.bind("text", _bindable(q.text or ""), "text")
         # Computed once for all branches. unnest(tsvector) yields each lexeme once.
         prelude = (
             "WITH query_lexemes AS MATERIALIZED (\n"
@@ -316,6 +319,17 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
     return sql, p.values
 
 
+def _bindable(text: str) -> str:
+    """Text that PostgreSQL accepts as a parameter, whatever the caller typed.
+
+    A NUL character or a lone surrogate (JSON allows ``\\u0000`` and
+    ``\\ud800``) would make the server or the driver refuse the whole
+    statement; as spaces and question marks they are just punctuation to
+    ``to_tsvector``, like any other symbol.
+    """
+    return text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
+
+
 def _check(q: CandidateQuery) -> None:
     if not 1 <= q.per_list <= MAX_PER_LIST:
         raise ValueError(f"per_list must be between 1 and {MAX_PER_LIST}, not {q.per_list}")
@@ -330,6 +344,8 @@ def _check(q: CandidateQuery) -> None:
         shape = np.shape(q.vector)
         if shape != (DIMENSIONS,):
             raise ValueError(f"the query vector must have shape ({DIMENSIONS},), not {shape}")
+        if not np.isfinite(q.vector).all():
+            raise ValueError("the query vector has non-finite values")
 
 
 async def evidence_candidates(conn: Conn, q: CandidateQuery) -> dict[tuple[str, str], list[str]]:
