@@ -76,6 +76,10 @@ class EmbeddingError(GatewayError):
     code = "EMBEDDING_UNAVAILABLE"
 
 
+class EmbeddingMalformed(EmbeddingError):
+    """The provider answered, but not with usable vectors (count, shape, values)."""
+
+
 class EmbeddingMismatch(GatewayError):
     """Vectors of a different model or dimension than the store holds: refused."""
 

@@ -14,7 +14,7 @@ from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from gateway.errors import EmbeddingError
+from gateway.errors import EmbeddingMalformed
 
 T = TypeVar("T")
 
@@ -89,26 +89,26 @@ def validate_vectors(vectors: object, expected_count: int, dimensions: int) -> V
     try:
         raw = np.asarray(vectors)
     except (TypeError, ValueError) as exc:  # ragged lists and the like
-        raise EmbeddingError(f"embedding response is not a numeric matrix ({exc})") from exc
+        raise EmbeddingMalformed(f"embedding response is not a numeric matrix ({exc})") from exc
     # Numbers only: np.asarray(..., dtype=float) would accept "0.1" or True.
     if raw.size and raw.dtype.kind not in "iuf":
-        raise EmbeddingError(f"embedding response holds non-numeric values ({raw.dtype})")
+        raise EmbeddingMalformed(f"embedding response holds non-numeric values ({raw.dtype})")
     if expected_count == 0 and raw.size == 0:
         return empty(dimensions)
     if raw.ndim != 2 or raw.shape[0] != expected_count:
-        raise EmbeddingError(
+        raise EmbeddingMalformed(
             f"expected {expected_count} vectors, got an array of shape {raw.shape}"
         )
     if raw.shape[1] != dimensions:
-        raise EmbeddingError(f"expected {dimensions} dimensions, got {raw.shape[1]}")
+        raise EmbeddingMalformed(f"expected {dimensions} dimensions, got {raw.shape[1]}")
     block = raw.astype(np.float64, copy=False)
     finite = np.isfinite(block).all(axis=1)
     if not finite.all():
         rows = np.flatnonzero(~finite).tolist()
-        raise EmbeddingError(f"embedding rows {rows[:5]} contain NaN or infinite values")
+        raise EmbeddingMalformed(f"embedding rows {rows[:5]} contain NaN or infinite values")
     norms = np.linalg.norm(block, axis=1, keepdims=True)
     unusable = ~np.isfinite(norms[:, 0]) | (norms[:, 0] < _MIN_NORM)
     if unusable.any():
         rows = np.flatnonzero(unusable).tolist()
-        raise EmbeddingError(f"embedding rows {rows[:5]} are zero vectors (or overflow)")
+        raise EmbeddingMalformed(f"embedding rows {rows[:5]} are zero vectors (or overflow)")
     return np.ascontiguousarray(block / norms, dtype=np.float32)

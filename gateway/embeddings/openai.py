@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import SecretStr
 
 from gateway.embeddings.base import Vectors, check_texts, chunked, empty, validate_vectors
-from gateway.errors import ConfigurationError, EmbeddingError
+from gateway.errors import ConfigurationError, EmbeddingError, EmbeddingMalformed
 
 log = logging.getLogger(__name__)
 
@@ -177,18 +177,18 @@ def _ordered_embeddings(payload: object, count: int) -> list[object]:
     """``data[*].embedding`` in input order, as the protocol defines it by ``index``."""
     data = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(data, list):
-        raise EmbeddingError("the embeddings response has no 'data' list")
+        raise EmbeddingMalformed("the embeddings response has no 'data' list")
     if len(data) != count:
-        raise EmbeddingError(f"expected {count} embeddings, the endpoint returned {len(data)}")
+        raise EmbeddingMalformed(f"expected {count} embeddings, the endpoint returned {len(data)}")
     ordered: list[object] = [None] * count
     for item in data:
         index = item.get("index") if isinstance(item, dict) else None
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
-            raise EmbeddingError(f"embedding item with missing or invalid index {index!r}")
+            raise EmbeddingMalformed(f"embedding item with missing or invalid index {index!r}")
         if ordered[index] is not None:
-            raise EmbeddingError(f"embedding index {index} appears twice")
+            raise EmbeddingMalformed(f"embedding index {index} appears twice")
         embedding = item.get("embedding")
         if not isinstance(embedding, list):
-            raise EmbeddingError(f"embedding {index} is not a list of floats")
+            raise EmbeddingMalformed(f"embedding {index} is not a list of floats")
         ordered[index] = embedding
     return ordered

@@ -21,7 +21,7 @@ import asyncpg
 import numpy as np
 
 from gateway.embeddings import EmbeddingProvider
-from gateway.errors import DatabaseUnavailable, EmbeddingError
+from gateway.errors import DatabaseUnavailable, EmbeddingError, EmbeddingMalformed
 from gateway.fusion import fuse_branches, fuse_weighted
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
@@ -147,7 +147,7 @@ class RecallService:
             for b in branches
             if any(branch == b.branch for branch, _ in lists)
         }
-        eligible = await self._hydrate(team, view, branches, fused, degradations, list_states)
+        eligible = await self._hydrate(team, view, branches, fused, degradations)
         per_branch: dict[str, list[str]] = {}
         starved = False
         for branch, ids in fused.items():
@@ -195,7 +195,7 @@ class RecallService:
         try:
             vectors = await self.embedder.embed([query])
         except EmbeddingError as exc:
-            malformed = "malformed" in exc.message or "dimension" in exc.message
+            malformed = isinstance(exc, EmbeddingMalformed)
             code = "query_embedding_malformed" if malformed else "query_embedding_unavailable"
             log.warning("query embedding lost: %s", exc.message)
             degradations.append(
@@ -335,7 +335,6 @@ class RecallService:
         branches: Sequence[search.BranchSearch],
         fused: dict[str, list[str]],
         degradations: list[Degradation],
-        states: list[ListState],
     ) -> dict[str, store.EligibleEvidence]:
         """Canonical state of every fused candidate, one statement for all branches."""
         ids = [i for ranked in fused.values() for i in ranked]

@@ -42,14 +42,12 @@ class StatementCounter:
 
     def __init__(self) -> None:
         self.count = 0
-        self.recent: list[str] = []
 
     def __call__(self, record: object) -> None:
         query = str(getattr(record, "query", ""))
         if any(mark in query for mark in _DRIVER_QUERIES):
             return  # asyncpg's own: type introspection, pool reset
         self.count += 1
-        self.recent = [*self.recent[-99:], query]
 
 
 async def connect_once(dsn: str) -> asyncpg.Connection:
