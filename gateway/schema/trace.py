@@ -212,5 +212,11 @@ async def trace_memory(
     # services need no new member for it.
     outcome = await service.TraceService(services.db).trace(principal, request)
     view_key = service.new_view_key()
-    info.context.loaders[view_key] = ReadLoaders(services.db, outcome.view)
+    loaders = ReadLoaders(services.db, outcome.view)
+    # The trace read these already: nested fields are answered from the cache.
+    for source_id, source in outcome.sources.items():
+        loaders.sources.prime(source_id, source)
+    for entity_id, entity in outcome.entities.items():
+        loaders.entities.prime(entity_id, entity)
+    info.context.loaders[view_key] = loaders
     return to_trace(outcome, view_key)

@@ -30,10 +30,11 @@ from gateway.errors import InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall import MAX_CONTEXT_CHARS, ReadView
 from gateway.services.recall_input import Bound
+from gateway.store import recall as read_store
 from gateway.store import trace as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
-from gateway.store.recall import RelationshipRow
+from gateway.store.recall import EntityRow, RelationshipRow, SourceRow
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -182,6 +183,10 @@ class TraceOutcome:
     depth_reached: int
     visited_relationship_ids: list[str]
     visited_entity_ids: list[str]
+    # Every source and entity the answer can name, read in the trace's own
+    # transaction, so nested fields need no further round trips.
+    sources: dict[str, SourceRow] = field(default_factory=dict)
+    entities: dict[str, EntityRow] = field(default_factory=dict)
     stopped: set[str] = field(default_factory=set)
     lineage_stop: str | None = None
 
@@ -273,6 +278,10 @@ class TraceService:
             lineage, depth_reached, lineage_stop, seen_rels, seen_ents = await self._lineage(
                 conn, team, space, gen, t_sys, rel, request, budget, events.truncated
             )
+            entity_ids = list(dict.fromkeys(seen_ents + [e for r in eq.rows for e in _entities(r)]))
+            entities = await read_store.entities(conn, team, entity_ids, [space], t_sys)
+            source_ids = list(dict.fromkeys(s.source_id for s in sup.rows))
+            sources = await read_store.sources(conn, team, source_ids, [space], t_sys)
         if lineage_stop is not None:
             stopped.add(lineage_stop)
         supporters_of: dict[str, list[store.SupporterRow]] = {}
@@ -297,6 +306,8 @@ class TraceService:
             depth_reached=depth_reached,
             visited_relationship_ids=seen_rels,
             visited_entity_ids=seen_ents,
+            sources=sources,
+            entities=entities,
             stopped=stopped,
             lineage_stop=lineage_stop,
         )
