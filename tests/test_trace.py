@@ -474,6 +474,21 @@ async def test_unreadable_ids_look_exactly_like_missing_ones(client, gateway_app
     assert (await trace(client, alice_a, id="rel-private"))["relationship"]["id"] == "rel-private"
 
 
+async def test_a_space_reset_hides_the_older_generation_but_not_the_past(client, writes) -> None:
+    team = unique("trr")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    alice = await token(writes, team, "alice")
+    before = await trace(client, alice, id="rel-private")
+    await asyncio.sleep(0.01)
+    t = instant_between()
+    await asyncio.sleep(0.01)
+    await later(writes, team, {"kind": "space_reset", "id": "reset-1", "space": "private:alice"})
+    error = await trace_error(client, alice, id="rel-private")
+    assert error["extensions"]["code"] == "NOT_FOUND"
+    assert error["message"] == "relationship 'rel-private' was not found"
+    assert await trace(client, alice, id="rel-private", knownAt=t) == before
+
+
 async def test_valid_at_marks_what_was_true_then(client, writes) -> None:
     _, tok = await setup(writes, "trv")
     now = await trace(client, tok, id="rel-region", depth=0)
