@@ -156,6 +156,16 @@ class RelatedFrontiers:
         )
         if not (rel_on or com_on):
             return out
+        if com_on and request.temporal:
+            self._skip_communities(
+                out,
+                "community_temporal_not_supported",
+                "communities are snapshots of the current graph; a validAt or knownAt "
+                "recall skips them",
+            )
+            com_on = False
+            if not rel_on:
+                return out
         if shared is None:  # no shared space in the view (before the team existed)
             for name, on in (("relationships", rel_on), ("communities", com_on)):
                 if on:
@@ -290,16 +300,7 @@ class RelatedFrontiers:
         out: RelatedOutcome,
     ) -> tuple[list[tuple[community_store.SnapshotCommunity, list[str], bool]], UUID | None]:
         def skip(code: str, message: str) -> None:
-            out.degradations.append(Degradation("communities", code, message))
-            out.states["communities"] = SearchState("communities", "skipped")
-
-        if request.temporal:
-            skip(
-                "community_temporal_not_supported",
-                "communities are snapshots of the current graph; a validAt or knownAt "
-                "recall skips them",
-            )
-            return [], None
+            self._skip_communities(out, code, message)
         try:
             async with self.db.tenant(view.team_id, view.space_ids) as conn:
                 snap = await community_store.snapshot(
@@ -338,6 +339,11 @@ class RelatedFrontiers:
             request.community_relationship_limit,
         )
         return chosen, snap.run_id
+
+    @staticmethod
+    def _skip_communities(out: RelatedOutcome, code: str, message: str) -> None:
+        out.degradations.append(Degradation("communities", code, message))
+        out.states["communities"] = SearchState("communities", "skipped")
 
     async def _handles(
         self,
