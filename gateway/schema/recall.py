@@ -8,7 +8,9 @@ from typing import Annotated
 import strawberry
 from strawberry.types import Info
 
+from gateway.schema.conflicts import conflicts_of
 from gateway.schema.context import RequestContext
+from gateway.schema.hypotheses import hypotheses_of
 from gateway.schema.recall_types import (
     CandidateList,
     CandidateListState,
@@ -65,8 +67,8 @@ def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
         ],
         related_relationships=[],
         related_communities=[],
-        related_hypotheses=[],
-        conflicts=[],
+        related_hypotheses=hypotheses_of(outcome.hypotheses),
+        conflicts=conflicts_of(outcome.conflicts, view_key),
         search_states=SearchStates(
             evidence=_state(outcome.search_states["evidence"]),
             relationships=_state(outcome.search_states["relationships"]),

@@ -23,11 +23,14 @@ import numpy as np
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import DatabaseUnavailable, EmbeddingError, EmbeddingMalformed
 from gateway.fusion import fuse_branches, fuse_weighted
+from gateway.services import conflicts as conflict_frontier
+from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import Database
+from gateway.store.hypotheses import HypothesisRow
 
 log = logging.getLogger("gateway.recall")
 
@@ -108,6 +111,8 @@ class RecallOutcome:
     results: list[EvidenceResult]
     degradations: list[Degradation] = field(default_factory=list)
     search_states: dict[str, SearchState] = field(default_factory=dict)
+    hypotheses: tuple[HypothesisRow, ...] = ()
+    conflicts: list[conflict_frontier.ConflictView] = field(default_factory=list)
 
 
 class RecallService:
@@ -167,6 +172,14 @@ class RecallService:
         ]
         lost = any(d.frontier == "evidence" for d in degradations)
         status = "partial" if lost or starved else "complete"
+        hyps = await hypothesis_frontier.related_hypotheses(
+            self.db, view, branches, request, results
+        )
+        if hyps.loss is not None:
+            degradations.append(Degradation("hypotheses", *hyps.loss))
+        conflicts = await conflict_frontier.reachable_conflicts(
+            self.db, view, conflict_frontier.answer_reach(results)
+        )
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
             # Filled by recallMemory part 2; until then they are not searched.
@@ -177,7 +190,9 @@ class RecallService:
                 "communities", "disabled" if request.community_limit == 0 else "skipped"
             ),
             "hypotheses": SearchState(
-                "hypotheses", "disabled" if request.hypothesis_limit == 0 else "skipped"
+                "hypotheses",
+                hyps.status,
+                tuple(ListState("shared", n, st, c) for n, st, c in hyps.lists),
             ),
         }
         return RecallOutcome(
@@ -186,6 +201,8 @@ class RecallService:
             results=results,
             degradations=degradations,
             search_states=states,
+            hypotheses=hyps.hypotheses,
+            conflicts=conflicts,
         )
 
     async def _embed(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
