@@ -63,9 +63,7 @@ __all__ = [
 AUTHORITY_ORDER: Final = ("unverified", "low", "medium", "high", "authoritative")
 
 _AUTHORITY_RANK = (
-    "CASE {col} "
-    + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(AUTHORITY_ORDER))
-    + " END"
+    "CASE {col} " + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(AUTHORITY_ORDER)) + " END"
 )
 
 
