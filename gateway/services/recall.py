@@ -10,6 +10,7 @@ shared branch or canonical hydration fails the call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
@@ -172,14 +173,15 @@ class RecallService:
         ]
         lost = any(d.frontier == "evidence" for d in degradations)
         status = "partial" if lost or starved else "complete"
-        hyps = await hypothesis_frontier.related_hypotheses(
-            self.db, view, branches, request, results
+        # Independent reads on their own connections: run them side by side.
+        hyps, conflicts = await asyncio.gather(
+            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results),
+            conflict_frontier.reachable_conflicts(
+                self.db, view, conflict_frontier.answer_reach(results)
+            ),
         )
         if hyps.loss is not None:
             degradations.append(Degradation("hypotheses", *hyps.loss))
-        conflicts = await conflict_frontier.reachable_conflicts(
-            self.db, view, conflict_frontier.answer_reach(results)
-        )
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
             # Filled by recallMemory part 2; until then they are not searched.

@@ -51,15 +51,18 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 # $1 team, $2 shared space, $3 its generation at t_sys, $4 t_sys,
 # $5 evidence IDs, $6 their reach, $7 relationship IDs, $8 their reach,
 # $9 query text (NULL: no lexical list), $10 candidates per list.
+def _shown(alias: str) -> str:
+    """A hypothesis of the view: current generation, recorded, status shown at t_sys."""
+    return (
+        f"{alias}.team_id = $1 AND {alias}.space_id = $2 AND {alias}.generation = $3 "
+        f"AND {alias}.recorded_at <= $4 "
+        f"AND {_latest('hypothesis_feedback', 'hypothesis_id', 'status', 'hf', alias + '.id')} "
+        f"= ANY('{{{','.join(SHOWN_STATUSES)}}}'::text[])"
+    )
+
+
 _RELATED = f"""
-WITH visible AS MATERIALIZED (
-    SELECT h.id
-    FROM hypotheses h
-    WHERE h.team_id = $1 AND h.space_id = $2 AND h.generation = $3 AND h.recorded_at <= $4
-      AND {_latest("hypothesis_feedback", "hypothesis_id", "status", "hf", "h.id")}
-          = ANY('{{{",".join(SHOWN_STATUSES)}}}'::text[])
-),
-links AS (
+WITH links AS (
     SELECT he.hypothesis_id, a.reach
     FROM unnest($5::text[], $6::int[]) AS a (evidence_id, reach)
     JOIN hypothesis_evidence he
@@ -71,11 +74,12 @@ links AS (
       ON hr.team_id = $1 AND hr.space_id = $2 AND hr.relationship_id = a.relationship_id
 ),
 linked AS MATERIALIZED (
-    SELECT 'linked'::text AS list_name, l.hypothesis_id AS id,
-           row_number() OVER (ORDER BY min(l.reach), l.hypothesis_id COLLATE "C") AS rank
+    SELECT 'linked'::text AS list_name, h.id,
+           row_number() OVER (ORDER BY min(l.reach), h.id COLLATE "C") AS rank
     FROM links l
-    JOIN visible v ON v.id = l.hypothesis_id
-    GROUP BY l.hypothesis_id
+    JOIN hypotheses h ON h.team_id = $1 AND h.space_id = $2 AND h.id = l.hypothesis_id
+    WHERE {_shown("h")}
+    GROUP BY h.id
     ORDER BY rank
     LIMIT $10
 ),
@@ -92,10 +96,10 @@ lexical AS MATERIALIZED (
                    SELECT unnest(tsvector_to_array(h.search_document))
                    INTERSECT SELECT unnest(q.lexemes))) AS matched
         FROM hypotheses h
-        JOIN visible v ON v.id = h.id
         CROSS JOIN query_lexemes q
-        WHERE h.team_id = $1 AND h.space_id = $2 AND $9::text IS NOT NULL
+        WHERE $9::text IS NOT NULL
           AND tsvector_to_array(h.search_document) && q.lexemes
+          AND {_shown("h")}
     ) m
     ORDER BY rank
     LIMIT $10
