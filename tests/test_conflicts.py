@@ -18,6 +18,7 @@ import httpx
 import pytest_asyncio
 
 from gateway.services.conflicts import MAX_CONFLICTS, MAX_SUPPORTERS
+from gateway.store import conflicts as store
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -562,3 +563,39 @@ async def test_conflict_load_failure_is_an_error(client, gateway_app, writes, db
         services.db.lock_timeout = "2s"
     assert body["errors"][0]["extensions"]["code"] == "DATABASE_UNAVAILABLE", body
     assert "SELECT" not in str(body)
+
+
+async def test_row_level_security_is_the_second_wall(db, writes, admin_conn) -> None:
+    """Called with another team's ID, or with spaces the transaction may not read,
+    the store's statements return nothing: row-level security filters them even
+    where the statement's own predicates would match."""
+    team, other = unique("cfw"), unique("cfx")
+    await load_jsonl(writes, jsonl(ownership_case(team) + ownership_case(other)))
+    extra = private_case(team)
+    await load_jsonl(writes, jsonl(extra[:3]))  # the private case, without the evidence conflict
+    spaces = {
+        (r["team_id"], r["owner_principal_id"]): r["id"]
+        for r in await admin_conn.fetch(
+            "SELECT team_id, id, owner_principal_id FROM memory_spaces WHERE team_id = ANY($1)",
+            [team, other],
+        )
+    }
+    now = await admin_conn.fetchval("SELECT now()")
+    reach = {"rel-owner": 1, "rel-private": 2}
+    all_spaces = [spaces[team, None], spaces[team, "alice"], spaces[other, None]]
+
+    async def cases(tenant: str, allowed: list[Any], asked_team: str) -> set[str]:
+        async with db.tenant(tenant, allowed) as conn:
+            found = await store.relationship_cases(
+                conn, asked_team, all_spaces, reach, now, cap=10, supporter_cap=5
+            )
+        return {c.id for c in found}
+
+    assert await cases(team, [spaces[team, None], spaces[team, "alice"]], team) == {
+        "case",
+        "case-private",
+    }
+    # The tenant may read only the shared space: the private case is filtered out.
+    assert await cases(team, [spaces[team, None]], team) == {"case"}
+    # The statement names the other team, the transaction is this team's: nothing.
+    assert await cases(team, [spaces[team, None]], other) == set()
