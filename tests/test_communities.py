@@ -284,3 +284,29 @@ def test_cli_builds_one_team_and_reports_too_large(dsn: str) -> None:
     assert "too_large" in small.stdout and "limit 2" in small.stdout
     missing = run(["communities", "build", "--team", unique("nobody")], dsn)
     assert missing.returncode == 1 and "no team" in missing.stderr
+
+
+async def test_unreadable_snapshot_degrades(client, gateway_app, writes, db) -> None:
+    import asyncio
+
+    from .test_recall import _hold_lock
+
+    team = unique("comu")
+    await load_graph(writes, team)
+    await build_communities(db, team, **LIMITS)
+    tok = await token(writes, team, "bob")
+    services = gateway_app.state.services
+    services.db.lock_timeout = "300ms"
+    try:
+        ready, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.create_task(_hold_lock(db, "community_members", ready, release))
+        await ready.wait()
+        try:
+            result = await related(client, tok, q="billing ledger invoices", limit=1)
+        finally:
+            release.set()
+            await holder
+    finally:
+        services.db.lock_timeout = "2s"
+    assert codes(result, "COMMUNITIES") == ["community_snapshot_unavailable"]
+    assert result["relatedCommunities"] == [] and result["relatedRelationships"]
