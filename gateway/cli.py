@@ -232,10 +232,8 @@ def _build_communities(settings: Settings, dsn: str, team: str | None, out: Text
                     def say(stage: str, task: Any = task, t: str = t) -> None:
                         bar.update(task, description=f"{t}: {stage}")
 
-                    reports.append(
-                        await communities.build_communities(
-                            db, t, max_nodes=max_nodes, max_edges=max_edges, progress=say
-                        )
+                    reports += await communities.build_all(
+                        db, [t], max_nodes=max_nodes, max_edges=max_edges, progress=say
                     )
                     bar.update(task, description=f"{t}: done", completed=1, total=1)
             return reports
@@ -316,9 +314,9 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         status = _load_lines(settings, dsn, demo_dataset(), settings.load_batch_size, sys.stderr)
         if status:
             return status
-        status = _build_communities(settings, dsn, None, sys.stderr)
-        if status:
-            return status
+        # A run that is too large or failed is reported and recorded; recall then
+        # says so in its degradations, so the demo still starts.
+        _build_communities(settings, dsn, None, sys.stderr)
         token = _issue(dsn, settings, DEMO_TEAM, args.principal, "private", "demo", 7)
         url = f"http://{host}:{port}/graphql"
         print(

@@ -284,3 +284,68 @@ def test_cli_builds_one_team_and_reports_too_large(dsn: str) -> None:
     assert "too_large" in small.stdout and "limit 2" in small.stdout
     missing = run(["communities", "build", "--team", unique("nobody")], dsn)
     assert missing.returncode == 1 and "no team" in missing.stderr
+
+
+async def test_unreadable_snapshot_degrades(client, gateway_app, writes, db) -> None:
+    import asyncio
+
+    from .test_recall import _hold_lock
+
+    team = unique("comu")
+    await load_graph(writes, team)
+    await build_communities(db, team, **LIMITS)
+    tok = await token(writes, team, "bob")
+    services = gateway_app.state.services
+    services.db.lock_timeout = "300ms"
+    try:
+        ready, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.create_task(_hold_lock(db, "community_members", ready, release))
+        await ready.wait()
+        try:
+            result = await related(client, tok, q="billing ledger invoices", limit=1)
+        finally:
+            release.set()
+            await holder
+    finally:
+        services.db.lock_timeout = "2s"
+    assert codes(result, "COMMUNITIES") == ["community_snapshot_unavailable"]
+    assert result["relatedCommunities"] == [] and result["relatedRelationships"]
+
+
+def test_cli_shows_progress_on_a_terminal(dsn: str) -> None:
+    import os
+    import pty
+    import subprocess
+
+    from .conftest import REPO
+    from .test_cli import CLI
+
+    team = unique("compty")
+    assert run(["load", "-"], dsn, stdin=jsonl(graph_records(team))).returncode == 0
+    controller, terminal = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k != "RECALL_DATABASE_URL"}
+    environ.update(DATABASE_URL=dsn, COLUMNS="120", TERM="xterm")
+    proc = subprocess.run(
+        [*CLI, "communities", "build", "--team", team],
+        stdout=subprocess.PIPE,
+        stderr=terminal,
+        env=environ,
+        cwd=REPO,
+        timeout=120,
+        text=True,
+    )
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    text = shown.decode(errors="replace")
+    assert proc.returncode == 0, text
+    assert f"{team}: " in text  # the task line: "<team>: <stage>"
+    assert "succeeded" in proc.stdout

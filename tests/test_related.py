@@ -364,3 +364,53 @@ async def test_temporal_view_of_related_relationships(client, writes) -> None:
         client, tok, q="billing payments", limit=1, rel=20, com=0, knownAt="2000-01-01T00:00:00Z"
     )
     assert early["relatedRelationships"] == []
+
+
+async def test_lost_relationship_vectors_degrade_and_lost_lexical_list_fails(
+    client, gateway_app, writes, db
+) -> None:
+    """Real faults: a lock that discovery cannot get within its lock timeout."""
+    import asyncio
+
+    from .test_recall import _hold_lock
+
+    team = unique("relf")
+    await load_graph(writes, team)
+    tok = await token(writes, team, "bob")
+    async with db.pool.acquire() as conn:
+        shared = await conn.fetchval(
+            "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", team
+        )
+    services = gateway_app.state.services
+    services.db.lock_timeout = "300ms"
+    vectors = "relationship_embeddings_" + str(shared).replace("-", "")
+    try:
+        ready, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.create_task(_hold_lock(db, vectors, ready, release))
+        await ready.wait()
+        try:
+            result = await related(client, tok, q="connection pool capped", limit=1, rel=20, com=0)
+        finally:
+            release.set()
+            await holder
+        assert codes(result, "RELATIONSHIPS") == ["relationship_vector_failed"]
+        assert "r-orders" in all_ids(result)  # the lexical list still answered
+        lists = {e["list"]: e["status"] for e in result["searchStates"]["relationships"]["lists"]}
+        assert lists == {"FULLTEXT": "COMPLETE", "VECTOR": "FAILED"}
+
+        ready, release = asyncio.Event(), asyncio.Event()
+        holder = asyncio.create_task(_hold_lock(db, "relationship_terms", ready, release))
+        await ready.wait()
+        try:
+            r = await client.post(
+                "/graphql",
+                json={"query": RELATED, "variables": {"q": "connection pool", "limit": 1}},
+                headers={"Authorization": f"Bearer {tok}"},
+            )
+        finally:
+            release.set()
+            await holder
+        error = r.json()["errors"][0]
+        assert error["extensions"]["code"] == "DATABASE_UNAVAILABLE"
+    finally:
+        services.db.lock_timeout = "2s"

@@ -264,9 +264,16 @@ async def build_all(
     max_edges: int,
     progress: Progress | None = None,
 ) -> list[BuildReport]:
-    return [
-        await build_communities(
-            db, t, max_nodes=max_nodes, max_edges=max_edges, progress=progress
-        )
-        for t in teams
-    ]
+    """One snapshot per team; a team whose clustering fails does not stop the others
+    (its run is stored as failed and reported)."""
+    reports = []
+    for t in teams:
+        try:
+            reports.append(
+                await build_communities(
+                    db, t, max_nodes=max_nodes, max_edges=max_edges, progress=progress
+                )
+            )
+        except CommunityBuildFailed as exc:
+            reports.append(BuildReport(t, None, "failed", error=exc.message))
+    return reports
