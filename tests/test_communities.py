@@ -349,3 +349,38 @@ def test_cli_shows_progress_on_a_terminal(dsn: str) -> None:
     assert proc.returncode == 0, text
     assert f"{team}: " in text  # the task line: "<team>: <stage>"
     assert "succeeded" in proc.stdout
+
+
+def test_selection_order_tie_breaks_and_disjointness() -> None:
+    """The documented rules of community selection and the direct fallback, by hand."""
+    from gateway.services.related import direct_fallback, select_communities
+    from gateway.store.communities import SnapshotCommunity
+
+    def community(ordinal: int, groups: list[str]) -> SnapshotCommunity:
+        return SnapshotCommunity(
+            ordinal, "s", (), (), len(groups), tuple((g, f"r-{g}") for g in groups)
+        )
+
+    c0 = community(0, ["a", "b", "c", "d", "e"])  # largest, best anchor "c" (rank 2)
+    c1 = community(1, ["x", "y"])  # best anchor "x" (rank 0)
+    c2 = community(2, ["p", "q"])  # no anchor: not related to this answer
+    c3 = community(3, ["k", "covered"])  # only its covered group... and "k"
+    anchors = ["x", "covered", "c", "e", "k", "y"]
+    covered = frozenset({"covered", "y"})
+    chosen = select_communities([c0, c1, c2, c3], anchors, covered, limit=10, member_limit=2)
+    # c1 (anchor rank 0) first though it is smaller; c1's "y" is covered
+    assert [(c.ordinal, shown, cut) for c, shown, cut in chosen] == [
+        (1, ["x"], False),
+        (3, ["k"], False),  # anchored by "covered" (rank 1): covered groups anchor too
+        (0, ["c", "e"], True),  # anchors first in anchor order, cut at 2 of 5
+    ]
+    # c2 has no anchor: never selected
+    emitted = {g for _, shown, _ in chosen for g in shown}
+    fallback = direct_fallback(anchors + ["a", "b"], covered, emitted, limit=5)
+    assert fallback == ["a", "b"]  # members cut from c0 remain eligible here
+    assert not set(fallback) & emitted and not set(fallback) & covered
+    # the community limit and a group emitted by an earlier community
+    assert [c.ordinal for c, _, _ in select_communities([c0, c1], anchors, covered, 1, 20)] == [1]
+    dup = community(4, ["x", "z"])
+    later = select_communities([c1, dup], ["x", "z"], frozenset(), 5, 5)
+    assert [(c.ordinal, shown) for c, shown, _ in later] == [(1, ["x", "y"]), (4, ["z"])]

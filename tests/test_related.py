@@ -414,3 +414,46 @@ async def test_lost_relationship_vectors_degrade_and_lost_lexical_list_fails(
         assert error["extensions"]["code"] == "DATABASE_UNAVAILABLE"
     finally:
         services.db.lock_timeout = "2s"
+
+
+async def test_known_at_view_of_related_is_unchanged_by_later_writes(client, writes) -> None:
+    import asyncio
+    from datetime import UTC, datetime
+
+    team = unique("relh")
+    await load_graph(writes, team)
+    tok = await token(writes, team, "bob")
+    q = "billing charges cards through Stripe"
+    before = await related(client, tok, q=q, limit=1, rel=20, com=0)
+    assert "r-ledger" in all_ids(before)
+    await asyncio.sleep(0.01)
+    t = datetime.now(UTC).isoformat()
+    await asyncio.sleep(0.01)
+    await load_jsonl(
+        writes,
+        jsonl(
+            [
+                {
+                    "kind": "relationship_transition",
+                    "team": team,
+                    "id": "t-later",
+                    "relationship": "r-ledger",
+                    "status": "retracted",
+                },
+                {
+                    "kind": "support_decision",
+                    "team": team,
+                    "id": "d-later",
+                    "support": "sup-r-orders-e-orders",
+                    "decision": "revoke",
+                },
+            ]
+        ),
+    )
+    after = await related(client, tok, q=q, limit=1, rel=20, com=0)
+    assert not {"r-ledger", "r-orders"} & all_ids(after)
+    past = await related(client, tok, q=q, limit=1, rel=20, com=0, knownAt=t)
+    strip = lambda r: [  # noqa: E731
+        (h["representativeId"], h["equivalentIds"]) for h in r["relatedRelationships"]
+    ]
+    assert strip(past) == strip(before)
