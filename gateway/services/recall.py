@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import asyncpg
@@ -28,6 +29,9 @@ from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import Database
+
+if TYPE_CHECKING:
+    from gateway.services.related import CommunityHit, Handle
 
 log = logging.getLogger("gateway.recall")
 
@@ -108,6 +112,8 @@ class RecallOutcome:
     results: list[EvidenceResult]
     degradations: list[Degradation] = field(default_factory=list)
     search_states: dict[str, SearchState] = field(default_factory=dict)
+    related_relationships: list[Handle] = field(default_factory=list)
+    related_communities: list[CommunityHit] = field(default_factory=list)
 
 
 class RecallService:
@@ -167,15 +173,23 @@ class RecallService:
         ]
         lost = any(d.frontier == "evidence" for d in degradations)
         status = "partial" if lost or starved else "complete"
+        # Related relationships and communities (shared branch only): a module of
+        # their own; imported here because it builds on this module's types.
+        from gateway.services.related import RelatedFrontiers, SharedBranch
+
+        shared = next((b for b in branches if b.branch == "shared"), None)
+        related = await RelatedFrontiers(self.db).recall(
+            view,
+            SharedBranch(shared.space_id, shared.generation) if shared else None,
+            request,
+            vector,
+            sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+        )
+        degradations += related.degradations
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
-            # Filled by recallMemory part 2; until then they are not searched.
-            "relationships": SearchState(
-                "relationships", "disabled" if request.relationship_limit == 0 else "skipped"
-            ),
-            "communities": SearchState(
-                "communities", "disabled" if request.community_limit == 0 else "skipped"
-            ),
+            "relationships": related.states["relationships"],
+            "communities": related.states["communities"],
             "hypotheses": SearchState(
                 "hypotheses", "disabled" if request.hypothesis_limit == 0 else "skipped"
             ),
@@ -186,6 +200,8 @@ class RecallService:
             results=results,
             degradations=degradations,
             search_states=states,
+            related_relationships=related.relationships,
+            related_communities=related.communities,
         )
 
     async def _embed(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
