@@ -282,6 +282,10 @@ async def test_decisions_and_transitions_over_time_and_earlier_views_stay(client
     assert mid["evidence"][0]["decision"] == "REVOKE"
     assert mid["evidence"][0]["supportsAtView"] is False
     assert mid["conflicts"][0]["state"] == "RESOLVED"
+    # the revoked support no longer backs its position; the reinstated one does again
+    counts = lambda t: {p["id"]: p["supporterCount"] for p in t["conflicts"][0]["positions"]}  # noqa: E731
+    assert counts(mid) == {"pos-led": 1, "pos-pay": 0}
+    assert counts(now) == {"pos-led": 1, "pos-pay": 1}
     assert len(mid["events"]) == 5
 
     # The view before any later write is exactly what the trace said then.
