@@ -10,6 +10,7 @@ shared branch or canonical hydration fails the call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
@@ -24,11 +25,14 @@ import numpy as np
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import DatabaseUnavailable, EmbeddingError, EmbeddingMalformed
 from gateway.fusion import fuse_branches, fuse_weighted
+from gateway.services import conflicts as conflict_frontier
+from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import Database
+from gateway.store.hypotheses import HypothesisRow
 
 if TYPE_CHECKING:
     from gateway.services.related import CommunityHit, Handle
@@ -114,6 +118,8 @@ class RecallOutcome:
     search_states: dict[str, SearchState] = field(default_factory=dict)
     related_relationships: list[Handle] = field(default_factory=list)
     related_communities: list[CommunityHit] = field(default_factory=list)
+    hypotheses: tuple[HypothesisRow, ...] = ()
+    conflicts: list[conflict_frontier.ConflictView] = field(default_factory=list)
 
 
 class RecallService:
@@ -178,20 +184,41 @@ class RecallService:
         from gateway.services.related import RelatedFrontiers, SharedBranch
 
         shared = next((b for b in branches if b.branch == "shared"), None)
-        related = await RelatedFrontiers(self.db).recall(
-            view,
-            SharedBranch(shared.space_id, shared.generation) if shared else None,
-            request,
-            vector,
-            sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+        # Independent reads on their own connections: run them side by side.
+        related, hyps = await asyncio.gather(
+            RelatedFrontiers(self.db).recall(
+                view,
+                SharedBranch(shared.space_id, shared.generation) if shared else None,
+                request,
+                vector,
+                sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+            ),
+            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results),
         )
         degradations += related.degradations
+        if hyps.loss is not None:
+            degradations.append(Degradation("hypotheses", *hyps.loss))
+        # Conflicts are reachable from every relationship the answer returns:
+        # evidence support paths first, then the related and community frontiers.
+        more = [
+            rid
+            for handle in [
+                *related.relationships,
+                *(m for c in related.communities for m in c.members),
+            ]
+            for rid in (handle.representative.id, *handle.equivalent_ids)
+        ]
+        conflicts = await conflict_frontier.reachable_conflicts(
+            self.db, view, conflict_frontier.answer_reach(results, more)
+        )
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
             "relationships": related.states["relationships"],
             "communities": related.states["communities"],
             "hypotheses": SearchState(
-                "hypotheses", "disabled" if request.hypothesis_limit == 0 else "skipped"
+                "hypotheses",
+                hyps.status,
+                tuple(ListState("shared", n, st, c) for n, st, c in hyps.lists),
             ),
         }
         return RecallOutcome(
@@ -202,6 +229,8 @@ class RecallService:
             search_states=states,
             related_relationships=related.relationships,
             related_communities=related.communities,
+            hypotheses=hyps.hypotheses,
+            conflicts=conflicts,
         )
 
     async def _embed(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
