@@ -10,6 +10,12 @@ and every nested object (sources, entities). Prints p50 and p95 latency, SQL
 statements per trace, the median lineage size, and for scale the p50 of a
 trivial authenticated query (`viewer`) over the same client.
 
+With ``--hub N`` it also writes (COPY) a synthetic team whose N relationships
+all share one subject entity and one semantic group, and times the trace
+service in-process (no HTTP) on one of them: the worst case for the lineage's
+level statement and the equivalents list, which must stay bounded by the page
+they return, not by the hub's size.
+
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
 """
@@ -29,6 +35,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,10 +185,82 @@ def measure(port: int, token: str, ids: list[str], calls: int, app: Any) -> dict
     }
 
 
+async def hub_figures(dsn: str, n: int, repeats: int = 15) -> dict[str, float]:
+    """Median in-process trace of one relationship among ``n`` sharing an entity."""
+    from gateway.services.auth import authenticate
+    from gateway.services.trace import TraceService, validate
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("INSERT INTO teams (id, name) VALUES ('hub', 'Hub')")
+        await conn.execute(
+            "INSERT INTO principals (team_id, id, kind, display_name) "
+            "VALUES ('hub', 'p', 'person', 'P')"
+        )
+        space = await conn.fetchval(
+            "INSERT INTO memory_spaces (team_id, kind) VALUES ('hub', 'shared') RETURNING id"
+        )
+        await conn.execute(
+            "INSERT INTO entities (team_id, id, space_id, generation, name, kind) "
+            "VALUES ('hub', 'hub', $1, 1, 'Hub', 'thing')",
+            space,
+        )
+        rels = [
+            ("hub", f"r{i:06d}", space, 1, "hub", "has", str(i), "p", "group", f"Hub has {i}")
+            for i in range(n)
+        ]
+        await conn.copy_records_to_table(
+            "relationships",
+            records=rels,
+            columns=[
+                "team_id",
+                "id",
+                "space_id",
+                "generation",
+                "subject_entity_id",
+                "predicate",
+                "object_value",
+                "owner_principal_id",
+                "semantic_group_key",
+                "statement",
+            ],
+        )
+        await conn.copy_records_to_table(
+            "relationship_status_events",
+            records=[("hub", space, r[1], "active") for r in rels],
+            columns=["team_id", "space_id", "relationship_id", "status"],
+        )
+        secret = tokens.new_secret()
+        await conn.execute(
+            "INSERT INTO api_tokens (id, team_id, principal_id, secret_sha256, binding) "
+            "VALUES ('hub-token', 'hub', 'p', $1, 'shared_only')",
+            tokens.hash_secret(secret),
+        )
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    try:
+        principal = await authenticate(db, tokens.format_token("hub-token", secret))
+        service = TraceService(db)
+        request = validate(relationship_id=f"r{n // 2:06d}")
+        await service.trace(principal, request)  # warm-up
+        latencies = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            outcome = await service.trace(principal, request)
+            latencies.append((time.perf_counter() - started) * 1000)
+        assert outcome.truncated and outcome.stopped_reason == "max_edges"
+    finally:
+        await db.close()
+    return {"p50_ms": statistics.median(latencies)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--port", type=int, default=8791)
+    parser.add_argument("--hub", type=int, default=0, help="also time a hub of N relationships")
     args = parser.parse_args()
     with database() as dsn:
         started = time.perf_counter()
@@ -193,6 +272,7 @@ def main() -> None:
         finally:
             server.should_exit = True
             thread.join(timeout=30)  # the pool closes before the database stops
+        hub = asyncio.run(hub_figures(dsn, args.hub)) if args.hub else None
     print(f"dataset: the demo data, principal {PRINCIPAL} ({len(ids)} readable relationships)")
     print(f"traceMemory over HTTP, {args.calls} calls, default bounds, sequential:")
     print(f"  p50 {f['p50_ms']:.1f} ms   p95 {f['p95_ms']:.1f} ms")
@@ -205,6 +285,11 @@ def main() -> None:
     print(
         f"for scale, {{ viewer {{ principalId }} }} over the same client: p50 {f['floor_ms']:.1f} ms"
     )
+    if hub is not None:
+        print(
+            f"hub: one of {args.hub} relationships sharing an entity and a group, "
+            f"in-process trace, default bounds: p50 {hub['p50_ms']:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest_asyncio
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, more_evidence, token
+from .test_recall import _hold_lock, app_for, more_evidence, token
 
 TRACE = """
 query Trace($id: ID!, $depth: Int, $edges: Int, $events: Int, $content: Boolean,
@@ -282,6 +282,10 @@ async def test_decisions_and_transitions_over_time_and_earlier_views_stay(client
     assert mid["evidence"][0]["decision"] == "REVOKE"
     assert mid["evidence"][0]["supportsAtView"] is False
     assert mid["conflicts"][0]["state"] == "RESOLVED"
+    # the revoked support no longer backs its position; the reinstated one does again
+    counts = lambda t: {p["id"]: p["supporterCount"] for p in t["conflicts"][0]["positions"]}  # noqa: E731
+    assert counts(mid) == {"pos-led": 1, "pos-pay": 0}
+    assert counts(now) == {"pos-led": 1, "pos-pay": 1}
     assert len(mid["events"]) == 5
 
     # The view before any later write is exactly what the trace said then.
@@ -539,3 +543,25 @@ async def test_without_a_token_nothing_is_traced(client) -> None:
     r = await client.post("/graphql", json={"query": TRACE, "variables": {"id": "rel-owner"}})
     assert r.status_code == 401
     assert r.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+
+
+async def test_a_database_failure_is_an_error_not_a_partial_trace(
+    client, gateway_app, writes, db
+) -> None:
+    """A real fault: the supports table locked past the read's lock timeout."""
+    _, tok = await setup(writes, "trf")
+    services = gateway_app.state.services
+    services.db.lock_timeout = "300ms"
+    ready, release = asyncio.Event(), asyncio.Event()
+    holder = asyncio.create_task(_hold_lock(db, "supports", ready, release))
+    await ready.wait()
+    try:
+        body = await post(client, tok, id="rel-owner")
+    finally:
+        release.set()
+        await holder
+        services.db.lock_timeout = "2s"
+    assert body["data"] is None
+    error = body["errors"][0]
+    assert error["extensions"]["code"] == "DATABASE_UNAVAILABLE", error
+    assert "SELECT" not in error["message"] and "supports" not in error["message"]

@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.errors import InvalidInput, NotFound
+import asyncpg
+
+from gateway.errors import DatabaseUnavailable, InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall import MAX_CONTEXT_CHARS, ReadView
 from gateway.services.recall_input import Bound
@@ -35,6 +39,9 @@ from gateway.store import trace as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 from gateway.store.recall import EntityRow, RelationshipRow, SourceRow
+
+# Failing to load authoritative state is an error, never a partial trace.
+_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -225,9 +232,18 @@ class TraceService:
     def __init__(self, db: Database) -> None:
         self.db = db
 
+    @asynccontextmanager
+    async def _tenant(self, team: str, spaces: Sequence[uuid.UUID]) -> AsyncIterator[Conn]:
+        """A tenant transaction whose database failures surface as DATABASE_UNAVAILABLE."""
+        try:
+            async with self.db.tenant(team, spaces) as conn:
+                yield conn
+        except _STORE_FAILURES as exc:
+            raise DatabaseUnavailable("the trace could not be loaded") from exc
+
     async def trace(self, principal: Principal, request: TraceRequest) -> TraceOutcome:
         team = principal.team_id
-        async with self.db.tenant(team, principal.readable_space_ids) as conn:
+        async with self._tenant(team, principal.readable_space_ids) as conn:
             root = await store.find_root(
                 conn, team, request.relationship_id, principal.readable_space_ids, request.known_at
             )
@@ -246,7 +262,7 @@ class TraceService:
         stopped: set[str] = set()
         # Only the root's space from here on: row-level security confines the
         # rest of the trace to it, besides the predicates.
-        async with self.db.tenant(team, [space]) as conn:
+        async with self._tenant(team, [space]) as conn:
             sup = await store.supports(
                 conn,
                 team,

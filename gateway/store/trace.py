@@ -145,6 +145,15 @@ class Page:
 # $1 team, $2 space, $3 generation, $4 t_sys, $5 relationship, $6 with content,
 # $7 limit. Content is read only when asked for (it can be 20,000 characters).
 _SUPPORTS = f"""
+WITH page AS MATERIALIZED (
+    SELECT s.id, count(*) OVER () AS total
+    FROM supports s
+    JOIN evidence e ON e.team_id = $1 AND e.space_id = s.space_id AND e.id = s.evidence_id
+    WHERE s.team_id = $1 AND s.space_id = $2 AND s.relationship_id = $5 AND s.recorded_at <= $4
+      AND e.recorded_at <= $4 AND e.generation = $3
+    ORDER BY s.recorded_at, s.id COLLATE "C"
+    LIMIT $7
+)
 SELECT s.id AS support_id, s.evidence_id, e.source_id, s.occurrence_id, s.quote,
        s.span_start, s.span_end, s.recorded_at AS support_recorded_at,
        d.decision, d.recorded_at AS decided_at,
@@ -155,18 +164,16 @@ SELECT s.id AS support_id, s.evidence_id, e.source_id, s.occurrence_id, s.quote,
        CASE WHEN $6::boolean THEN left(e.content, $8) END AS content,
        length(e.content) AS content_length, e.observed_at,
        e.recorded_at AS evidence_recorded_at,
-       count(*) OVER () AS total
-FROM supports s
+       page.total
+FROM page
+JOIN supports s ON s.team_id = $1 AND s.space_id = $2 AND s.id = page.id
 JOIN evidence e ON e.team_id = $1 AND e.space_id = s.space_id AND e.id = s.evidence_id
 CROSS JOIN LATERAL (
     SELECT sd.decision, sd.recorded_at FROM support_decisions sd
     WHERE sd.team_id = $1 AND sd.support_id = s.id AND sd.recorded_at <= $4
     ORDER BY sd.recorded_at DESC, sd.seq DESC LIMIT 1
 ) d
-WHERE s.team_id = $1 AND s.space_id = $2 AND s.relationship_id = $5 AND s.recorded_at <= $4
-  AND e.recorded_at <= $4 AND e.generation = $3
 ORDER BY s.recorded_at, s.id COLLATE "C"
-LIMIT $7
 """
 
 
@@ -202,15 +209,21 @@ async def supports(
 # --- equivalents (same semantic group, same space) -------------------------------------
 
 _EQUIVALENTS = f"""
+WITH page AS MATERIALIZED (
+    SELECT o.id, count(*) OVER () AS total
+    FROM relationships o
+    WHERE o.team_id = $1 AND o.space_id = $2 AND o.generation = $3 AND o.recorded_at <= $4
+      AND o.semantic_group_key = $5 AND o.id <> $6
+    ORDER BY o.id COLLATE "C"
+    LIMIT $7
+)
 SELECT {_REL_COLUMNS},
        {_latest("relationship_status_events", "relationship_id", "status", "o.id", "$4")}
            AS status,
-       count(*) OVER () AS total
-FROM relationships o
-WHERE o.team_id = $1 AND o.space_id = $2 AND o.generation = $3 AND o.recorded_at <= $4
-  AND o.semantic_group_key = $5 AND o.id <> $6
+       page.total
+FROM page
+JOIN relationships o ON o.team_id = $1 AND o.space_id = $2 AND o.id = page.id
 ORDER BY o.id COLLATE "C"
-LIMIT $7
 """
 
 
@@ -422,6 +435,11 @@ async def root_events(
 
 
 # --- lineage: one breadth-first level per statement --------------------------------------
+#
+# The bounded lists here (and supports and equivalents above) take their page of
+# IDs first, in a materialised CTE, and compute per-row state (latest events)
+# for that page only: an entity shared by thousands of relationships costs an
+# index scan and a sort of IDs, not thousands of history lookups.
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,11 +452,21 @@ class NeighbourRow:
 # of the frontier's entities as subject or object and were not visited yet; each
 # with its status transitions at t_sys. Ordered by ID so that a cut is stable.
 _LEVEL = f"""
+WITH page AS MATERIALIZED (
+    SELECT o.id
+    FROM relationships o
+    WHERE o.team_id = $1 AND o.space_id = $2 AND o.generation = $3 AND o.recorded_at <= $4
+      AND (o.subject_entity_id = ANY($5::text[]) OR o.object_entity_id = ANY($5::text[]))
+      AND NOT (o.id = ANY($6::text[]))
+    ORDER BY o.id COLLATE "C"
+    LIMIT $7
+)
 SELECT {_REL_COLUMNS},
        {_latest("relationship_status_events", "relationship_id", "status", "o.id", "$4")}
            AS status,
        ev.recorded_ats, ev.seqs, ev.statuses, ev.superseded_bys, ev.reasons
-FROM relationships o
+FROM page
+JOIN relationships o ON o.team_id = $1 AND o.space_id = $2 AND o.id = page.id
 CROSS JOIN LATERAL (
     SELECT array_agg(x.recorded_at ORDER BY x.recorded_at, x.seq) AS recorded_ats,
            array_agg(x.seq ORDER BY x.recorded_at, x.seq) AS seqs,
@@ -449,11 +477,7 @@ CROSS JOIN LATERAL (
     WHERE x.team_id = $1 AND x.space_id = $2 AND x.relationship_id = o.id
       AND x.recorded_at <= $4
 ) ev
-WHERE o.team_id = $1 AND o.space_id = $2 AND o.generation = $3 AND o.recorded_at <= $4
-  AND (o.subject_entity_id = ANY($5::text[]) OR o.object_entity_id = ANY($5::text[]))
-  AND NOT (o.id = ANY($6::text[]))
 ORDER BY o.id COLLATE "C"
-LIMIT $7
 """
 
 # Whether any unvisited relationship lies beyond the last level expanded.
