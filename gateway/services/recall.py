@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import asyncpg
@@ -32,6 +33,9 @@ from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import Database
 from gateway.store.hypotheses import HypothesisRow
+
+if TYPE_CHECKING:
+    from gateway.services.related import CommunityHit, Handle
 
 log = logging.getLogger("gateway.recall")
 
@@ -112,6 +116,8 @@ class RecallOutcome:
     results: list[EvidenceResult]
     degradations: list[Degradation] = field(default_factory=list)
     search_states: dict[str, SearchState] = field(default_factory=dict)
+    related_relationships: list[Handle] = field(default_factory=list)
+    related_communities: list[CommunityHit] = field(default_factory=list)
     hypotheses: tuple[HypothesisRow, ...] = ()
     conflicts: list[conflict_frontier.ConflictView] = field(default_factory=list)
 
@@ -173,24 +179,39 @@ class RecallService:
         ]
         lost = any(d.frontier == "evidence" for d in degradations)
         status = "partial" if lost or starved else "complete"
+        # Related relationships and communities (shared branch only): a module of
+        # their own; imported here because it builds on this module's types.
+        from gateway.services.related import RelatedFrontiers, SharedBranch
+
+        shared = next((b for b in branches if b.branch == "shared"), None)
+        related = await RelatedFrontiers(self.db).recall(
+            view,
+            SharedBranch(shared.space_id, shared.generation) if shared else None,
+            request,
+            vector,
+            sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+        )
+        degradations += related.degradations
+        # Relationships the other frontiers return reach conflicts and hypotheses
+        # after every evidence result, in their order.
+        more = [
+            i
+            for h in [*related.relationships, *(m for c in related.communities for m in c.members)]
+            for i in (h.representative.id, *h.equivalent_ids)
+        ]
         # Independent reads on their own connections: run them side by side.
         hyps, conflicts = await asyncio.gather(
-            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results),
+            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results, more),
             conflict_frontier.reachable_conflicts(
-                self.db, view, conflict_frontier.answer_reach(results)
+                self.db, view, conflict_frontier.answer_reach(results, more)
             ),
         )
         if hyps.loss is not None:
             degradations.append(Degradation("hypotheses", *hyps.loss))
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
-            # Filled by recallMemory part 2; until then they are not searched.
-            "relationships": SearchState(
-                "relationships", "disabled" if request.relationship_limit == 0 else "skipped"
-            ),
-            "communities": SearchState(
-                "communities", "disabled" if request.community_limit == 0 else "skipped"
-            ),
+            "relationships": related.states["relationships"],
+            "communities": related.states["communities"],
             "hypotheses": SearchState(
                 "hypotheses",
                 hyps.status,
@@ -203,6 +224,8 @@ class RecallService:
             results=results,
             degradations=degradations,
             search_states=states,
+            related_relationships=related.relationships,
+            related_communities=related.communities,
             hypotheses=hyps.hypotheses,
             conflicts=conflicts,
         )
