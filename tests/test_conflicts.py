@@ -25,9 +25,11 @@ from .factories import jsonl, team_records
 from .test_recall import app_for, more_evidence, token
 
 RECALL = """
-query Recall($q: String, $limit: Int, $knownAt: DateTime, $known: [ID!]) {
-  recallMemory(query: $q, limit: $limit, knownAt: $knownAt, knownEvidenceIds: $known) {
+query Recall($q: String, $limit: Int, $knownAt: DateTime, $known: [ID!], $rl: Int, $cl: Int) {
+  recallMemory(query: $q, limit: $limit, knownAt: $knownAt, knownEvidenceIds: $known,
+               relationshipLimit: $rl, communityLimit: $cl) {
     results { evidenceId rank spaceKind supportingRelationships { id } }
+    relatedRelationships { representativeId equivalentIds }
     conflicts {
       __typename id question
       ... on RelationshipConflict {
@@ -301,11 +303,22 @@ async def test_case_only_reachable_from_returned_material(client, writes) -> Non
     shown = await recall(client, alice, q=q, limit=50)
     assert "ev-owner" in ids(shown) and "ev-alt" not in ids(shown)
     assert case(shown, "case") is not None
-    hidden = await recall(client, alice, q=q, limit=50, known=["ev-owner"])
+    # Evidence-only reach (the related frontiers off): nothing returned reaches it.
+    hidden = await recall(client, alice, q=q, limit=50, known=["ev-owner"], rl=0, cl=0)
     assert ids(hidden) and not {"ev-owner", "ev-alt"} & set(ids(hidden))
     assert case(hidden, "case") is None
-    unrelated = await recall(client, alice, q="billing latency spikes at noon", limit=1)
+    unrelated = await recall(client, alice, q="billing latency spikes at noon", limit=1, rl=0)
     assert ids(unrelated) == ["ev-private"] and unrelated["conflicts"] == []
+    # A relationship returned by the related-relationship frontier reaches too.
+    related = await recall(client, alice, q="billing latency spikes at noon", limit=1)
+    assert ids(related) == ["ev-private"]
+    returned = {
+        i
+        for h in related["relatedRelationships"]
+        for i in (h["representativeId"], *h["equivalentIds"])
+    }
+    assert ("rel-owner" in returned) == (case(related, "case") is not None)
+    assert "rel-owner" in returned
 
 
 def private_case(team: str) -> list[dict[str, Any]]:
@@ -521,7 +534,9 @@ async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
     counts = {}
     for limit in (1, 10, n):
         before = counter.count
-        result = await recall(client, alice, q="note invoices batch number ran", limit=limit)
+        result = await recall(
+            client, alice, q="note invoices batch number ran", limit=limit, rl=0, cl=0
+        )
         counts[limit] = counter.count - before
         rank = {r["evidenceId"]: r["rank"] for r in result["results"]}
         reach: dict[str, int] = {}
@@ -532,9 +547,10 @@ async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
         expected = sorted(reach, key=lambda k: (reach[k], k))[:MAX_CONFLICTS]
         assert [c["id"] for c in result["conflicts"]] == expected
         assert len(expected) == min(MAX_CONFLICTS, len(reach)) and expected
-        assert (
-            await recall(client, alice, q="note invoices batch number ran", limit=limit) == result
+        again = await recall(
+            client, alice, q="note invoices batch number ran", limit=limit, rl=0, cl=0
         )
+        assert again == result
     assert counts[1] == counts[10] == counts[n], counts
 
 

@@ -20,8 +20,11 @@ from .factories import jsonl, team_records
 from .test_recall import app_for, token
 
 RECALL = """
-query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime) {
-  recallMemory(query: $q, hypothesisLimit: $hl, knownAt: $knownAt, validAt: $validAt) {
+query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime, $rl: Int,
+             $limit: Int) {
+  recallMemory(query: $q, hypothesisLimit: $hl, knownAt: $knownAt, validAt: $validAt,
+               relationshipLimit: $rl, limit: $limit) {
+    relatedRelationships { representativeId }
     results { evidenceId spaceKind }
     relatedHypotheses {
       __typename id statement status origin sourceRelationshipIds sourceEvidenceIds
@@ -57,6 +60,11 @@ async def recall(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[
     assert "errors" not in body, body
     result: dict[str, Any] = body["data"]["recallMemory"]
     return result
+
+
+def hyp_degradations(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """This frontier's degradations (a team without a community snapshot adds its own)."""
+    return [d for d in result["degradations"] if d["frontier"] == "HYPOTHESES"]
 
 
 def hyp_ids(result: dict[str, Any]) -> list[str]:
@@ -165,7 +173,7 @@ async def test_linked_and_lexical_hypotheses_in_fused_order(client, writes) -> N
         {"spaceKind": "SHARED", "list": "LINKED", "status": "COMPLETE", "candidates": 5},
         {"spaceKind": "SHARED", "list": "FULLTEXT", "status": "COMPLETE", "candidates": 2},
     ]
-    assert result["degradations"] == []
+    assert hyp_degradations(result) == []
     # The default limit (5) cuts the same order.
     assert hyp_ids(await recall(client, alice, q=Q)) == hyp_ids(result)[:5]
     # Status is read from the feedback history: a rejection hides, a reopening shows.
@@ -204,7 +212,7 @@ async def test_temporal_view_and_disabled(client, writes) -> None:
     past = await recall(client, bob, q=Q, knownAt=datetime.now(UTC).isoformat())
     assert past["relatedHypotheses"] == []
     assert "ev-owner" in [r["evidenceId"] for r in past["results"]]
-    assert past["degradations"] == [
+    assert hyp_degradations(past) == [
         {
             "frontier": "HYPOTHESES",
             "code": "related_hypotheses_temporal_not_supported",
@@ -215,9 +223,9 @@ async def test_temporal_view_and_disabled(client, writes) -> None:
     assert past["searchStates"]["hypotheses"]["complete"] is False
     # A real-world view alone is not a system-time view: hypotheses answer.
     valid = await recall(client, bob, q=Q, validAt="2026-01-01T00:00:00Z")
-    assert valid["degradations"] == [] and hyp_ids(valid)
+    assert hyp_degradations(valid) == [] and hyp_ids(valid)
     off = await recall(client, bob, q=Q, hl=0)
-    assert off["relatedHypotheses"] == [] and off["degradations"] == []
+    assert off["relatedHypotheses"] == [] and hyp_degradations(off) == []
     assert off["searchStates"]["hypotheses"]["status"] == "DISABLED"
 
 
@@ -270,9 +278,26 @@ async def test_store_failure_degrades(client, gateway_app, writes, db) -> None:
         services.db.lock_timeout = "2s"
     assert "ev-owner" in [r["evidenceId"] for r in result["results"]]
     assert result["relatedHypotheses"] == []
-    assert result["degradations"] == [
+    assert hyp_degradations(result) == [
         {"frontier": "HYPOTHESES", "code": "related_hypotheses_unavailable", "optional": True}
     ]
     state = result["searchStates"]["hypotheses"]
     assert state["status"] == "PARTIAL" and state["complete"] is False
     assert {s["status"] for s in state["lists"]} == {"FAILED"}
+
+
+async def test_linked_through_the_related_relationship_frontier(client, writes) -> None:
+    """Relationships returned by the related-relationship frontier link too; the
+    caller's private evidence links nothing (hypotheses cite shared material only)."""
+    team = await loaded(writes)
+    alice = await token(writes, team, "alice")
+    q = "billing latency spikes at noon"
+    off = await recall(client, alice, q=q, limit=1, rl=0, hl=20)
+    assert [r["evidenceId"] for r in off["results"]] == ["ev-private"]
+    # Only the lexical list can answer ("billing"): linked is empty.
+    assert set(hyp_ids(off)) == {"h-both", "h-lex"}
+    on = await recall(client, alice, q=q, limit=1, hl=20)
+    assert [r["evidenceId"] for r in on["results"]] == ["ev-private"]
+    assert [h["representativeId"] for h in on["relatedRelationships"]] == ["rel-owner"]
+    assert {"h-rel", "h-confirmed", "h-reopened", "h-both", "h-lex"} <= set(hyp_ids(on))
+    assert "h-ev" not in hyp_ids(on)  # linked to ev-owner, which is not returned
