@@ -615,3 +615,27 @@ async def test_row_level_security_is_the_second_wall(db, writes, admin_conn) -> 
     assert await cases(team, [spaces[team, None]], team) == {"case"}
     # The statement names the other team, the transaction is this team's: nothing.
     assert await cases(team, [spaces[team, None]], other) == set()
+
+
+async def test_position_relationships_in_trace_memory(client, writes) -> None:
+    """traceMemory shows the same position type: its relationships load through
+    that request's view too."""
+    team = unique("cftr")
+    await load_jsonl(writes, jsonl(ownership_case(team)))
+    bob = await token(writes, team, "bob", "shared_only")
+    r = await client.post(
+        "/graphql",
+        json={
+            "query": '{ traceMemory(relationshipId: "rel-alt") { conflicts { id '
+            "positions { id relationships { id ownerId } } } } }"
+        },
+        headers={"Authorization": f"Bearer {bob}"},
+    )
+    body = r.json()
+    assert "errors" not in body, body
+    (c,) = body["data"]["traceMemory"]["conflicts"]
+    assert c["id"] == "case"
+    assert {p["id"]: p["relationships"] for p in c["positions"]} == {
+        "pos-pay": [{"id": "rel-owner", "ownerId": "alice"}],
+        "pos-led": [{"id": "rel-alt", "ownerId": "bob"}],
+    }
