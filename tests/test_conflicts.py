@@ -470,7 +470,10 @@ def evidence_conflict_records(team: str) -> list[dict[str, Any]]:
 async def test_evidence_conflict_citations_are_exact(client, writes) -> None:
     team = unique("cfe")
     records = team_records(team) + evidence_conflict_records(team)
-    await load_jsonl(writes, jsonl(records))
+    conflicts = [r for r in records if r["kind"] == "evidence_conflict"]
+    await load_jsonl(writes, jsonl([r for r in records if r not in conflicts]))
+    t_none = await instant()
+    await load_jsonl(writes, jsonl(conflicts))
     alice = await token(writes, team, "alice")
     q = "where does the robot fleet charge dock"
     t_both = await instant()
@@ -503,6 +506,9 @@ async def test_evidence_conflict_citations_are_exact(client, writes) -> None:
         assert (cite["spanStart"], cite["spanEnd"]) == (start, end)
         assert cite["quote"] == content[ev][start:end]
         assert cite["authority"] == authority[source[ev]]
+    # Before the conflicts were recorded there were none.
+    none = await recall(client, alice, q=q, knownAt=t_none)
+    assert "ev-dock-b" in ids(none) and none["conflicts"] == []
     # Before the quarantine, the third position and the pair were readable.
     then = await recall(client, alice, q=q, knownAt=t_both)
     assert [c["id"] for c in then["conflicts"]] == ["evc-dock", "evc-pair"]
