@@ -25,9 +25,13 @@ from .factories import jsonl, team_records
 from .test_recall import app_for, more_evidence, token
 
 RECALL = """
-query Recall($q: String, $limit: Int, $knownAt: DateTime, $known: [ID!], $rl: Int, $cl: Int) {
-  recallMemory(query: $q, limit: $limit, knownAt: $knownAt, knownEvidenceIds: $known,
-               relationshipLimit: $rl, communityLimit: $cl) {
+query Recall(
+  $q: String, $limit: Int, $knownAt: DateTime, $known: [ID!], $rels: Int, $communities: Int
+) {
+  recallMemory(
+    query: $q, limit: $limit, knownAt: $knownAt, knownEvidenceIds: $known,
+    relationshipLimit: $rels, communityLimit: $communities
+  ) {
     results { evidenceId rank spaceKind supportingRelationships { id } }
     relatedRelationships { representativeId equivalentIds }
     conflicts {
@@ -303,22 +307,27 @@ async def test_case_only_reachable_from_returned_material(client, writes) -> Non
     shown = await recall(client, alice, q=q, limit=50)
     assert "ev-owner" in ids(shown) and "ev-alt" not in ids(shown)
     assert case(shown, "case") is not None
-    # Evidence-only reach (the related frontiers off): nothing returned reaches it.
-    hidden = await recall(client, alice, q=q, limit=50, known=["ev-owner"], rl=0, cl=0)
+    # Evidence only (the related frontiers off): nothing returned reaches the case.
+    hidden = await recall(client, alice, q=q, limit=50, known=["ev-owner"], rels=0, communities=0)
     assert ids(hidden) and not {"ev-owner", "ev-alt"} & set(ids(hidden))
     assert case(hidden, "case") is None
-    unrelated = await recall(client, alice, q="billing latency spikes at noon", limit=1, rl=0)
+    unrelated = await recall(
+        client, alice, q="billing latency spikes at noon", limit=1, rels=0, communities=0
+    )
     assert ids(unrelated) == ["ev-private"] and unrelated["conflicts"] == []
-    # A relationship returned by the related-relationship frontier reaches too.
-    related = await recall(client, alice, q="billing latency spikes at noon", limit=1)
-    assert ids(related) == ["ev-private"]
+    # With the related frontier on, a case is shown only when a returned related
+    # relationship stands in one of its positions.
+    related = await recall(client, alice, q=q, limit=50, known=["ev-owner"])
     returned = {
         i
         for h in related["relatedRelationships"]
         for i in (h["representativeId"], *h["equivalentIds"])
     }
-    assert ("rel-owner" in returned) == (case(related, "case") is not None)
-    assert "rel-owner" in returned
+    found = case(related, "case")
+    if found is None:
+        assert not returned & {"rel-owner", "rel-alt"}
+    else:
+        assert returned & {r for p in found["positions"] for r in p["relationshipIds"]}
 
 
 def private_case(team: str) -> list[dict[str, Any]]:
@@ -540,8 +549,9 @@ async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
     counts = {}
     for limit in (1, 10, n):
         before = counter.count
+        # Evidence reach only: the related frontiers (off here) would reach more cases.
         result = await recall(
-            client, alice, q="note invoices batch number ran", limit=limit, rl=0, cl=0
+            client, alice, q="note invoices batch number ran", limit=limit, rels=0, communities=0
         )
         counts[limit] = counter.count - before
         rank = {r["evidenceId"]: r["rank"] for r in result["results"]}
@@ -553,10 +563,17 @@ async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
         expected = sorted(reach, key=lambda k: (reach[k], k))[:MAX_CONFLICTS]
         assert [c["id"] for c in result["conflicts"]] == expected
         assert len(expected) == min(MAX_CONFLICTS, len(reach)) and expected
-        again = await recall(
-            client, alice, q="note invoices batch number ran", limit=limit, rl=0, cl=0
+        assert (
+            await recall(
+                client,
+                alice,
+                q="note invoices batch number ran",
+                limit=limit,
+                rels=0,
+                communities=0,
+            )
+            == result
         )
-        assert again == result
     assert counts[1] == counts[10] == counts[n], counts
 
 

@@ -184,30 +184,33 @@ class RecallService:
         from gateway.services.related import RelatedFrontiers, SharedBranch
 
         shared = next((b for b in branches if b.branch == "shared"), None)
-        related = await RelatedFrontiers(self.db).recall(
-            view,
-            SharedBranch(shared.space_id, shared.generation) if shared else None,
-            request,
-            vector,
-            sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+        # Independent reads on their own connections: run them side by side.
+        related, hyps = await asyncio.gather(
+            RelatedFrontiers(self.db).recall(
+                view,
+                SharedBranch(shared.space_id, shared.generation) if shared else None,
+                request,
+                vector,
+                sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+            ),
+            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results),
         )
         degradations += related.degradations
-        # Relationships the other frontiers return reach conflicts and hypotheses
-        # after every evidence result, in their order.
-        more = [
-            i
-            for h in [*related.relationships, *(m for c in related.communities for m in c.members)]
-            for i in (h.representative.id, *h.equivalent_ids)
-        ]
-        # Independent reads on their own connections: run them side by side.
-        hyps, conflicts = await asyncio.gather(
-            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results, more),
-            conflict_frontier.reachable_conflicts(
-                self.db, view, conflict_frontier.answer_reach(results, more)
-            ),
-        )
         if hyps.loss is not None:
             degradations.append(Degradation("hypotheses", *hyps.loss))
+        # Conflicts are reachable from every relationship the answer returns:
+        # evidence support paths first, then the related and community frontiers.
+        more = [
+            rid
+            for handle in [
+                *related.relationships,
+                *(m for c in related.communities for m in c.members),
+            ]
+            for rid in (handle.representative.id, *handle.equivalent_ids)
+        ]
+        conflicts = await conflict_frontier.reachable_conflicts(
+            self.db, view, conflict_frontier.answer_reach(results, more)
+        )
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
             "relationships": related.states["relationships"],
