@@ -308,9 +308,7 @@ async def test_case_only_reachable_from_returned_material(client, writes) -> Non
     assert "ev-owner" in ids(shown) and "ev-alt" not in ids(shown)
     assert case(shown, "case") is not None
     # Evidence only (the related frontiers off): nothing returned reaches the case.
-    hidden = await recall(
-        client, alice, q=q, limit=50, known=["ev-owner"], rels=0, communities=0
-    )
+    hidden = await recall(client, alice, q=q, limit=50, known=["ev-owner"], rels=0, communities=0)
     assert ids(hidden) and not {"ev-owner", "ev-alt"} & set(ids(hidden))
     assert case(hidden, "case") is None
     unrelated = await recall(
@@ -329,9 +327,7 @@ async def test_case_only_reachable_from_returned_material(client, writes) -> Non
     if found is None:
         assert not returned & {"rel-owner", "rel-alt"}
     else:
-        assert returned & {
-            r for p in found["positions"] for r in p["relationshipIds"]
-        }
+        assert returned & {r for p in found["positions"] for r in p["relationshipIds"]}
 
 
 def private_case(team: str) -> list[dict[str, Any]]:
@@ -483,7 +479,10 @@ def evidence_conflict_records(team: str) -> list[dict[str, Any]]:
 async def test_evidence_conflict_citations_are_exact(client, writes) -> None:
     team = unique("cfe")
     records = team_records(team) + evidence_conflict_records(team)
-    await load_jsonl(writes, jsonl(records))
+    conflicts = [r for r in records if r["kind"] == "evidence_conflict"]
+    await load_jsonl(writes, jsonl([r for r in records if r not in conflicts]))
+    t_none = await instant()
+    await load_jsonl(writes, jsonl(conflicts))
     alice = await token(writes, team, "alice")
     q = "where does the robot fleet charge dock"
     t_both = await instant()
@@ -516,6 +515,9 @@ async def test_evidence_conflict_citations_are_exact(client, writes) -> None:
         assert (cite["spanStart"], cite["spanEnd"]) == (start, end)
         assert cite["quote"] == content[ev][start:end]
         assert cite["authority"] == authority[source[ev]]
+    # Before the conflicts were recorded there were none.
+    none = await recall(client, alice, q=q, knownAt=t_none)
+    assert "ev-dock-b" in ids(none) and none["conflicts"] == []
     # Before the quarantine, the third position and the pair were readable.
     then = await recall(client, alice, q=q, knownAt=t_both)
     assert [c["id"] for c in then["conflicts"]] == ["evc-dock", "evc-pair"]
@@ -636,3 +638,27 @@ async def test_row_level_security_is_the_second_wall(db, writes, admin_conn) -> 
     assert await cases(team, [spaces[team, None]], team) == {"case"}
     # The statement names the other team, the transaction is this team's: nothing.
     assert await cases(team, [spaces[team, None]], other) == set()
+
+
+async def test_position_relationships_in_trace_memory(client, writes) -> None:
+    """traceMemory shows the same position type: its relationships load through
+    that request's view too."""
+    team = unique("cftr")
+    await load_jsonl(writes, jsonl(ownership_case(team)))
+    bob = await token(writes, team, "bob", "shared_only")
+    r = await client.post(
+        "/graphql",
+        json={
+            "query": '{ traceMemory(relationshipId: "rel-alt") { conflicts { id '
+            "positions { id relationships { id ownerId } } } } }"
+        },
+        headers={"Authorization": f"Bearer {bob}"},
+    )
+    body = r.json()
+    assert "errors" not in body, body
+    (c,) = body["data"]["traceMemory"]["conflicts"]
+    assert c["id"] == "case"
+    assert {p["id"]: p["relationships"] for p in c["positions"]} == {
+        "pos-pay": [{"id": "rel-owner", "ownerId": "alice"}],
+        "pos-led": [{"id": "rel-alt", "ownerId": "bob"}],
+    }

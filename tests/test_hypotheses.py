@@ -20,8 +20,11 @@ from .factories import jsonl, team_records
 from .test_recall import app_for, token
 
 RECALL = """
-query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime) {
-  recallMemory(query: $q, hypothesisLimit: $hl, knownAt: $knownAt, validAt: $validAt) {
+query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime, $rl: Int,
+             $limit: Int) {
+  recallMemory(query: $q, hypothesisLimit: $hl, knownAt: $knownAt, validAt: $validAt,
+               relationshipLimit: $rl, limit: $limit) {
+    relatedRelationships { representativeId }
     results { evidenceId spaceKind }
     relatedHypotheses {
       __typename id statement status origin sourceRelationshipIds sourceEvidenceIds
@@ -281,3 +284,21 @@ async def test_store_failure_degrades(client, gateway_app, writes, db) -> None:
     state = result["searchStates"]["hypotheses"]
     assert state["status"] == "PARTIAL" and state["complete"] is False
     assert {s["status"] for s in state["lists"]} == {"FAILED"}
+
+
+async def test_linked_only_through_the_evidence_answer(client, writes) -> None:
+    """Links count from the returned shared evidence and the relationships it
+    supports, not from the related-relationship frontier (which runs beside this
+    one); the caller's private evidence links nothing (hypotheses cite shared
+    material only)."""
+    team = await loaded(writes)
+    alice = await token(writes, team, "alice")
+    q = "billing latency spikes at noon"
+    for rl in (0, 5):
+        result = await recall(client, alice, q=q, limit=1, rl=rl, hl=20)
+        assert [r["evidenceId"] for r in result["results"]] == ["ev-private"]
+        # Only the lexical list answers ("billing"): nothing returned is linked.
+        assert set(hyp_ids(result)) == {"h-both", "h-lex"}
+        if rl:
+            reps = [h["representativeId"] for h in result["relatedRelationships"]]
+            assert "rel-owner" in reps  # returned there, yet it links nothing here

@@ -315,6 +315,7 @@ class ConflictPosition:
     supporter_count: int
     supporters: list[SupporterSummary]
     supporters_truncated: bool
+    # The request's view whose loaders read ``relationships``; every builder sets it.
     view_key: strawberry.Private[str] = ""
 
     @strawberry.field(
@@ -356,7 +357,8 @@ class RelationshipConflict(Conflict):
     preferred_position_id: strawberry.ID | None
     positions: list[ConflictPosition]
     state_changed_at: datetime | None = strawberry.field(
-        default=None, description="When the case entered its state (system time)."
+        default=None,
+        description="When the case entered its state (system time); null in traceMemory.",
     )
 
 

@@ -59,7 +59,7 @@ def _event(e: EventRow) -> TraceEvent:
     )
 
 
-def _conflict(case: service.TracedCase) -> RelationshipConflict:
+def _conflict(case: service.TracedCase, view_key: str) -> RelationshipConflict:
     return RelationshipConflict(
         id=strawberry.ID(case.id),
         question=case.question,
@@ -81,6 +81,7 @@ def _conflict(case: service.TracedCase) -> RelationshipConflict:
                     for s in p.supporters
                 ],
                 supporters_truncated=p.supporter_count > len(p.supporters),
+                view_key=view_key,
             )
             for p in case.positions
         ],
@@ -123,7 +124,7 @@ def to_trace(outcome: service.TraceOutcome, view_key: str) -> MemoryTrace:
         events_total=outcome.events_total,
         equivalents=[Relationship.of(r, kind, view_key) for r in outcome.equivalents],
         equivalents_total=outcome.equivalents_total,
-        conflicts=[_conflict(c) for c in outcome.conflicts],
+        conflicts=[_conflict(c, view_key) for c in outcome.conflicts],
         conflicts_total=outcome.conflicts_total,
         lineage=[
             TraceLineageNode(

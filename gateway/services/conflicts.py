@@ -2,8 +2,9 @@
 
 Conflicts are returned only when the answer reaches them: a relationship
 conflict case when one of its positions holds a relationship the answer
-returns (today the returned evidence's supporting relationships; other
-frontiers add theirs through ``more_relationship_ids``), an evidence
+returns (the returned evidence's supporting relationships, then those of the
+related-relationship and community frontiers, passed as
+``more_relationship_ids``), an evidence
 conflict when one of its positions cites a returned evidence. Everything is
 read at the view's system time, so a case appears as it stood then.
 

@@ -6,8 +6,9 @@ typed as hypotheses, and never enter the evidence results or count as support
 
 Which hypotheses: those *linked* to the answer (through their source
 evidence or source relationships: the returned shared evidence and the
-shared relationships it supports, plus relationships of later frontiers) and
-those matching the query *lexically*; see :mod:`gateway.store.hypotheses`
+shared relationships it supports; the related-relationship and community
+frontiers run beside this one, so theirs do not link) and those matching the
+query *lexically*; see :mod:`gateway.store.hypotheses`
 for the two lists and the statuses shown (proposed and confirmed). The lists
 are fused by equal-weight RRF (k = 60), equal scores by hypothesis ID, and cut
 at ``hypothesisLimit``. Each list is read to :func:`list_depth` candidates.

@@ -128,21 +128,27 @@ members AS MATERIALIZED (
       ON r.team_id = $1 AND r.space_id = s.space_id AND r.id = cpr.relationship_id
      AND r.recorded_at <= $5
 ),
-supporters AS MATERIALIZED (
-    SELECT DISTINCT m.case_id, m.position_id, e.id AS evidence_id, e.source_id, o.authority
+-- Driven from the members' supports (index on the relationship), so that the
+-- cost follows the cases shown, not the size of the space.
+member_supports AS MATERIALIZED (
+    SELECT m.case_id, m.position_id, sp.space_id, sp.id AS support_id, sp.evidence_id
     FROM members m
     JOIN stated s ON s.id = m.case_id
     JOIN supports sp
-      ON sp.team_id = $1 AND sp.space_id = s.space_id AND sp.relationship_id = m.relationship_id
+      ON sp.team_id = $1 AND sp.relationship_id = m.relationship_id AND sp.space_id = s.space_id
      AND sp.recorded_at <= $5
-    JOIN evidence e
-      ON e.team_id = $1 AND e.space_id = sp.space_id AND e.id = sp.evidence_id
-     AND e.recorded_at <= $5
-    JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
-    JOIN sources o ON o.team_id = $1 AND o.space_id = e.space_id AND o.id = e.source_id
     WHERE {_latest("support_decisions", "support_id", "decision", "sd", "sp.id")}
           IN ('grant', 'reinstate')
-      AND {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
+),
+supporters AS MATERIALIZED (
+    SELECT DISTINCT ms.case_id, ms.position_id, e.id AS evidence_id, e.source_id, o.authority
+    FROM member_supports ms
+    JOIN evidence e
+      ON e.team_id = $1 AND e.id = ms.evidence_id AND e.space_id = ms.space_id
+     AND e.recorded_at <= $5
+    JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
+    JOIN sources o ON o.team_id = $1 AND o.id = e.source_id AND o.space_id = e.space_id
+    WHERE {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
       AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "o.id")} = 'active'
 ),
 ranked AS (
@@ -289,21 +295,28 @@ reached AS MATERIALIZED (
     WHERE ec.recorded_at <= $5
     GROUP BY ec.id, ec.space_id, ec.question
 ),
-readable AS MATERIALIZED (
-    SELECT c.id AS conflict_id, p.id AS position_id, p.label, p.evidence_id, p.occurrence_id,
-           oc.quote, oc.span_start, oc.span_end, o.authority
+-- Driven from the reached conflicts' positions, so that the cost follows the
+-- conflicts, not the size of the space.
+cited AS MATERIALIZED (
+    SELECT c.id AS conflict_id, p.space_id, p.id AS position_id, p.label, p.evidence_id,
+           p.occurrence_id
     FROM reached c
     JOIN evidence_conflict_positions p
       ON p.team_id = $1 AND p.space_id = c.space_id AND p.conflict_id = c.id
      AND p.recorded_at <= $5
+),
+readable AS MATERIALIZED (
+    SELECT x.conflict_id, x.position_id, x.label, x.evidence_id, x.occurrence_id,
+           oc.quote, oc.span_start, oc.span_end, o.authority
+    FROM cited x
     JOIN evidence e
-      ON e.team_id = $1 AND e.space_id = ANY($2::uuid[]) AND e.space_id = p.space_id
-     AND e.id = p.evidence_id AND e.recorded_at <= $5
+      ON e.team_id = $1 AND e.id = x.evidence_id AND e.space_id = x.space_id
+     AND e.space_id = ANY($2::uuid[]) AND e.recorded_at <= $5
     JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
     JOIN evidence_occurrences oc
-      ON oc.team_id = $1 AND oc.space_id = e.space_id AND oc.evidence_id = e.id
-     AND oc.id = p.occurrence_id
-    JOIN sources o ON o.team_id = $1 AND o.space_id = e.space_id AND o.id = e.source_id
+      ON oc.team_id = $1 AND oc.evidence_id = e.id AND oc.id = x.occurrence_id
+     AND oc.space_id = e.space_id
+    JOIN sources o ON o.team_id = $1 AND o.id = e.source_id AND o.space_id = e.space_id
     WHERE {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
       AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "o.id")} = 'active'
 ),
