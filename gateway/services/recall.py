@@ -24,6 +24,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.errors import DatabaseUnavailable, EmbeddingError, EmbeddingMalformed
 from gateway.fusion import fuse_branches, fuse_weighted
 from gateway.services.auth import Principal
+from gateway.services.feedback import FeedbackService, SuggestedAction
 from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
@@ -108,12 +109,21 @@ class RecallOutcome:
     results: list[EvidenceResult]
     degradations: list[Degradation] = field(default_factory=list)
     search_states: dict[str, SearchState] = field(default_factory=dict)
+    # Returned hypotheses in rank order (filled by the hypotheses frontier).
+    hypothesis_ids: list[str] = field(default_factory=list)
+    # Set when the recall was persisted for feedback (gateway/services/feedback.py).
+    recall_event_id: str | None = None
+    suggested_actions: list[SuggestedAction] = field(default_factory=list)
 
 
 class RecallService:
-    def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
+    def __init__(
+        self, db: Database, embedder: EmbeddingProvider, feedback: FeedbackService | None = None
+    ) -> None:
         self.db = db
         self.embedder = embedder
+        # None: recalls are not persisted for feedback (no snapshot, no suggestion).
+        self.feedback = feedback
 
     async def recall(self, principal: Principal, request: RecallRequest) -> RecallOutcome:
         degradations: list[Degradation] = []
@@ -180,13 +190,16 @@ class RecallService:
                 "hypotheses", "disabled" if request.hypothesis_limit == 0 else "skipped"
             ),
         }
-        return RecallOutcome(
+        outcome = RecallOutcome(
             recall_id=str(uuid.uuid4()),
             view=view,
             results=results,
             degradations=degradations,
             search_states=states,
         )
+        if self.feedback is not None:
+            await self.feedback.attach(principal, request, outcome)
+        return outcome
 
     async def _embed(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         """The query vector, computed once and reused by every branch."""

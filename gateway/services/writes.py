@@ -13,6 +13,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
 
@@ -84,10 +85,22 @@ def _fail(field: str | None, error: GatewayError) -> _FieldError:
     return _FieldError(field, error)
 
 
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The outcome of one record: written now (``created``) or an earlier write of
+    the same record, and the system time of that write (usable as ``knownAt``)."""
+
+    kind: str
+    id: str
+    created: bool
+    recorded_at: datetime
+
+
 @dataclass
 class BatchResult:
     created: Counter[str] = field(default_factory=Counter)
     unchanged: Counter[str] = field(default_factory=Counter)
+    receipts: list[Receipt] = field(default_factory=list)
 
 
 # The width of the store's vector columns (db/0001_memory_model.sql).
@@ -113,6 +126,8 @@ _HYPOTHESIS_STATUS = {
     "mark_stale": "stale",
     "reopen": "proposed",
 }
+# The status each hypothesis decision sets (docs/loading.md, docs/feedback.md).
+HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
 
 
 def render_statement(
@@ -620,10 +635,12 @@ class WriteService:
             batch = _Batch(conn, actor, self.embedder)
             for index, record in enumerate(records):
                 try:
-                    if await self._apply_one(batch, record):
+                    created, recorded_at = await self._apply_one(batch, record)
+                    if created:
                         result.created[record.kind] += 1
                     else:
                         result.unchanged[record.kind] += 1
+                    result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
                 except _FieldError as exc:
                     raise RecordError(index, exc.field, exc.error) from None
                 except asyncpg.PostgresError as exc:
@@ -636,7 +653,7 @@ class WriteService:
                 raise RecordError(-1, None, exc) from exc
         return result
 
-    async def _apply_one(self, batch: _Batch, record: Any) -> bool:
+    async def _apply_one(self, batch: _Batch, record: Any) -> tuple[bool, datetime]:
         team = rec.record_team(record)
         if record.kind == "team":
             if not batch.actor.is_operator:
@@ -645,11 +662,17 @@ class WriteService:
             batch._check_team(team)
         if record.kind in _OPERATOR_ONLY and not batch.actor.is_operator:
             raise _fail("kind", Forbidden(f"only the operator writes '{record.kind}' records"))
-        claim = await store.claim_write(
-            batch.conn, team, record.kind, record.id, record.payload_sha256(), batch.actor.label
+        claim, recorded_at = await store.claim_write(
+            batch.conn,
+            team,
+            record.kind,
+            record.id,
+            record.payload_sha256(),
+            batch.actor.label,
+            any_writer=batch.actor.is_operator,
         )
         if claim == "same":
-            return False
+            return False, recorded_at
         if claim == "different":
             raise _fail(
                 "id",
@@ -658,7 +681,7 @@ class WriteService:
                 ),
             )
         await getattr(batch, record.kind)(record)
-        return True
+        return True, recorded_at
 
 
 def _field_of(exc: asyncpg.PostgresError) -> str | None:
