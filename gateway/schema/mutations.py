@@ -70,12 +70,15 @@ async def _one(info: _Info, kind: str, data: dict[str, Any], **names: str) -> Wr
     return _receipt(receipts[0])
 
 
-async def _lifecycle(info: _Info, kind: str, given: Any, status: str) -> WriteReceipt:
-    return await _one(info, kind, {**_plain(given), "status": status})
+async def _lifecycle(info: _Info, kind: str, target: str, given: Any, status: str) -> WriteReceipt:
+    # the status is the mutation itself: a refused transition points at the target
+    return await _one(info, kind, {**_plain(given), "status": status}, status=target)
 
 
 async def _decision(info: _Info, given: SupportDecisionInput, decision: str) -> WriteReceipt:
-    return await _one(info, "support_decision", {**_plain(given), "decision": decision})
+    return await _one(
+        info, "support_decision", {**_plain(given), "decision": decision}, decision="support"
+    )
 
 
 @strawberry.type(description="Writes. Each is authorised, one transaction, idempotent by `id`.")
@@ -93,23 +96,23 @@ class Mutation:
 
     @strawberry.mutation(description="Withdraw a source: its evidence is no longer recalled.")
     async def withdraw_source(self, info: _Info, input: SourceLifecycleInput) -> WriteReceipt:
-        return await _lifecycle(info, "source_lifecycle", input, "withdrawn")
+        return await _lifecycle(info, "source_lifecycle", "source", input, "withdrawn")
 
     @strawberry.mutation(description="Restore a withdrawn source.")
     async def restore_source(self, info: _Info, input: SourceLifecycleInput) -> WriteReceipt:
-        return await _lifecycle(info, "source_lifecycle", input, "active")
+        return await _lifecycle(info, "source_lifecycle", "source", input, "active")
 
     @strawberry.mutation(description="Withdraw evidence: it is no longer recalled.")
     async def withdraw_evidence(self, info: _Info, input: EvidenceLifecycleInput) -> WriteReceipt:
-        return await _lifecycle(info, "evidence_lifecycle", input, "withdrawn")
+        return await _lifecycle(info, "evidence_lifecycle", "evidence", input, "withdrawn")
 
     @strawberry.mutation(description="Quarantine evidence: kept, not recalled, until restored.")
     async def quarantine_evidence(self, info: _Info, input: EvidenceLifecycleInput) -> WriteReceipt:
-        return await _lifecycle(info, "evidence_lifecycle", input, "quarantined")
+        return await _lifecycle(info, "evidence_lifecycle", "evidence", input, "quarantined")
 
     @strawberry.mutation(description="Restore withdrawn or quarantined evidence.")
     async def restore_evidence(self, info: _Info, input: EvidenceLifecycleInput) -> WriteReceipt:
-        return await _lifecycle(info, "evidence_lifecycle", input, "active")
+        return await _lifecycle(info, "evidence_lifecycle", "evidence", input, "active")
 
     @strawberry.mutation(description="Add a support (evidence -> relationship), granted.")
     async def grant_support(self, info: _Info, input: GrantSupportInput) -> WriteReceipt:

@@ -122,6 +122,7 @@ class MutationService:
             principal.team_id,
             principal.principal_id,
             private_bound=principal.private_space_id is not None,
+            space_ids=principal.readable_space_ids,
         )
         try:
             result = await self.writes.apply(records, actor)

@@ -43,18 +43,29 @@ class Actor:
     team: str | None = None
     principal: str | None = None
     private_bound: bool = False
+    # The spaces a principal's write transaction may touch: row-level security
+    # confines it to them, a second wall behind the checks of this service.
+    space_ids: tuple[UUID, ...] = ()
 
     @classmethod
     def operator(cls) -> Actor:
         return cls(label="operator")
 
     @classmethod
-    def for_principal(cls, team: str, principal: str, *, private_bound: bool) -> Actor:
+    def for_principal(
+        cls,
+        team: str,
+        principal: str,
+        *,
+        private_bound: bool,
+        space_ids: Sequence[UUID] = (),
+    ) -> Actor:
         return cls(
             label=f"principal:{principal}",
             team=team,
             principal=principal,
             private_bound=private_bound,
+            space_ids=tuple(space_ids),
         )
 
     @property
@@ -631,7 +642,12 @@ class WriteService:
     async def apply(self, records: Sequence[Any], actor: Actor) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal."""
         result = BatchResult()
-        async with self.db.admin() as conn:
+        transaction = (
+            self.db.admin()
+            if actor.is_operator or not actor.space_ids
+            else self.db.tenant(cast(str, actor.team), actor.space_ids, readonly=False)
+        )
+        async with transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
             for index, record in enumerate(records):
                 try:
