@@ -14,6 +14,8 @@ import asyncpg
 import httpx
 import pytest
 
+from gateway.errors import EmbeddingError
+
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (  # noqa: F401  (fixtures)
@@ -546,3 +548,26 @@ async def test_principal_writes_run_under_row_level_security(client, writes, db)
                 other,
                 foreign,
             )
+
+
+async def test_remember_without_embeddings_writes_nothing(
+    client, gateway_app, writes, db, monkeypatch
+) -> None:
+    """Evidence is never stored without its vector: when the provider fails, the call
+    fails with EMBEDDING_UNAVAILABLE and nothing of it is written."""
+    team = unique("memb")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+
+    async def down(texts: Any) -> Any:
+        raise EmbeddingError("the embedding provider did not answer")
+
+    # the provider is the seam: the database and the write path are real
+    monkeypatch.setattr(gateway_app.state.services.writes.embedder, "embed", down)
+    rows = await count(db, "write_log", team)
+    body = await remember(client, tok, incident_memory())
+    error = body["errors"][0]
+    assert error["extensions"] == {"code": "EMBEDDING_UNAVAILABLE"}
+    assert "Traceback" not in str(body)
+    assert await count(db, "write_log", team) == rows
+    assert await count(db, "sources", team) == 2  # the handbook and alice's notes only
