@@ -11,7 +11,8 @@ that occurrence. The latency includes everything the mutation does before it
 returns: authentication, validation, the checks and inserts in one
 transaction, and the embeddings of the evidence and the relationship computed
 by the configured provider (the local MiniLM model by default). Prints p50 and
-p95, and the same for an evidence-only call.
+p95, and the same for an evidence-only call (the two kinds interleaved, so both
+see the same machine load), and the local model embedding two texts alone.
 
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
@@ -114,21 +115,40 @@ def remember_input(i: int, with_relationship: bool) -> dict[str, Any]:
     return data
 
 
-def measure(port: int, token: str, calls: int, first: int, with_relationship: bool) -> list[float]:
-    latencies = []
+def measure(port: int, token: str, calls: int, first: int) -> dict[str, list[float]]:
+    """Both kinds of call, interleaved, so that both see the same machine load."""
+    latencies: dict[str, list[float]] = {"full": [], "bare": []}
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
-            body = {"query": MUTATION, "variables": {"input": remember_input(i, with_relationship)}}
-            started = time.perf_counter()
-            r = client.post("/graphql", json=body, headers=headers)
-            latencies.append((time.perf_counter() - started) * 1000)
-            answer = r.json()
-            if "errors" in answer:
-                raise SystemExit(f"remember failed: {answer['errors']}")
-            if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
-                raise SystemExit("remember did not write")
+            for name in ("full", "bare"):
+                n = 2 * i + (name == "bare")
+                data = remember_input(n, with_relationship=name == "full")
+                body = {"query": MUTATION, "variables": {"input": data}}
+                started = time.perf_counter()
+                r = client.post("/graphql", json=body, headers=headers)
+                latencies[name].append((time.perf_counter() - started) * 1000)
+                answer = r.json()
+                if "errors" in answer:
+                    raise SystemExit(f"remember failed: {answer['errors']}")
+                if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
+                    raise SystemExit("remember did not write")
     return latencies
+
+
+async def embedding_alone(calls: int) -> list[float]:
+    """The local model embedding two texts in this process: the floor of `remember`."""
+    embedder = create_provider(Settings(embedding_provider="local"))
+    try:
+        out = []
+        for i in range(calls):
+            texts = [remember_input(i, False)["evidence"][0]["content"], f"Billing service {i}"]
+            started = time.perf_counter()
+            await embedder.embed(texts)
+            out.append((time.perf_counter() - started) * 1000)
+        return out
+    finally:
+        await embedder.aclose()
 
 
 def p95(values: list[float]) -> float:
@@ -152,19 +172,20 @@ def main() -> None:
         token = asyncio.run(load_demo(dsn))
         server, _app = serve(dsn, args.port)
         try:
-            measure(args.port, token, args.warmup, 0, True)  # model, plans, caches
-            full = measure(args.port, token, args.calls, 100_000, True)
-            bare = measure(args.port, token, args.calls, 200_000, False)
+            measure(args.port, token, args.warmup, 0)  # model, plans, caches
+            runs = measure(args.port, token, args.calls, 100_000)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
             for thread in threading.enumerate():
                 if thread is not threading.current_thread() and thread.daemon:
                     thread.join(timeout=10)
-    print(f"remember over HTTP on the demo data, {args.calls} sequential calls each:")
+    floor = asyncio.run(embedding_alone(args.calls))
+    print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     for name, values in (
-        ("evidence + relationship (2 embeddings)", full),
-        ("evidence only (1 embedding)", bare),
+        ("evidence + relationship (2 embeddings)", runs["full"]),
+        ("evidence only (1 embedding)", runs["bare"]),
+        ("embedding 2 texts alone, in-process", floor),
     ):
         print(f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms")
 

@@ -463,3 +463,26 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
             team,
         )
     assert tuple(row) == ("hypothesis", "h1", judgement.lower(), "checked")
+
+
+async def test_the_snapshot_is_one_statement_in_one_short_transaction(
+    client, gateway_app, dsn, writes
+) -> None:
+    """What feedback costs a recall: the same recall with it off sends exactly one
+    transaction less (BEGIN, tenant settings, the snapshot, COMMIT)."""
+    team = unique("fbcost")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+    q = "who owns the billing service"
+    off = app_for(dsn, feedback_enabled=False)
+    counts = {}
+    async with off.router.lifespan_context(off):
+        transport = httpx.ASGITransport(app=off)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            for name, app, http in (("on", gateway_app, client), ("off", off, c)):
+                counter = app.state.services.db.counter
+                await ask(http, tok, q)  # warm: type introspection of new statements
+                before = counter.count
+                await ask(http, tok, q)
+                counts[name] = counter.count - before
+    assert counts["on"] - counts["off"] == 4, counts

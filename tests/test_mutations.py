@@ -255,7 +255,7 @@ async def test_private_memory_goes_to_the_callers_own_space(client, writes, db) 
     # a shared-only token writes only into shared memory
     rows = await count(db, "write_log", team)
     error = (await remember(client, alice_shared, incident_memory("PRIVATE", "-a")))["errors"][0]
-    assert error["extensions"] == {"code": "NOT_FOUND", "field": "source.space"}
+    assert error["extensions"] == {"code": "NOT_FOUND", "field": "space"}
     assert await count(db, "write_log", team) == rows
 
 

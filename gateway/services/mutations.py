@@ -155,11 +155,13 @@ def remember_items(principal: Principal, data: Mapping[str, Any]) -> list[Item]:
     if not (source or evidence or entities or relationships):
         raise InvalidInput("nothing to remember", field="evidence")
     items: list[Item] = []
+    top_space = {"space": "/space"}  # one space for the whole call
     if source is not None:
-        items.append(Item("source", {**source, "space": space}, "source"))
+        items.append(Item("source", {**source, "space": space}, "source", top_space))
         source_id = source.get("id")
     items += [
-        Item("entity", {**e, "space": space}, f"entities[{i}]") for i, e in enumerate(entities)
+        Item("entity", {**e, "space": space}, f"entities[{i}]", top_space)
+        for i, e in enumerate(entities)
     ]
     source_name = "/source.id" if data.get("source") is not None else "/sourceId"
     items += [
@@ -167,7 +169,7 @@ def remember_items(principal: Principal, data: Mapping[str, Any]) -> list[Item]:
         for i, e in enumerate(evidence)
     ]
     items += [
-        Item("relationship", {**r, "space": space}, f"relationships[{i}]")
+        Item("relationship", {**r, "space": space}, f"relationships[{i}]", top_space)
         for i, r in enumerate(relationships)
     ]
     return items
