@@ -19,6 +19,8 @@ from gateway.errors import EmbeddingError
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (  # noqa: F401  (fixtures)
+    _hold_lock,
+    app_for,
     client,
     gateway_app,
     ids,
@@ -571,3 +573,28 @@ async def test_remember_without_embeddings_writes_nothing(
     assert "Traceback" not in str(body)
     assert await count(db, "write_log", team) == rows
     assert await count(db, "sources", team) == 2  # the handbook and alice's notes only
+
+
+async def test_a_busy_database_is_not_bad_input(dsn, writes, db) -> None:
+    """A write that cannot get its lock within the statement timeout is refused as
+    DATABASE_UNAVAILABLE with nothing written; the same call later succeeds."""
+    team = unique("mbusy")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+    change = {"id": "w-busy", "source": "src-handbook"}
+    app = app_for(dsn, statement_timeout_ms=500)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            ready, release = asyncio.Event(), asyncio.Event()
+            holder = asyncio.create_task(_hold_lock(db, "write_log", ready, release))
+            await ready.wait()
+            try:
+                busy = await refused(c, tok, "withdrawSource", "SourceLifecycleInput", change)
+            finally:
+                release.set()
+                await holder
+            assert busy["extensions"] == {"code": "DATABASE_UNAVAILABLE"}
+            assert await count(db, "source_lifecycle_events", team) == 2  # the two creations
+            done = await ok(c, tok, "withdrawSource", "SourceLifecycleInput", change)
+            assert done["created"] is True

@@ -21,6 +21,7 @@ import asyncpg
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import (
+    DatabaseUnavailable,
     EmbeddingMismatch,
     Forbidden,
     GatewayError,
@@ -627,6 +628,15 @@ class _Batch:
             )
 
 
+# Refusals that say nothing about the record: a lock or statement timeout, a
+# deadlock. Reported as DATABASE_UNAVAILABLE (retry), never as bad input.
+_BUSY = (
+    asyncpg.LockNotAvailableError,
+    asyncpg.QueryCanceledError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+)
+
 _POSTGRES_FIELD_HINTS = {
     "quote_matches_evidence": "quote",
 }
@@ -642,10 +652,15 @@ class WriteService:
     async def apply(self, records: Sequence[Any], actor: Actor) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal."""
         result = BatchResult()
+        # A write may wait for a lock held by a loader batch that is computing its
+        # embeddings: bounded by the statement timeout, like the loader's own writes,
+        # not by the short lock timeout that lets optional reads degrade quickly.
         transaction = (
             self.db.admin()
             if actor.is_operator or not actor.space_ids
-            else self.db.tenant(cast(str, actor.team), actor.space_ids, readonly=False)
+            else self.db.tenant(
+                cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
+            )
         )
         async with transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
@@ -659,6 +674,15 @@ class WriteService:
                     result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
                 except _FieldError as exc:
                     raise RecordError(index, exc.field, exc.error) from None
+                except _BUSY as exc:
+                    raise RecordError(
+                        index,
+                        None,
+                        DatabaseUnavailable(
+                            "the database was too busy to take this write; nothing was "
+                            "written, and retrying with the same IDs is safe"
+                        ),
+                    ) from exc
                 except asyncpg.PostgresError as exc:
                     raise RecordError(
                         index, _field_of(exc), InvalidInput(_db_message(exc))
@@ -667,6 +691,10 @@ class WriteService:
                 await batch.embed_pending()
             except GatewayError as exc:
                 raise RecordError(-1, None, exc) from exc
+            except _BUSY as exc:
+                raise RecordError(
+                    -1, None, DatabaseUnavailable("the database was too busy to store vectors")
+                ) from exc
         return result
 
     async def _apply_one(self, batch: _Batch, record: Any) -> tuple[bool, datetime]:
