@@ -84,6 +84,7 @@ class FeedbackService:
         on failure add the degradation instead. Never raises for a store failure."""
         if not self.enabled:
             return
+        # imported here: gateway.services.recall imports this module
         from gateway.services.recall import Degradation
 
         event = store.NewRecallEvent(
@@ -294,6 +295,8 @@ class SessionFeedback:
     def payload_sha256(self, principal: Principal) -> bytes:
         """What idempotency compares: the submission and who made it."""
         body = asdict(self)
+        # the event ID as a UUID, so that another spelling of it is the same content
+        body["recall_event_id"] = str(self.validated_event_id())
         body["principal"] = [principal.team_id, principal.principal_id]
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).digest()
