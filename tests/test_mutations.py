@@ -598,3 +598,29 @@ async def test_a_busy_database_is_not_bad_input(dsn, writes, db) -> None:
             assert await count(db, "source_lifecycle_events", team) == 2  # the two creations
             done = await ok(c, tok, "withdrawSource", "SourceLifecycleInput", change)
             assert done["created"] is True
+
+
+async def test_concurrent_identical_remembers_write_once(client, writes, db) -> None:
+    """Two clients retrying the same call at once: one writes, the other gets the
+    earlier result when the first commits; nothing is written twice."""
+    team = unique("mrace")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+    first, second = await asyncio.gather(
+        remember(client, tok, incident_memory()), remember(client, tok, incident_memory())
+    )
+    assert "errors" not in first and "errors" not in second, (first, second)
+    a = first["data"]["remember"]["receipts"]
+    b = second["data"]["remember"]["receipts"]
+    assert sorted([a[0]["created"], b[0]["created"]]) == [False, True]
+    assert all(x["created"] == a[0]["created"] for x in a)
+    assert [x["recordedAt"] for x in a] == [x["recordedAt"] for x in b]
+    async with db.pool.acquire() as conn:
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM evidence_embeddings WHERE team_id = $1 AND evidence_id = $2",
+                team,
+                "ev-export",
+            )
+            == 1
+        )
