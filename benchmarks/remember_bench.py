@@ -115,9 +115,14 @@ def remember_input(i: int, with_relationship: bool) -> dict[str, Any]:
     return data
 
 
-def measure(port: int, token: str, calls: int, first: int) -> dict[str, list[float]]:
-    """Both kinds of call, interleaved, so that both see the same machine load."""
+def measure(
+    port: int, token: str, calls: int, first: int, app: Any
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Both kinds of call, interleaved, so that both see the same machine load;
+    latencies and SQL statements per call."""
+    counter = app.state.services.db.counter
     latencies: dict[str, list[float]] = {"full": [], "bare": []}
+    statements: dict[str, list[int]] = {"full": [], "bare": []}
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
@@ -125,15 +130,17 @@ def measure(port: int, token: str, calls: int, first: int) -> dict[str, list[flo
                 n = 2 * i + (name == "bare")
                 data = remember_input(n, with_relationship=name == "full")
                 body = {"query": MUTATION, "variables": {"input": data}}
+                before = counter.count
                 started = time.perf_counter()
                 r = client.post("/graphql", json=body, headers=headers)
                 latencies[name].append((time.perf_counter() - started) * 1000)
+                statements[name].append(counter.count - before)
                 answer = r.json()
                 if "errors" in answer:
                     raise SystemExit(f"remember failed: {answer['errors']}")
                 if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
                     raise SystemExit("remember did not write")
-    return latencies
+    return latencies, statements
 
 
 async def embedding_alone(calls: int) -> list[float]:
@@ -170,10 +177,10 @@ def main() -> None:
         asyncio.run(prepare(dsn, migrate=True))
         log("loading the demo data")
         token = asyncio.run(load_demo(dsn))
-        server, _app = serve(dsn, args.port)
+        server, app = serve(dsn, args.port)
         try:
-            measure(args.port, token, args.warmup, 0)  # model, plans, caches
-            runs = measure(args.port, token, args.calls, 100_000)
+            measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
+            runs, statements = measure(args.port, token, args.calls, 100_000, app)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -182,12 +189,15 @@ def main() -> None:
                     thread.join(timeout=10)
     floor = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
-    for name, values in (
-        ("evidence + relationship (2 embeddings)", runs["full"]),
-        ("evidence only (1 embedding)", runs["bare"]),
-        ("embedding 2 texts alone, in-process", floor),
+    for name, values, sql in (
+        ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
+        ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
+        ("embedding 2 texts alone, in-process", floor, None),
     ):
-        print(f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms")
+        line = f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
+        if sql:
+            line += f"   SQL statements {statistics.median(sql):.0f}"
+        print(line)
 
 
 if __name__ == "__main__":
