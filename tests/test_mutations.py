@@ -624,3 +624,17 @@ async def test_concurrent_identical_remembers_write_once(client, writes, db) -> 
             )
             == 1
         )
+
+
+def test_every_mutation_is_documented() -> None:
+    from gateway.schema import build_schema
+
+    from .conftest import REPO
+
+    docs = (REPO / "docs" / "writes.md").read_text(encoding="utf-8") + (
+        REPO / "docs" / "feedback.md"
+    ).read_text(encoding="utf-8")
+    mutation = build_schema()._schema.mutation_type
+    assert mutation is not None
+    for name in mutation.fields:
+        assert f"`{name}" in docs or f"{name}(" in docs, f"{name} is not in docs/writes.md"
