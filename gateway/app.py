@@ -29,6 +29,8 @@ from gateway.errors import GatewayError, Unauthenticated
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
+from gateway.services.feedback import FeedbackService
+from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
@@ -47,6 +49,8 @@ class Services:
     embedder: EmbeddingProvider
     writes: WriteService
     recall: RecallService
+    feedback: FeedbackService
+    mutations: MutationService
 
 
 class RequestIdMiddleware:
@@ -137,8 +141,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
+            feedback = FeedbackService(db, enabled=settings.feedback_enabled)
+            writes = WriteService(db, embedder)
             app.state.services = Services(
-                settings, db, embedder, WriteService(db, embedder), RecallService(db, embedder)
+                settings,
+                db,
+                embedder,
+                writes,
+                RecallService(db, embedder, feedback),
+                feedback,
+                MutationService(writes),
             )
             try:
                 yield

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
         default=True, description="Apply pending migrations when the server starts."
     )
 
+    feedback_enabled: bool = Field(
+        default=True,
+        description="Persist each recall as a recall event and suggest "
+        "submitRecallSessionFeedback (docs/feedback.md).",
+    )
+
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )

@@ -5,13 +5,17 @@ from __future__ import annotations
 import strawberry
 
 from gateway.schema.errors import ErrorCodes
+from gateway.schema.mutations import Mutation
 from gateway.schema.query import Query
 from gateway.schema.recall_types import EvidenceConflict, RelationshipConflict
 
 
 def build_schema() -> strawberry.Schema:
     return strawberry.Schema(
-        query=Query, types=[RelationshipConflict, EvidenceConflict], extensions=[ErrorCodes]
+        query=Query,
+        mutation=Mutation,
+        types=[RelationshipConflict, EvidenceConflict],
+        extensions=[ErrorCodes],
     )
 
 

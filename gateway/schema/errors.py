@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from graphql.error import GraphQLError, GraphQLSyntaxError
 from strawberry.extensions import SchemaExtension
 
-from gateway.errors import GatewayError, InvalidInput
+from gateway.errors import GatewayError
 
 log = logging.getLogger("gateway.errors")
 
@@ -50,8 +50,9 @@ class ErrorCodes(SchemaExtension):
         original = error.original_error
         if isinstance(original, GatewayError):
             extra: dict[str, object] = {}
-            if isinstance(original, InvalidInput) and original.field:
-                extra["field"] = original.field
+            field = getattr(original, "field", None)
+            if field:
+                extra["field"] = field
             return _coded(error, original.code, extra)
         if original is None:
             if isinstance(error, GraphQLSyntaxError):

@@ -24,6 +24,8 @@ from gateway.schema.recall_types import (
     RecallResult,
     SearchStates,
     SearchStatus,
+    SuggestedAction,
+    SuggestedActionKind,
 )
 from gateway.schema.types import SpaceKind
 from gateway.services import recall as service
@@ -51,6 +53,7 @@ def _state(state: service.SearchState) -> FrontierSearchState:
 def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
     return RecallResult(
         recall_id=strawberry.ID(outcome.recall_id),
+        recall_event_id=strawberry.ID(outcome.recall_event_id) if outcome.recall_event_id else None,
         results=[
             EvidenceContext(
                 evidence_id=strawberry.ID(r.evidence.id),
@@ -85,7 +88,15 @@ def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
             )
             for d in outcome.degradations
         ],
-        suggested_actions=[],
+        suggested_actions=[
+            SuggestedAction(
+                kind=SuggestedActionKind(a.kind),
+                description=a.description,
+                recall_event_id=strawberry.ID(a.recall_event_id) if a.recall_event_id else None,
+                hypothesis_ids=[strawberry.ID(h) for h in a.hypothesis_ids],
+            )
+            for a in outcome.suggested_actions
+        ],
     )
 
 

@@ -422,6 +422,9 @@ class SuggestedAction:
 @strawberry.type(description="The answer of recallMemory. Array order is rank.")
 class RecallResult:
     recall_id: strawberry.ID
+    recall_event_id: strawberry.ID | None = strawberry.field(
+        description="Set when this recall was recorded for feedback (docs/feedback.md)."
+    )
     results: list[EvidenceContext]
     related_relationships: list[RelationshipHandle]
     related_communities: list[Community]

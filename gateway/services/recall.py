@@ -28,6 +28,7 @@ from gateway.fusion import fuse_branches, fuse_weighted
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
+from gateway.services.feedback import FeedbackService, SuggestedAction
 from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
@@ -120,12 +121,21 @@ class RecallOutcome:
     related_communities: list[CommunityHit] = field(default_factory=list)
     hypotheses: tuple[HypothesisRow, ...] = ()
     conflicts: list[conflict_frontier.ConflictView] = field(default_factory=list)
+    # Returned hypotheses in rank order (filled by the hypotheses frontier).
+    hypothesis_ids: list[str] = field(default_factory=list)
+    # Set when the recall was persisted for feedback (gateway/services/feedback.py).
+    recall_event_id: str | None = None
+    suggested_actions: list[SuggestedAction] = field(default_factory=list)
 
 
 class RecallService:
-    def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
+    def __init__(
+        self, db: Database, embedder: EmbeddingProvider, feedback: FeedbackService | None = None
+    ) -> None:
         self.db = db
         self.embedder = embedder
+        # None: recalls are not persisted for feedback (no snapshot, no suggestion).
+        self.feedback = feedback
 
     async def recall(self, principal: Principal, request: RecallRequest) -> RecallOutcome:
         degradations: list[Degradation] = []
@@ -221,7 +231,7 @@ class RecallService:
                 tuple(ListState("shared", n, st, c) for n, st, c in hyps.lists),
             ),
         }
-        return RecallOutcome(
+        outcome = RecallOutcome(
             recall_id=str(uuid.uuid4()),
             view=view,
             results=results,
@@ -231,7 +241,11 @@ class RecallService:
             related_communities=related.communities,
             hypotheses=hyps.hypotheses,
             conflicts=conflicts,
+            hypothesis_ids=[h.id for h in hyps.hypotheses],
         )
+        if self.feedback is not None:
+            await self.feedback.attach(principal, request, outcome)
+        return outcome
 
     async def _embed(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         """The query vector, computed once and reused by every branch."""

@@ -131,12 +131,23 @@ class Database:
 
     @asynccontextmanager
     async def tenant(
-        self, team_id: str, space_ids: Sequence[UUID], *, readonly: bool = True
+        self,
+        team_id: str,
+        space_ids: Sequence[UUID],
+        *,
+        readonly: bool = True,
+        lock_timeout: str | None = None,
     ) -> AsyncIterator[Conn]:
-        """A transaction confined by row-level security to one team's spaces."""
+        """A transaction confined by row-level security to one team's spaces.
+        ``lock_timeout`` overrides the reads' short default ('0': only the statement
+        timeout bounds a wait, as for the loader)."""
         async with self.pool.acquire() as conn, conn.transaction(readonly=readonly):
             await conn.execute(
-                _ENTER_TENANT, APP_ROLE, team_id, _space_literal(space_ids), self.lock_timeout
+                _ENTER_TENANT,
+                APP_ROLE,
+                team_id,
+                _space_literal(space_ids),
+                self.lock_timeout if lock_timeout is None else lock_timeout,
             )
             yield conn
 
