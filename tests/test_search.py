@@ -499,7 +499,11 @@ async def _insert_direct(
     vectors: np.ndarray,
     model: str,
 ) -> None:
-    """Evidence rows and their vectors written directly as the owner: fast, same triggers."""
+    """Evidence rows and their vectors written directly as the owner: fast, same triggers.
+
+    Inside the caller's transaction; the pool's 5 s statement timeout is lifted for
+    it, as inserting into an HNSW graph took longer than that on a busy machine."""
+    await conn.execute("SET LOCAL statement_timeout = 0")
     await conn.copy_records_to_table(
         "evidence",
         columns=[
