@@ -21,7 +21,14 @@
 -- a space of 10,000 vectors whose every vector was filtered out, the walk
 -- took 320-670 ms to give up at 20,000 tuples, the exact scan 16 ms. An
 -- unfiltered query returns its ef_search rows in the first batch and never
--- comes near the cap.
+-- comes near the cap. (When pgvector reaches the cap it still returns the
+-- candidates it has already seen, so the cap bounds the walk, not the rows.)
+--
+-- Measured right after a reset (a space of 25,100 vectors, 100 of them in the
+-- current generation; 12 queries, limit 60, one run, medians): before, 60
+-- rows but only 0.911 of the exact answer, 296 ms; now the exact answer
+-- (1.000), 216 ms; the exact scan alone 170 ms. Without a reset nothing
+-- changes (the first batch fills the list).
 --
 -- The signature, the other settings and the threshold are unchanged.
 
