@@ -371,6 +371,42 @@ def http_latency(port: int, token: str, queries: list[str], app: Any) -> dict[st
     }
 
 
+async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> dict[str, float]:
+    """Where a recall's time goes: its main steps timed one by one, in this process,
+    for the same queries and team as over HTTP (medians, ms)."""
+    from gateway.embeddings import LocalEmbeddingProvider
+    from gateway.services.recall import overfetch
+    from gateway.store import recall as hydration
+    from gateway.store import search
+    from gateway.store.database import Database
+
+    team = "bench-00"
+    space = data["teams"][team]
+    branch = search.BranchSearch("shared", space, 1)
+    provider = LocalEmbeddingProvider()
+    db = await Database.open(dsn, min_size=1, max_size=1)
+    times: dict[str, list[float]] = {"embedding": [], "candidates": [], "hydration": []}
+    try:
+        for q in queries:
+            started = time.perf_counter()
+            vector = (await provider.embed([q]))[0]
+            times["embedding"].append(time.perf_counter() - started)
+            query = search.CandidateQuery(team, (branch,), q, vector, (), (), overfetch(10), None)
+            async with db.tenant(team, [space]) as conn:
+                started = time.perf_counter()
+                lists = await search.evidence_candidates(conn, query)
+                times["candidates"].append(time.perf_counter() - started)
+                ids = list(dict.fromkeys(i for ranked in lists.values() for i in ranked))
+                now = await conn.fetchval("SELECT now()")
+                started = time.perf_counter()
+                await hydration.eligible_evidence(conn, team, ids, [space], now, now)
+                times["hydration"].append(time.perf_counter() - started)
+    finally:
+        await db.close()
+        await provider.aclose()
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
+
+
 async def filtered_vector_recall(
     dsn: str, data: dict[str, Any], n_queries: int, seed: int
 ) -> float:
@@ -488,6 +524,7 @@ def main() -> None:
             server.should_exit = True
         recall10 = asyncio.run(filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed))
         spread = asyncio.run(query_lexeme_spread(dsn, data, queries))
+        stages = asyncio.run(stage_latency(dsn, data, queries))
     print(
         f"dataset: {args.evidence} evidence, {args.teams} teams, one shared space each, "
         f"corpus {args.corpus}"
@@ -499,6 +536,11 @@ def main() -> None:
     print(f"recallMemory over HTTP, {args.queries} queries, limit 10, sequential:")
     print(f"  p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms")
     print(f"  SQL statements per recall (median): {figures['statements']:.0f}")
+    print(
+        "  of which, timed step by step (medians): query embedding "
+        f"{stages['embedding']:.1f} ms, candidate statement (all lists) "
+        f"{stages['candidates']:.1f} ms, hydration {stages['hydration']:.1f} ms"
+    )
     print(f"vector recall@10 vs exact search under the space filter: {recall10:.3f}")
 
 
