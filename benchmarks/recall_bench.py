@@ -1,6 +1,13 @@
 """Recall benchmark: generate a multi-team dataset, then measure recallMemory over HTTP.
 
     python benchmarks/recall_bench.py --evidence 100000 --teams 10 --queries 200
+    python benchmarks/recall_bench.py --evidence 5000 --teams 5 --related
+
+With ``--related`` the relationships get statements from the topic vocabulary,
+a subject entity per topic, vectors in an active projection generation, and
+community snapshots are built; the run then measures a full recall (every
+frontier on, with related relationships and communities selected) next to an
+evidence-only recall (relationshipLimit 0, communityLimit 0) on the same data.
 
 Prints, from one run: p50 and p95 latency of recallMemory over HTTP on
 loopback, SQL statements per recall, and the vector list's recall@10 against
@@ -127,6 +134,9 @@ class Zipf:
         general = np.searchsorted(self.global_cdf, rng.random(n))
         return self.words[np.where(from_topic, local, general)].tolist()
 
+    def sample(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
+        return self._draw(rng, topic, n)
+
     def text(self, rng: np.random.Generator, topic: int) -> str:
         return " ".join(self._draw(rng, topic, int(rng.integers(10, 81))))
 
@@ -140,8 +150,11 @@ class Tiny:
     def __init__(self, rng: np.random.Generator) -> None:
         self.words = [t.split() for t in TOPICS]
 
+    def sample(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
+        return list(rng.choice(self.words[topic], size=n).tolist())
+
     def text(self, rng: np.random.Generator, topic: int) -> str:
-        return " ".join(rng.choice(self.words[topic], size=int(rng.integers(8, 30))).tolist())
+        return " ".join(self.sample(rng, topic, int(rng.integers(8, 30))))
 
     def query(self, rng: np.random.Generator, topic: int) -> str:
         return " ".join(rng.choice(self.words[topic], size=4).tolist())
@@ -152,7 +165,12 @@ def unit(v: np.ndarray) -> np.ndarray:
 
 
 async def generate(
-    dsn: str, n_evidence: int, n_teams: int, seed: int, corpus: Zipf | Tiny
+    dsn: str,
+    n_evidence: int,
+    n_teams: int,
+    seed: int,
+    corpus: Zipf | Tiny,
+    related: bool = False,
 ) -> dict[str, Any]:
     """Write the dataset; returns the team names, their shared spaces and the centroids."""
     rng = np.random.default_rng(seed)
@@ -199,6 +217,23 @@ async def generate(
                 team,
                 space,
             )
+            if related:
+                await conn.execute(
+                    "INSERT INTO relationship_projections "
+                    "(team_id, generation, model, status, activated_at) "
+                    "VALUES ($1, 1, $2, 'active', now())",
+                    team,
+                    MODEL,
+                )
+                for k in range(len(TOPICS)):
+                    await conn.execute(
+                        "INSERT INTO entities (team_id, id, space_id, generation, name, kind) "
+                        "VALUES ($1, $2, $3, 1, $4, 'concept')",
+                        team,
+                        f"topic-{k}",
+                        space,
+                        f"Topic {k}",
+                    )
             topic_of = rng.integers(0, len(TOPICS), size=per_team)
             evidence, lifecycle, rels, rel_events, supports, decisions, vectors = (
                 [],
@@ -209,6 +244,7 @@ async def generate(
                 [],
                 [],
             )
+            rel_vectors: list[tuple[Any, ...]] = []
             noise = rng.standard_normal((per_team, DIM)).astype(np.float32) * 0.045
             vecs = unit(centroids[topic_of] + noise)
             for i in range(per_team):
@@ -219,18 +255,25 @@ async def generate(
                     (team, ident, space, 1, "src", text, hashlib.sha256(text.encode()).digest())
                 )
                 lifecycle.append((team, space, ident, "active"))
+                subject, statement = "topic", f"Topic mentions {i}"
+                if related:
+                    subject = f"topic-{topic_of[i]}"
+                    statement = f"Topic {topic_of[i]} mentions " + " ".join(
+                        corpus.sample(rng, int(topic_of[i]), 5)
+                    )
+                    rel_vectors.append((team, space, f"rel-{i:06d}", 1, MODEL, DIM, vecs[i]))
                 rels.append(
                     (
                         team,
                         f"rel-{i:06d}",
                         space,
                         1,
-                        "topic",
+                        subject,
                         "mentions",
                         f"t{topic_of[i]}-{i}",
                         "analyst",
                         f"g-{i}",
-                        f"Topic mentions {i}",
+                        statement,
                     )
                 )
                 rel_events.append((team, space, f"rel-{i:06d}", "active"))
@@ -299,6 +342,20 @@ async def generate(
                         "embedding",
                     ],
                 )
+                if rel_vectors:
+                    await conn.copy_records_to_table(
+                        "relationship_embeddings",
+                        records=rel_vectors,
+                        columns=[
+                            "team_id",
+                            "space_id",
+                            "relationship_id",
+                            "projection_generation",
+                            "model",
+                            "dimensions",
+                            "embedding",
+                        ],
+                    )
             log(f"  {team}: {per_team} evidence in {time.perf_counter() - started:.1f} s")
         secret = tokens.new_secret()
         await conn.execute(
@@ -344,19 +401,49 @@ QUERY = """query($q: String!) { recallMemory(query: $q, limit: 10) {
   results { evidenceId rank context source { id } supportingRelationships { id } }
   degradations { code } } }"""
 
+EVIDENCE_ONLY = """query($q: String!) {
+  recallMemory(query: $q, limit: 10, relationshipLimit: 0, communityLimit: 0) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  degradations { code } } }"""
 
-def http_latency(port: int, token: str, queries: list[str], app: Any) -> dict[str, float]:
+FULL = """query($q: String!) { recallMemory(query: $q, limit: 10) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  relatedRelationships { representativeId equivalentIds representative { statement } }
+  relatedCommunities { id summary members { representativeId representative { statement } } }
+  degradations { code } } }"""
+
+
+async def build_snapshots(dsn: str, teams: list[str]) -> None:
+    from gateway.services.communities import build_communities
+    from gateway.store.database import Database
+
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    try:
+        for team in teams:
+            started = time.perf_counter()
+            report = await build_communities(db, team, max_nodes=50_000, max_edges=500_000)
+            log(
+                f"  communities of {team}: {report.status}, {report.communities} communities "
+                f"in {time.perf_counter() - started:.1f} s"
+            )
+    finally:
+        await db.close()
+
+
+def http_latency(
+    port: int, token: str, queries: list[str], app: Any, query: str = QUERY
+) -> dict[str, float]:
     counter = app.state.services.db.counter
     latencies, statements = [], []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         headers = {"Authorization": f"Bearer {token}"}
         for q in queries[:5]:  # warm-up: model, plans, caches
-            client.post("/graphql", json={"query": QUERY, "variables": {"q": q}}, headers=headers)
+            client.post("/graphql", json={"query": query, "variables": {"q": q}}, headers=headers)
         for q in queries:
             before = counter.count
             started = time.perf_counter()
             r = client.post(
-                "/graphql", json={"query": QUERY, "variables": {"q": q}}, headers=headers
+                "/graphql", json={"query": query, "variables": {"q": q}}, headers=headers
             )
             latencies.append((time.perf_counter() - started) * 1000)
             statements.append(counter.count - before)
@@ -503,6 +590,11 @@ def main() -> None:
     parser.add_argument(
         "--corpus", choices=("zipf", "tiny"), default="zipf", help="text generator (see above)"
     )
+    parser.add_argument(
+        "--related",
+        action="store_true",
+        help="relationship vectors and community snapshots; full vs evidence-only recall",
+    )
     args = parser.parse_args()
     corpus: Zipf | Tiny = (Zipf if args.corpus == "zipf" else Tiny)(
         np.random.default_rng(args.seed + 3)
@@ -511,15 +603,27 @@ def main() -> None:
         asyncio.run(prepare(dsn, migrate=True))
         log(f"generating {args.evidence} evidence across {args.teams} teams")
         started = time.perf_counter()
-        data = asyncio.run(generate(dsn, args.evidence, args.teams, args.seed, corpus))
+        data = asyncio.run(
+            generate(dsn, args.evidence, args.teams, args.seed, corpus, args.related)
+        )
         log(f"generated in {time.perf_counter() - started:.0f} s")
+        if args.related:
+            asyncio.run(build_snapshots(dsn, list(data["teams"])))
         rng = np.random.default_rng(args.seed + 2)
         queries = [
             corpus.query(rng, int(rng.integers(0, len(TOPICS)))) for _ in range(args.queries)
         ]
         server, app = serve(dsn, args.port)
         try:
-            figures = http_latency(args.port, data["token"], queries, app)
+            runs = (
+                {"full": FULL, "evidence-only": EVIDENCE_ONLY}
+                if args.related
+                else {"evidence": QUERY}
+            )
+            measured = {
+                name: http_latency(args.port, data["token"], queries, app, q)
+                for name, q in runs.items()
+            }
         finally:
             server.should_exit = True
         recall10 = asyncio.run(filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed))
@@ -534,10 +638,13 @@ def main() -> None:
         f"the commonest word of a space in {spread[2]:.0%}"
     )
     print(f"recallMemory over HTTP, {args.queries} queries, limit 10, sequential:")
-    print(f"  p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms")
-    print(f"  SQL statements per recall (median): {figures['statements']:.0f}")
+    for name, figures in measured.items():
+        print(
+            f"  {name:14} p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms   "
+            f"SQL statements per recall (median): {figures['statements']:.0f}"
+        )
     print(
-        "  of which, timed step by step (medians): query embedding "
+        "  evidence steps timed one by one (medians): query embedding "
         f"{stages['embedding']:.1f} ms, candidate statement (all lists) "
         f"{stages['candidates']:.1f} ms, hydration {stages['hydration']:.1f} ms"
     )

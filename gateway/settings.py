@@ -72,6 +72,19 @@ class Settings(BaseSettings):
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )
 
+    community_max_nodes: int = Field(
+        default=50_000,
+        ge=1,
+        le=10_000_000,
+        description="Above this many semantic groups a community run is stored as too_large.",
+    )
+    community_max_edges: int = Field(
+        default=500_000,
+        ge=1,
+        le=100_000_000,
+        description="Above this many graph edges a community run is stored as too_large.",
+    )
+
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with explicit overrides (used by the CLI's flags)."""

@@ -501,8 +501,10 @@ async def _insert_direct(
 ) -> None:
     """Evidence rows and their vectors written directly as the owner: fast, same triggers.
 
-    Inside the caller's transaction; the pool's 5 s statement timeout is lifted for
-    it, as inserting into an HNSW graph took longer than that on a busy machine."""
+    Called inside a transaction; the pool's statement timeout is lifted for it
+    because maintaining the HNSW index over thousands of rows can exceed it on a
+    busy machine (this is set-up, not the code under test).
+    """
     await conn.execute("SET LOCAL statement_timeout = 0")
     await conn.copy_records_to_table(
         "evidence",

@@ -8,7 +8,10 @@ from typing import Annotated
 import strawberry
 from strawberry.types import Info
 
+from gateway.schema import related
+from gateway.schema.conflicts import conflicts_of
 from gateway.schema.context import RequestContext
+from gateway.schema.hypotheses import hypotheses_of
 from gateway.schema.recall_types import (
     CandidateList,
     CandidateListState,
@@ -63,10 +66,10 @@ def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
             )
             for r in outcome.results
         ],
-        related_relationships=[],
-        related_communities=[],
-        related_hypotheses=[],
-        conflicts=[],
+        related_relationships=related.handles(outcome.related_relationships, view_key),
+        related_communities=related.communities(outcome.related_communities, view_key),
+        related_hypotheses=hypotheses_of(outcome.hypotheses),
+        conflicts=conflicts_of(outcome.conflicts, view_key),
         search_states=SearchStates(
             evidence=_state(outcome.search_states["evidence"]),
             relationships=_state(outcome.search_states["relationships"]),

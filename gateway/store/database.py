@@ -141,9 +141,17 @@ class Database:
             yield conn
 
     @asynccontextmanager
-    async def admin(self) -> AsyncIterator[Conn]:
-        """A transaction as the connecting (owner) role: loader and operator work."""
-        async with self.pool.acquire() as conn, conn.transaction():
+    async def admin(
+        self, *, isolation: str | None = None, readonly: bool = False
+    ) -> AsyncIterator[Conn]:
+        """A transaction as the connecting (owner) role: loader and operator work.
+
+        ``isolation="repeatable_read"`` gives one snapshot for several reads (the
+        community builder reads a graph and the counter it was built from)."""
+        async with (
+            self.pool.acquire() as conn,
+            conn.transaction(isolation=isolation, readonly=readonly),  # type: ignore[arg-type]
+        ):
             yield conn
 
 
