@@ -191,10 +191,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
 
 def _persisted(
     settings: Settings, limits: http_limits.Limits, db: Database
-) -> PersistedQueries | None:
-    """The persisted-query resolver of the configured mode (None when off)."""
-    if settings.persisted_queries == "off":
-        return None
+) -> PersistedQueries:
+    """The persisted-query resolver of the configured mode (``off`` refuses the extension)."""
     manifest = None
     if settings.persisted_queries == "allowlist":
         if settings.persisted_query_manifest is None:

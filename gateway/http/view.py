@@ -111,6 +111,12 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             )
         await response(scope, receive, send)
 
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        """Not for an APQ GET, which has ``extensions`` and no ``query``."""
+        if request.query_params.get("extensions") is not None:
+            return False
+        return super().should_render_graphql_ide(request)
+
     async def get_sub_response(self, request: Any) -> Response:
         sub = await super().get_sub_response(request)
         sub.media_type = getattr(request.state, "graphql_media", JSON)
