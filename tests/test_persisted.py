@@ -50,7 +50,7 @@ async def make_client(dsn: str) -> AsyncIterator[Any]:
 
 def fresh_document() -> str:
     # a unique alias makes a document no other test has registered
-    return "{ q%s: __typename }" % secrets.token_hex(6)
+    return "{ q" + secrets.token_hex(6) + ": __typename }"
 
 
 async def test_apq_register_then_run_by_hash_over_post_and_get(make_client) -> None:
