@@ -224,3 +224,11 @@ async def test_media_type_and_http_errors_are_graphql_shaped(make_client) -> Non
     )
     assert r.status_code == 400 and code(r) == "BAD_USER_INPUT"
     assert json.loads(r.text).get("data") is None
+
+
+async def test_empty_selection_set_is_invalid_not_a_crash(make_client) -> None:
+    # graphql-core parses it; strawberry's depth rule used to crash on it
+    client = await make_client()
+    r = await post(client, '{ recallMemory(query: "x") { } }')
+    assert code(r) == "GRAPHQL_VALIDATION_FAILED", r.text
+    assert "max()" not in r.text

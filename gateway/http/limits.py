@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from graphql import ASTValidationRule, DirectiveNode, GraphQLError, ValidationRule
+from graphql import (
+    ASTValidationRule,
+    DirectiveNode,
+    GraphQLError,
+    ValidationContext,
+    ValidationRule,
+)
 from graphql.validation import NoSchemaIntrospectionCustomRule
 from strawberry.extensions import (
     AddValidationRules,
@@ -117,9 +123,33 @@ def directive_rule(max_directives: int) -> type[ValidationRule]:
     return MaxDirectivesRule
 
 
+def depth_rule(max_depth: int) -> type[ASTValidationRule]:
+    """Strawberry's depth rule, guarded: on a document with an empty selection set
+    (which graphql-core 3.3 parses) its depth walk raises ``ValueError`` from
+    ``max()`` in its constructor, which would surface as an uncoded error with
+    Python's message. Such a document is refused as invalid instead."""
+    base = QueryDepthLimiter(max_depth=max_depth).validation_rules[0]
+
+    class GuardedDepthRule(base):  # type: ignore[misc, valid-type]
+        def __init__(self, context: ValidationContext) -> None:
+            try:
+                super().__init__(context)
+            except ValueError:
+                ValidationRule.__init__(self, context)
+                context.report_error(
+                    GraphQLError(
+                        "A selection set is empty.",
+                        extensions={"code": "GRAPHQL_VALIDATION_FAILED"},
+                    )
+                )
+
+    return GuardedDepthRule
+
+
 def validation_extensions(limits: Limits) -> Sequence[Callable[[], SchemaExtension]]:
     """Schema extension factories (a fresh instance per request, never a shared one)."""
     rules: list[type[ASTValidationRule]] = [
+        depth_rule(limits.max_depth),
         directive_rule(limits.max_directives),
         cost_rule(limits.max_cost),
     ]
@@ -127,7 +157,6 @@ def validation_extensions(limits: Limits) -> Sequence[Callable[[], SchemaExtensi
         rules.append(NoSchemaIntrospectionCustomRule)
     return [
         lambda: MaxTokensLimiter(max_token_count=limits.max_tokens),
-        lambda: QueryDepthLimiter(max_depth=limits.max_depth),
         lambda: MaxAliasesLimiter(max_alias_count=limits.max_aliases),
         lambda: AddValidationRules(rules),
     ]

@@ -21,6 +21,7 @@ import logging
 from typing import Any
 
 from cross_web import AsyncHTTPRequestAdapter, HTTPException
+from graphql import GraphQLError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -64,6 +65,17 @@ def _is_request_error(result: ExecutionResult) -> bool:
         and result.data is None
         and all(e.path is None for e in result.errors or ())
     )
+
+
+def _code_stray(error: dict[str, Any], raw: GraphQLError, request_id: str) -> None:
+    """Mask an error that no extension saw: strawberry turns an exception raised
+    outside the extensions' reach (in a validation rule's constructor, say) into
+    an error carrying the exception's own text. Like every unexpected error, it
+    becomes INTERNAL with the request ID, and the log has the stack trace."""
+    log.error("request %s failed", request_id, exc_info=raw.original_error)
+    error.clear()
+    error["message"] = "Internal server error"
+    error["extensions"] = {"code": "INTERNAL", "requestId": request_id}
 
 
 class GraphQLHTTPView(GraphQL[RequestContext, None]):
@@ -136,6 +148,10 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
 
     async def process_result(self, request: Any, result: ExecutionResult) -> GraphQLHTTPResponse:
         data = await super().process_result(request, result)
+        formatted: list[dict[str, Any]] = list(data.get("errors") or [])  # type: ignore[arg-type]
+        for error, raw in zip(formatted, result.errors or [], strict=False):
+            if "code" not in (error.get("extensions") or {}):
+                _code_stray(error, raw, getattr(request.state, "request_id", "?"))
         if _is_request_error(result) and request.state.graphql_media == GRAPHQL_RESPONSE_JSON:
             data.pop("data", None)
             sub: Response = request.state.sub_response
