@@ -41,10 +41,3 @@ def remaining_ms(default: int) -> int:
     if left is None:
         return default
     return max(1, min(default, int(left * 1000)))
-
-
-def check() -> None:
-    """Raise ``TimeoutError`` when the deadline has passed (before starting more work)."""
-    left = remaining()
-    if left is not None and left <= 0:
-        raise TimeoutError

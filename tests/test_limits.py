@@ -232,3 +232,15 @@ async def test_empty_selection_set_is_invalid_not_a_crash(make_client) -> None:
     r = await post(client, '{ recallMemory(query: "x") { } }')
     assert code(r) == "GRAPHQL_VALIDATION_FAILED", r.text
     assert "max()" not in r.text
+
+
+def test_media_type_negotiation() -> None:
+    from gateway.http.view import negotiate
+
+    assert negotiate(None) == "application/json"
+    assert negotiate("*/*") == "application/json"
+    assert negotiate(GRJ) == GRJ
+    assert negotiate(f"{GRJ}, application/json") == GRJ
+    assert negotiate(f"application/json, {GRJ};q=0.5") == "application/json"
+    assert negotiate(f"{GRJ};q=0, application/json") == "application/json"
+    assert negotiate(f"{GRJ};q=0.9") == GRJ

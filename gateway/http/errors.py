@@ -15,8 +15,13 @@ GRAPHQL_RESPONSE_JSON = "application/graphql-response+json"
 JSON = "application/json"
 
 
+REQUEST_ERROR = 0
+"""A ``RequestRejected`` status meaning "a GraphQL request error": 400 with
+``application/graphql-response+json``, 200 with ``application/json``."""
+
+
 class RequestRejected(Exception):
-    """Refuse the request with ``status`` and an error coded ``code``."""
+    """Refuse the request with ``status`` (or ``REQUEST_ERROR``) and an error coded ``code``."""
 
     def __init__(
         self, status: int, code: str, message: str, extra: dict[str, object] | None = None

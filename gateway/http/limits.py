@@ -27,6 +27,7 @@ from strawberry.extensions import (
     MaxTokensLimiter,
     QueryDepthLimiter,
     SchemaExtension,
+    ValidationCache,
 )
 
 from gateway.http.cost import cost_rule
@@ -123,6 +124,9 @@ def directive_rule(max_directives: int) -> type[ValidationRule]:
     return MaxDirectivesRule
 
 
+_CACHE_SIZE = 256
+
+
 def depth_rule(max_depth: int) -> type[ASTValidationRule]:
     """Strawberry's depth rule, guarded: on a document with an empty selection set
     (which graphql-core 3.3 parses) its depth walk raises ``ValueError`` from
@@ -159,4 +163,10 @@ def validation_extensions(limits: Limits) -> Sequence[Callable[[], SchemaExtensi
         lambda: MaxTokensLimiter(max_token_count=limits.max_tokens),
         lambda: MaxAliasesLimiter(max_alias_count=limits.max_aliases),
         lambda: AddValidationRules(rules),
+        # Validation dominates small requests; the cache is a bounded LRU keyed by
+        # the document and the rule classes, which are built once per process
+        # here, so a cached answer never depends on a request. (strawberry's
+        # ParserCache is left out: a syntax error raised from it escapes the
+        # extensions and would be masked as INTERNAL instead of coded.)
+        lambda: ValidationCache(maxsize=_CACHE_SIZE),
     ]

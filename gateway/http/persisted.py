@@ -31,7 +31,7 @@ from graphql import GraphQLError, parse
 from strawberry.http import GraphQLRequestData
 
 from gateway.errors import ConfigurationError
-from gateway.http.errors import RequestRejected
+from gateway.http.errors import REQUEST_ERROR, RequestRejected
 from gateway.store import persisted as store
 from gateway.store.database import Database
 
@@ -64,8 +64,7 @@ def load_manifest(path: Path) -> dict[str, str]:
 
 
 def _rejected(code: str, message: str) -> RequestRejected:
-    # status 0: "a request error", 200 or 400 by the negotiated media type (view.py)
-    return RequestRejected(0, code, message)
+    return RequestRejected(REQUEST_ERROR, code, message)
 
 
 class PersistedQueries:

@@ -34,6 +34,7 @@ from gateway.deadline import deadline
 from gateway.http.errors import (
     GRAPHQL_RESPONSE_JSON,
     JSON,
+    REQUEST_ERROR,
     RequestRejected,
     code_for,
     error_response,
@@ -46,14 +47,22 @@ log = logging.getLogger("gateway.http")
 
 
 def negotiate(accept: str | None) -> str:
-    """``application/graphql-response+json`` when the client accepts it, else JSON."""
+    """``application/graphql-response+json`` when the client accepts it (with a
+    quality not below JSON's), else ``application/json``."""
+    quality: dict[str, float] = {}
     for part in (accept or "").split(","):
-        media, _, params = part.strip().partition(";")
-        if media.strip().lower() != GRAPHQL_RESPONSE_JSON:
-            continue
-        quality = params.replace(" ", "").lower()
-        if "q=0" in quality and not any(f"q=0.{d}" in quality for d in "123456789"):
-            continue  # q=0 means "not acceptable"
+        media, *params = (p.strip() for p in part.split(";"))
+        q = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        quality[media.lower()] = max(q, quality.get(media.lower(), 0.0))
+    wanted = quality.get(GRAPHQL_RESPONSE_JSON, 0.0)
+    if wanted > 0 and wanted >= quality.get(JSON, 0.0):
         return GRAPHQL_RESPONSE_JSON
     return JSON
 
@@ -109,7 +118,9 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
                 exc.status_code, code_for(exc.status_code, exc.reason), exc.reason, media_type=media
             )
         except RequestRejected as exc:
-            status = exc.status or (400 if media == GRAPHQL_RESPONSE_JSON else 200)
+            status = exc.status
+            if status == REQUEST_ERROR:
+                status = 400 if media == GRAPHQL_RESPONSE_JSON else 200
             response = error_response(
                 status, exc.code, exc.message, media_type=media, extra=exc.extra
             )
