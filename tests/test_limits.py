@@ -102,6 +102,9 @@ def test_production_admits_one_maximal_recall_and_not_two() -> None:
     schema = build_schema()._schema
     one = maximal_recall(schema, arguments=MAX_ARGS)
     assert validate(schema, parse(one), [cost_rule(prod.max_cost)]) == []
+    # and fits the other production limits too
+    document = parse(one, max_tokens=prod.max_tokens)
+    assert validate(schema, document, [http_limits.depth_rule(prod.max_depth)]) == []
     body = one[1:-1]
     two = "{ a: " + body.strip() + " b: " + body.strip() + " }"
     errors = validate(schema, parse(two), [cost_rule(prod.max_cost)])
