@@ -17,15 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from strawberry.asgi import GraphQL
+from strawberry.schema.config import StrawberryConfig
 
 from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings import EmbeddingProvider, create_provider
-from gateway.errors import GatewayError, Unauthenticated
+from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
+from gateway.http import limits as http_limits
+from gateway.http.body import RequestBodyMiddleware
+from gateway.http.persisted import PersistedQueries, load_manifest
+from gateway.http.view import GraphQLHTTPView
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
@@ -76,7 +81,7 @@ class RequestIdMiddleware:
         await self.app(scope, receive, send_with_id)
 
 
-class GatewayGraphQL(GraphQL[RequestContext, None]):
+class GatewayGraphQL(GraphQLHTTPView):
     async def get_context(self, request: Any, response: Any) -> RequestContext:
         services: Services = request.app.state.services
         ctx = RequestContext(
@@ -89,7 +94,9 @@ class GatewayGraphQL(GraphQL[RequestContext, None]):
         if raw is not None:
             try:
                 ctx.principal = await authenticate(services.db, raw)
-            except Unauthenticated as exc:
+            except (Unauthenticated, DatabaseUnavailable) as exc:
+                # Raised by the first field that needs the caller: a database that
+                # is down answers DATABASE_UNAVAILABLE, not a 500.
                 ctx.auth_error = exc
         return ctx
 
@@ -152,6 +159,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 feedback,
                 MutationService(writes),
             )
+            graphql.persisted = _persisted(settings, limits, db)
             try:
                 yield
             finally:
@@ -161,7 +169,15 @@ def create_app(settings: Settings | None = None) -> Starlette:
             if embedded is not None:
                 embedded.stop()
 
-    graphql = GatewayGraphQL(build_schema(), graphql_ide="graphiql")
+    limits = http_limits.resolve(settings)
+    schema = build_schema(
+        extensions=http_limits.validation_extensions(limits),
+        hide_suggestions=not limits.introspection,
+        config=StrawberryConfig(
+            batching_config={"max_operations": limits.max_batch_size} if limits.batching else None
+        ),
+    )
+    graphql = GatewayGraphQL(schema, limits)
     app = Starlette(
         routes=[
             Route("/graphql", graphql, methods=["GET", "POST"]),
@@ -170,5 +186,36 @@ def create_app(settings: Settings | None = None) -> Starlette:
         ],
         lifespan=lifespan,
     )
+    app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
+    origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
+    if origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["x-request-id"],
+            max_age=600,
+        )
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def _persisted(
+    settings: Settings, limits: http_limits.Limits, db: Database
+) -> PersistedQueries:
+    """The persisted-query resolver of the configured mode (``off`` refuses the extension)."""
+    manifest = None
+    if settings.persisted_queries == "allowlist":
+        if settings.persisted_query_manifest is None:
+            raise ConfigurationError(
+                "RECALL_PERSISTED_QUERIES=allowlist needs RECALL_PERSISTED_QUERY_MANIFEST"
+            )
+        manifest = load_manifest(settings.persisted_query_manifest)
+    return PersistedQueries(
+        db,
+        settings.persisted_queries,
+        max_entries=settings.persisted_query_max_entries,
+        max_tokens=limits.max_tokens,
+        manifest=manifest,
+    )

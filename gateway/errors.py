@@ -84,3 +84,9 @@ class EmbeddingMismatch(GatewayError):
     """Vectors of a different model or dimension than the store holds: refused."""
 
     code = "EMBEDDING_MODEL_MISMATCH"
+
+
+class RequestTimeout(GatewayError):
+    """The request's deadline passed (``RECALL_REQUEST_TIMEOUT_MS``); its work was cancelled."""
+
+    code = "REQUEST_TIMEOUT"

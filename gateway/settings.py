@@ -90,6 +90,36 @@ class Settings(BaseSettings):
         le=100_000_000,
         description="Above this many graph edges a community run is stored as too_large.",
     )
+    # --- hardening (docs/security.md). `None` means "the profile's default":
+    # gateway/http/limits.py holds the development and production values.
+    env: Literal["development", "production"] = Field(
+        default="development",
+        description="Profile: `production` turns introspection, GraphiQL and field "
+        "suggestions off and uses the strict limits.",
+    )
+    introspection: bool | None = Field(default=None, description="Allow introspection.")
+    graphiql: bool | None = Field(default=None, description="Serve GraphiQL on GET /graphql.")
+    cors_origins: str = Field(
+        default="", description="Comma-separated origins allowed by CORS; empty: no CORS."
+    )
+    max_depth: int | None = Field(default=None, ge=1, le=100)
+    max_aliases: int | None = Field(default=None, ge=0, le=1000)
+    max_tokens: int | None = Field(default=None, ge=10, le=1_000_000)
+    max_directives: int | None = Field(default=None, ge=0, le=1000)
+    max_cost: int | None = Field(default=None, ge=1, le=10_000_000)
+    max_body_bytes: int | None = Field(default=None, ge=1024, le=100_000_000)
+    batching: bool = Field(default=False, description="Accept a JSON array of operations.")
+    max_batch_size: int = Field(default=5, ge=1, le=100)
+    request_timeout_ms: int | None = Field(default=None, ge=100, le=600_000)
+    persisted_queries: Literal["off", "apq", "allowlist"] = Field(
+        default="apq",
+        description="`apq`: Automatic Persisted Queries; `allowlist`: only operations of "
+        "the manifest run; `off`: neither.",
+    )
+    persisted_query_manifest: Path | None = Field(
+        default=None, description="JSON object {sha256: document} for `allowlist` mode."
+    )
+    persisted_query_max_entries: int = Field(default=10_000, ge=10, le=10_000_000)
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -9,6 +9,7 @@ is logged with its stack trace under that ID.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 
 from graphql.error import GraphQLError, GraphQLSyntaxError
@@ -18,14 +19,36 @@ from gateway.errors import GatewayError
 
 log = logging.getLogger("gateway.errors")
 
+# Errors that graphql-core and strawberry's limiters raise without a code, told
+# apart by their (library-owned) messages; tests/test_limits.py pins each one.
+_LIBRARY_CODES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"Document contains more than \d+ tokens"), "TOO_MANY_TOKENS"),
+    (re.compile(r"exceeds maximum operation depth of \d+"), "QUERY_TOO_DEEP"),
+    (re.compile(r"^\d+ aliases found\. Allowed: \d+"), "TOO_MANY_ALIASES"),
+    (re.compile(r"^GraphQL introspection has been disabled"), "INTROSPECTION_DISABLED"),
+    (re.compile(r"^Variable '\$[^']+' (has invalid value|got invalid value|of required type|of non-null type)"),
+     "BAD_USER_INPUT"),
+)
+_SUGGESTION = re.compile(r"\s*Did you mean .*$", re.DOTALL)
 
-def _coded(error: GraphQLError, code: str, extra: dict[str, object] | None = None) -> GraphQLError:
+
+def _coded(
+    error: GraphQLError,
+    code: str,
+    extra: dict[str, object] | None = None,
+    *,
+    hide_suggestions: bool = False,
+) -> GraphQLError:
     extensions = dict(error.extensions or {})
     extensions["code"] = code
     if extra:
         extensions.update(extra)
+    message = error.message
+    if hide_suggestions:
+        # With introspection off, "Did you mean ...?" would hand out the schema.
+        message = _SUGGESTION.sub("", message)
     return GraphQLError(
-        message=error.message,
+        message=message,
         nodes=error.nodes,
         source=error.source,
         positions=error.positions,
@@ -36,6 +59,11 @@ def _coded(error: GraphQLError, code: str, extra: dict[str, object] | None = Non
 
 
 class ErrorCodes(SchemaExtension):
+    """Give every error its code; ``hide_suggestions`` drops "Did you mean" hints."""
+
+    def __init__(self, *, hide_suggestions: bool = False) -> None:
+        self.hide_suggestions = hide_suggestions
+
     def on_operation(self) -> Iterator[None]:
         yield
         result = self.execution_context.result
@@ -43,10 +71,12 @@ class ErrorCodes(SchemaExtension):
             return
         ctx = self.execution_context.context
         request_id = getattr(ctx, "request_id", None)
-        result.errors = [self._code(e, request_id) for e in result.errors]
+        result.errors = [self._code(e, request_id, self.hide_suggestions) for e in result.errors]
 
     @staticmethod
-    def _code(error: GraphQLError, request_id: str | None) -> GraphQLError:
+    def _code(
+        error: GraphQLError, request_id: str | None, hide_suggestions: bool = False
+    ) -> GraphQLError:
         original = error.original_error
         if isinstance(original, GatewayError):
             extra: dict[str, object] = {}
@@ -54,12 +84,22 @@ class ErrorCodes(SchemaExtension):
             if field:
                 extra["field"] = field
             return _coded(error, original.code, extra)
-        if original is None:
+        # Without a path, an error comes before execution: the document or the
+        # variables (a scalar's parser refusing a variable is wrapped with its
+        # original error). Those are the caller's input, never a server fault.
+        if original is None or error.path is None:
+            hide = hide_suggestions
+            given = (error.extensions or {}).get("code")
+            if isinstance(given, str):
+                return _coded(error, given, hide_suggestions=hide)  # our own rules
+            for pattern, code in _LIBRARY_CODES:
+                if pattern.search(error.message):
+                    return _coded(error, code, hide_suggestions=hide)
             if isinstance(error, GraphQLSyntaxError):
-                return _coded(error, "GRAPHQL_PARSE_FAILED")
+                return _coded(error, "GRAPHQL_PARSE_FAILED", hide_suggestions=hide)
             if error.path is None:
-                return _coded(error, "GRAPHQL_VALIDATION_FAILED")
-            return _coded(error, "BAD_USER_INPUT")
+                return _coded(error, "GRAPHQL_VALIDATION_FAILED", hide_suggestions=hide)
+            return _coded(error, "BAD_USER_INPUT", hide_suggestions=hide)
         log.error("request %s failed", request_id, exc_info=original)
         masked = GraphQLError(
             message="Internal server error",

@@ -15,7 +15,8 @@ from uuid import UUID
 import asyncpg
 from pgvector.asyncpg import register_vector
 
-from gateway.errors import ConfigurationError, DatabaseUnavailable
+from gateway import deadline
+from gateway.errors import ConfigurationError, DatabaseUnavailable, RequestTimeout
 from gateway.store import migrations
 from gateway.store.connection import Conn
 
@@ -23,8 +24,32 @@ APP_ROLE = "recall_app"
 
 _ENTER_TENANT = (
     "SELECT set_config('role', $1, true), set_config('recall.team_id', $2, true), "
-    "set_config('recall.space_ids', $3, true), set_config('lock_timeout', $4, true)"
+    "set_config('recall.space_ids', $3, true), set_config('lock_timeout', $4, true), "
+    "set_config('statement_timeout', $5, true)"
 )
+
+# What asyncpg and the socket raise when the server is away, restarting or
+# refusing connections. Such failures become DATABASE_UNAVAILABLE, fast,
+# instead of an INTERNAL error or a hang; the pool reconnects by itself later.
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.TooManyConnectionsError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+)
+
+
+def translate(exc: BaseException) -> BaseException:
+    """The gateway error for a driver failure, or ``exc`` itself when it is another kind."""
+    if isinstance(exc, asyncpg.QueryCanceledError):
+        # statement_timeout, set from the request's deadline.
+        return RequestTimeout("the request took longer than its deadline")
+    if isinstance(exc, _UNAVAILABLE):
+        return DatabaseUnavailable("the database is unavailable; retry later")
+    return exc
 
 
 def _space_literal(space_ids: Sequence[UUID]) -> str:
@@ -89,9 +114,15 @@ async def prepare(dsn: str, *, migrate: bool) -> list[migrations.Migration]:
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
-    def __init__(self, pool: asyncpg.Pool, counter: StatementCounter | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        counter: StatementCounter | None = None,
+        statement_timeout_ms: int = 5000,
+    ) -> None:
         self.pool = pool
         self.counter = counter or StatementCounter()
+        self.statement_timeout_ms = statement_timeout_ms
         # A read waits at most this long for a lock (a migration, a reindex)
         # before failing, so that an optional branch degrades instead of hanging.
         self.lock_timeout = "2s"
@@ -124,10 +155,27 @@ class Database:
             )
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
-        return cls(pool, counter)
+        return cls(pool, counter, statement_timeout_ms)
 
     async def close(self) -> None:
         await self.pool.close()
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Conn]:
+        """A pooled connection, waited for within the request's deadline (a full pool
+        queues the request instead of failing it); driver failures are translated."""
+        try:
+            async with self.pool.acquire(timeout=deadline.remaining()) as conn:
+                yield conn
+        except TimeoutError as exc:  # before OSError: TimeoutError is one
+            if deadline.remaining() is None:
+                raise DatabaseUnavailable("the database did not answer in time") from exc
+            raise RequestTimeout("the request took longer than its deadline") from exc
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            translated = translate(exc)
+            if translated is exc:
+                raise
+            raise translated from exc
 
     @asynccontextmanager
     async def tenant(
@@ -138,16 +186,19 @@ class Database:
         readonly: bool = True,
         lock_timeout: str | None = None,
     ) -> AsyncIterator[Conn]:
-        """A transaction confined by row-level security to one team's spaces.
+        """A transaction confined by row-level security to one team's spaces; its
+        statements are bounded by what is left of the request's deadline.
         ``lock_timeout`` overrides the reads' short default ('0': only the statement
         timeout bounds a wait, as for the loader)."""
-        async with self.pool.acquire() as conn, conn.transaction(readonly=readonly):
+        budget = str(deadline.remaining_ms(self.statement_timeout_ms))
+        async with self.acquire() as conn, conn.transaction(readonly=readonly):
             await conn.execute(
                 _ENTER_TENANT,
                 APP_ROLE,
                 team_id,
                 _space_literal(space_ids),
                 self.lock_timeout if lock_timeout is None else lock_timeout,
+                budget,
             )
             yield conn
 
@@ -160,7 +211,7 @@ class Database:
         ``isolation="repeatable_read"`` gives one snapshot for several reads (the
         community builder reads a graph and the counter it was built from)."""
         async with (
-            self.pool.acquire() as conn,
+            self.acquire() as conn,
             conn.transaction(isolation=isolation, readonly=readonly),  # type: ignore[arg-type]
         ):
             yield conn

@@ -1,0 +1,162 @@
+"""Persisted queries: Automatic Persisted Queries and an allow-list mode.
+
+APQ (the protocol of Apollo clients): a request may carry
+``extensions.persistedQuery = {"version": 1, "sha256Hash": H}``. With the
+document, the gateway checks that H is its SHA-256 and keeps it; without it,
+the gateway runs the document it kept under H, or answers
+``PERSISTED_QUERY_NOT_FOUND`` so that the client sends it again with the
+document. Works over GET too, so that a CDN can cache by URL.
+
+The store is the ``persisted_queries`` table, so every worker and every
+replica shares it, bounded to ``RECALL_PERSISTED_QUERY_MAX_ENTRIES`` (least
+recently used out), with a small per-process cache in front.
+
+Allow-list mode runs only the operations of a manifest (a JSON object
+``{sha256: document}`` built from the clients' code), by hash or by document:
+anything else is ``PERSISTED_QUERY_NOT_ALLOWED``, so an attacker cannot send
+an operation of their own at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import OrderedDict
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from graphql import GraphQLError, parse
+from strawberry.http import GraphQLRequestData
+
+from gateway.errors import ConfigurationError
+from gateway.http.errors import REQUEST_ERROR, RequestRejected
+from gateway.store import persisted as store
+from gateway.store.database import Database
+
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+_LOCAL_CACHE = 1000
+
+Mode = Literal["off", "apq", "allowlist"]
+
+
+def sha256(document: str) -> str:
+    return hashlib.sha256(document.encode()).hexdigest()
+
+
+def load_manifest(path: Path) -> dict[str, str]:
+    """The allow-list: every key must be the SHA-256 of its document."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigurationError(f"cannot read the persisted query manifest: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigurationError("the persisted query manifest must be a JSON object")
+    manifest: dict[str, str] = {}
+    for key, document in raw.items():
+        if not isinstance(document, str) or sha256(document) != key:
+            raise ConfigurationError(
+                f"manifest entry {key[:16]}... is not the SHA-256 of its document"
+            )
+        manifest[key] = document
+    return manifest
+
+
+def _rejected(code: str, message: str) -> RequestRejected:
+    return RequestRejected(REQUEST_ERROR, code, message)
+
+
+class PersistedQueries:
+    """Resolves the document of a request under the configured mode."""
+
+    def __init__(
+        self,
+        db: Database,
+        mode: Mode,
+        *,
+        max_entries: int,
+        max_tokens: int,
+        manifest: dict[str, str] | None = None,
+    ) -> None:
+        if mode == "allowlist" and manifest is None:
+            raise ConfigurationError(
+                "RECALL_PERSISTED_QUERIES=allowlist needs RECALL_PERSISTED_QUERY_MANIFEST"
+            )
+        self.db = db
+        self.mode = mode
+        self.max_entries = max_entries
+        self.max_tokens = max_tokens
+        self.manifest = manifest or {}
+        self._cache: OrderedDict[str, str] = OrderedDict()
+
+    def _remember(self, key: str, document: str) -> None:
+        self._cache[key] = document
+        self._cache.move_to_end(key)
+        while len(self._cache) > _LOCAL_CACHE:
+            self._cache.popitem(last=False)
+
+    @staticmethod
+    def _hash_of(request: GraphQLRequestData) -> str | None:
+        extension = (request.extensions or {}).get("persistedQuery")
+        if extension is None:
+            return None
+        if not isinstance(extension, dict) or extension.get("version") != 1:
+            raise _rejected("PERSISTED_QUERY_INVALID", "persistedQuery must have version 1")
+        given = extension.get("sha256Hash")
+        if not isinstance(given, str) or not _HASH.match(given):
+            raise _rejected("PERSISTED_QUERY_INVALID", "sha256Hash must be 64 lowercase hex digits")
+        return given
+
+    async def resolve(self, request: GraphQLRequestData) -> GraphQLRequestData:
+        """The request with its document filled in, or a ``RequestRejected``."""
+        wanted = self._hash_of(request)
+        if self.mode == "off":
+            if wanted is not None:
+                raise _rejected("PERSISTED_QUERY_NOT_SUPPORTED", "PersistedQueryNotSupported")
+            return request
+        if self.mode == "allowlist":
+            return self._allowed(request, wanted)
+        if wanted is None:
+            return request
+        if request.query is not None:
+            if sha256(request.query) != wanted:
+                raise _rejected(
+                    "PERSISTED_QUERY_HASH_MISMATCH", "sha256Hash is not the hash of the query"
+                )
+            if wanted not in self._cache and self._parses(request.query):
+                async with self.db.admin() as conn:
+                    await store.put(conn, wanted, request.query, max_entries=self.max_entries)
+                self._remember(wanted, request.query)
+            return request
+        document = self._cache.get(wanted)
+        if document is None:
+            async with self.db.admin() as conn:
+                document = await store.get(conn, wanted)
+            if document is None:
+                raise _rejected("PERSISTED_QUERY_NOT_FOUND", "PersistedQueryNotFound")
+            self._remember(wanted, document)
+        return replace(request, query=document)
+
+    def _allowed(self, request: GraphQLRequestData, wanted: str | None) -> GraphQLRequestData:
+        key = (
+            wanted
+            if wanted is not None
+            else (sha256(request.query) if request.query is not None else None)
+        )
+        if key is None:
+            return request  # no document at all: the view's "missing query" error
+        document = self.manifest.get(key)
+        if document is None or (request.query is not None and request.query != document):
+            raise RequestRejected(
+                403, "PERSISTED_QUERY_NOT_ALLOWED", "only registered operations may run"
+            )
+        return replace(request, query=document)
+
+    def _parses(self, document: str) -> bool:
+        """Keep only documents that parse: junk never takes a slot of the store."""
+        try:
+            parse(document, max_tokens=self.max_tokens)
+        except GraphQLError:
+            return False
+        return True

@@ -1,0 +1,44 @@
+"""Unexpected failures are masked, logged, and findable by the request ID."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_recall import app_for, token
+
+
+async def test_unexpected_error_is_masked_and_logged_with_the_request_id(
+    dsn: str, writes, caplog: pytest.LogCaptureFixture
+) -> None:
+    team = unique("mask")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+    app = app_for(dsn)
+    async with app.router.lifespan_context(app):
+
+        async def broken(*_args: Any, **_kwargs: Any) -> Any:
+            raise RuntimeError("SELECT * FROM evidence WHERE team_id = 'internal-7f3a'")
+
+        app.state.services.recall.recall = broken
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            with caplog.at_level(logging.ERROR, logger="gateway"):
+                r = await client.post(
+                    "/graphql",
+                    json={"query": '{ recallMemory(query: "billing") { recallId } }'},
+                    headers={"Authorization": f"Bearer {tok}", "X-Request-ID": "req-12345678"},
+                )
+    assert r.headers["x-request-id"] == "req-12345678"
+    error = r.json()["errors"][0]
+    assert error["message"] == "Internal server error"
+    assert error["extensions"] == {"code": "INTERNAL", "requestId": "req-12345678"}
+    assert "SELECT" not in r.text and "internal-7f3a" not in r.text and "Traceback" not in r.text
+    logged = [rec for rec in caplog.records if "req-12345678" in rec.getMessage()]
+    assert logged and logged[0].exc_info is not None
+    assert "internal-7f3a" in str(logged[0].exc_info[1])
