@@ -18,8 +18,8 @@ written directly as the owner role (COPY into sources, evidence and
 embeddings), not through the loader; the store's own triggers still fill the
 postings and the search statistics, so the numbers measure the real read path.
 
-    python benchmarks/fulltext_quality.py                 # ../shared/data/scifact
-    python benchmarks/fulltext_quality.py PATH --dense    # another dataset, with vectors
+    python benchmarks/fulltext_quality.py PATH            # BEIR-layout folder, e.g. SciFact
+    python benchmarks/fulltext_quality.py PATH --dense    # also the vector list and RRF
 
 The database: ``--database-url`` (or ``DATABASE_URL``) names a server on which
 a scratch database is created and dropped afterwards; without either, an
@@ -30,22 +30,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import csv
 import hashlib
-import json
-import math
 import os
-import secrets
-import statistics
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import numpy as np
@@ -54,110 +45,23 @@ from pgvector.asyncpg import register_vector
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from gateway.embedded import EmbeddedPostgres  # noqa: E402
+from beir_eval import (  # noqa: E402
+    RRF_K,
+    Dataset,
+    Scores,
+    check_folder,
+    latency_line,
+    read_dataset,
+    rrf,
+    scratch_database,
+    server,
+)
+
 from gateway.embeddings import LocalEmbeddingProvider  # noqa: E402
-from gateway.store.database import Database, prepare  # noqa: E402
+from gateway.store.database import Database  # noqa: E402
 from gateway.store.search import BranchSearch, CandidateQuery, evidence_candidates  # noqa: E402
 
 TEAM = "bench"
-RRF_K = 60
-CUTOFF = 10
-MAX_CONTENT = 20_000  # evidence.content's limit (db/0001_memory_model.sql)
-
-
-@dataclass(frozen=True)
-class Dataset:
-    corpus: list[tuple[str, str]]  # (id, title + text)
-    queries: dict[str, str]  # id -> text, only those judged in the split
-    qrels: dict[str, dict[str, int]]  # query id -> doc id -> relevance
-
-
-def read_dataset(folder: Path, split: str) -> Dataset:
-    corpus: list[tuple[str, str]] = []
-    with (folder / "corpus.jsonl").open(encoding="utf-8") as f:
-        for line in f:
-            doc = json.loads(line)
-            text = f"{doc.get('title', '')} {doc.get('text', '')}".strip()
-            if text:
-                corpus.append((str(doc["_id"]), text[:MAX_CONTENT]))
-    qrels: dict[str, dict[str, int]] = {}
-    with (folder / "qrels" / f"{split}.tsv").open(encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t")
-        next(reader)  # header: query-id, corpus-id, score
-        for qid, did, score in reader:
-            qrels.setdefault(qid, {})[did] = int(score)
-    queries: dict[str, str] = {}
-    with (folder / "queries.jsonl").open(encoding="utf-8") as f:
-        for line in f:
-            q = json.loads(line)
-            if str(q["_id"]) in qrels:
-                queries[str(q["_id"])] = q["text"]
-    return Dataset(corpus, queries, qrels)
-
-
-# --- metrics ------------------------------------------------------------------------
-
-
-def ndcg_at(ranked: Sequence[str], judged: dict[str, int], k: int = CUTOFF) -> float:
-    """nDCG@k with gain = relevance and log2 discounts (as pytrec_eval / BEIR)."""
-    dcg = sum(judged.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:k]))
-    ideal = sorted(judged.values(), reverse=True)[:k]
-    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
-    return dcg / idcg if idcg > 0 else 0.0
-
-
-def recall_at(ranked: Sequence[str], judged: dict[str, int], k: int = CUTOFF) -> float:
-    relevant = {d for d, g in judged.items() if g > 0}
-    return len(relevant & set(ranked[:k])) / len(relevant) if relevant else 0.0
-
-
-def rrf(lists: Sequence[Sequence[str]], k: int = RRF_K) -> list[str]:
-    scores: dict[str, float] = {}
-    for ranked in lists:
-        for rank, d in enumerate(ranked, start=1):
-            scores[d] = scores.get(d, 0.0) + 1.0 / (k + rank)
-    return sorted(scores, key=lambda d: (-scores[d], d))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
-# --- database -----------------------------------------------------------------------
-
-
-def _with_database(dsn: str, name: str) -> str:
-    return urlunsplit(urlsplit(dsn)._replace(path="/" + name))
-
-
-@contextlib.contextmanager
-def server(url: str | None) -> Iterator[str]:
-    """An admin DSN: the given server, or an embedded one in a temporary folder."""
-    if url:
-        yield url
-        return
-    with tempfile.TemporaryDirectory(prefix="recall-bench-") as tmp:
-        pg = EmbeddedPostgres(Path(tmp) / "pg", database="postgres")
-        pg.install_signal_handlers()
-        with pg:
-            yield pg.dsn
-
-
-@contextlib.asynccontextmanager
-async def scratch_database(admin_dsn: str) -> AsyncIterator[str]:
-    name = "recall_bench_" + secrets.token_hex(4)
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            dsn = _with_database(admin_dsn, name)
-            await prepare(dsn, migrate=True)
-            yield dsn
-        finally:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.close()
 
 
 async def load_corpus(
@@ -226,23 +130,6 @@ async def load_corpus(
 # --- the run ------------------------------------------------------------------------
 
 
-@dataclass
-class ListScores:
-    ndcg: list[float]
-    recall: list[float]
-
-    def line(self, name: str) -> str:
-        return (
-            f"{name:<22} nDCG@{CUTOFF} {statistics.fmean(self.ndcg):.3f}   "
-            f"recall@{CUTOFF} {statistics.fmean(self.recall):.3f}"
-        )
-
-
-def _latency(name: str, seconds: Sequence[float]) -> str:
-    ms = [s * 1000 for s in seconds]
-    return f"{name:<22} median {statistics.median(ms):6.2f} ms   p95 {percentile(ms, 0.95):6.2f} ms"
-
-
 async def run(args: argparse.Namespace) -> None:
     data = read_dataset(args.dataset, args.split)
     print(
@@ -306,9 +193,9 @@ async def evaluate(
     for _ in range(3):
         await call(first, None if query_vectors is None else query_vectors[0])
 
-    fulltext = ListScores([], [])
-    dense = ListScores([], [])
-    fused = ListScores([], [])
+    fulltext = Scores.empty()
+    dense = Scores.empty()
+    fused = Scores.empty()
     t_fulltext: list[float] = []
     t_vector: list[float] = []
     t_both: list[float] = []
@@ -316,19 +203,16 @@ async def evaluate(
         judged = data.qrels[qid]
         lists, elapsed = await call(text, None)
         t_fulltext.append(elapsed)
-        fulltext.ndcg.append(ndcg_at(lists["fulltext"], judged))
-        fulltext.recall.append(recall_at(lists["fulltext"], judged))
+        fulltext.add(lists["fulltext"], judged)
         if query_vectors is not None:
             vector = query_vectors[i]
             lists_v, elapsed = await call(None, vector)
             t_vector.append(elapsed)
-            dense.ndcg.append(ndcg_at(lists_v["vector"], judged))
-            dense.recall.append(recall_at(lists_v["vector"], judged))
+            dense.add(lists_v["vector"], judged)
             both, elapsed = await call(text, vector)
             t_both.append(elapsed)
             ranked = rrf([both["fulltext"], both["vector"]])
-            fused.ndcg.append(ndcg_at(ranked, judged))
-            fused.recall.append(recall_at(ranked, judged))
+            fused.add(ranked, judged)
 
     print()
     print(fulltext.line("fulltext (BM25)"))
@@ -337,21 +221,15 @@ async def evaluate(
         print(fused.line(f"RRF k={RRF_K} (both)"))
     print()
     print(f"candidate call latency, per_list={per_list}, one branch:")
-    print(_latency("fulltext only", t_fulltext))
+    print(latency_line("fulltext only", t_fulltext))
     if query_vectors is not None:
-        print(_latency("vector only", t_vector))
-        print(_latency("fulltext + vector", t_both))
+        print(latency_line("vector only", t_vector))
+        print(latency_line("fulltext + vector", t_both))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "dataset",
-        nargs="?",
-        type=Path,
-        default=REPO.parent / "shared" / "data" / "scifact",
-        help="BEIR-layout folder (default: ../shared/data/scifact from the repository root)",
-    )
+    parser.add_argument("dataset", type=Path, help="BEIR-layout folder (read, never copied)")
     parser.add_argument("--split", default="test", help="qrels split to score (default: test)")
     parser.add_argument("--dense", action="store_true", help="also embed and score vectors")
     parser.add_argument("--per-list", type=int, default=100, help="candidates per list")
@@ -359,8 +237,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--database-url", help="server to create a scratch database on (default: embedded)"
     )
     args = parser.parse_args(argv)
-    if not (args.dataset / "corpus.jsonl").is_file():
-        parser.error(f"no corpus.jsonl in {args.dataset}")
+    problem = check_folder(args.dataset, args.split)
+    if problem:
+        parser.error(problem)
     asyncio.run(run(args))
 
 

@@ -1,18 +1,39 @@
 """Recall benchmark: generate a multi-team dataset, then measure recallMemory over HTTP.
 
     python benchmarks/recall_bench.py --evidence 100000 --teams 10 --queries 200
+    python benchmarks/recall_bench.py --evidence 5000 --teams 5 --related
+
+With ``--related`` the relationships get statements from the topic vocabulary,
+a subject entity per topic, vectors in an active projection generation, and
+community snapshots are built; the run then measures a full recall (every
+frontier on, with related relationships and communities selected) next to an
+evidence-only recall (relationshipLimit 0, communityLimit 0) on the same data.
 
 Prints, from one run: p50 and p95 latency of recallMemory over HTTP on
 loopback, SQL statements per recall, and the vector list's recall@10 against
 an exact search under the team/space filter.
 
 The dataset is written straight into the tables with COPY (the loader's
-embedding step would take ~6 minutes per 100k texts here). Texts are built
-from per-topic vocabularies; vectors are synthetic: every team draws its
-evidence from the *same* topic centroids, so other teams' vectors crowd each
-team's neighbourhood, the case that plain HNSW + WHERE gets wrong. Recall over
-HTTP embeds the query with the real model, so its latency is real; the
-filtered-recall figure uses synthetic query vectors near the centroids.
+embedding step would take ~6 minutes per 100k texts here). Vectors are
+synthetic: every team draws its evidence from the *same* topic centroids, so
+other teams' vectors crowd each team's neighbourhood, the case that plain
+HNSW + WHERE gets wrong. Recall over HTTP embeds the query with the real
+model, so its latency is real; the filtered-recall figure uses synthetic query
+vectors near the centroids.
+
+Texts (``--corpus``):
+
+- ``zipf`` (default): word frequencies shaped like real text, fitted to
+  SciFact. A vocabulary of 3,000 made-up words with Zipf-Mandelbrot
+  frequencies (exponent 1, offset 8: the offset stands for the stop words
+  that ``to_tsvector`` drops), and per topic 300 words with their own Zipf
+  law (offset 3); a text of 10 to 80 words takes 30% of them from its topic, a
+  query of 4 to 10 words likewise. Then a query lexeme is in 2.9% of a space
+  (median; mean 7.5%) and the commonest lexeme in 47%, as in SciFact (median
+  3.2%, mean 7.6%, commonest 49%, the test claims against the corpus, with
+  the same English configuration).
+- ``tiny``: the previous generator, kept as a worst case: 8 words per topic,
+  so every query lexeme is in about 11% of a space and 4 of them make a query.
 
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
@@ -81,11 +102,76 @@ def database() -> Iterator[str]:
             server.stop()
 
 
+VOCABULARY = 3_000
+VOCABULARY_OFFSET = 8
+TOPIC_WORDS = 300
+TOPIC_OFFSET = 3
+TOPIC_SHARE = 0.3
+
+
+class Zipf:
+    """Texts and queries with Zipf-distributed made-up words (see the module doc)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+        words: set[str] = set()
+        while len(words) < VOCABULARY:
+            n = int(rng.integers(2, 5))
+            words.add("".join(rng.choice(syllables, size=n).tolist()))
+        self.words = np.array(sorted(words))
+        rng.shuffle(self.words)
+        ranks = np.arange(VOCABULARY, dtype=np.float64)
+        self.global_cdf = np.cumsum(1.0 / (ranks + VOCABULARY_OFFSET))
+        self.global_cdf /= self.global_cdf[-1]
+        self.topic_words = [rng.choice(VOCABULARY, size=TOPIC_WORDS, replace=False) for _ in TOPICS]
+        topic_ranks = np.arange(TOPIC_WORDS, dtype=np.float64)
+        self.topic_cdf = np.cumsum(1.0 / (topic_ranks + TOPIC_OFFSET))
+        self.topic_cdf /= self.topic_cdf[-1]
+
+    def _draw(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
+        from_topic = rng.random(n) < TOPIC_SHARE
+        local = self.topic_words[topic][np.searchsorted(self.topic_cdf, rng.random(n))]
+        general = np.searchsorted(self.global_cdf, rng.random(n))
+        return self.words[np.where(from_topic, local, general)].tolist()
+
+    def sample(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
+        return self._draw(rng, topic, n)
+
+    def text(self, rng: np.random.Generator, topic: int) -> str:
+        return " ".join(self._draw(rng, topic, int(rng.integers(10, 81))))
+
+    def query(self, rng: np.random.Generator, topic: int) -> str:
+        return " ".join(self._draw(rng, topic, int(rng.integers(4, 11))))
+
+
+class Tiny:
+    """The earlier worst case: 8 words per topic (see the module doc)."""
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self.words = [t.split() for t in TOPICS]
+
+    def sample(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
+        return list(rng.choice(self.words[topic], size=n).tolist())
+
+    def text(self, rng: np.random.Generator, topic: int) -> str:
+        return " ".join(self.sample(rng, topic, int(rng.integers(8, 30))))
+
+    def query(self, rng: np.random.Generator, topic: int) -> str:
+        return " ".join(rng.choice(self.words[topic], size=4).tolist())
+
+
 def unit(v: np.ndarray) -> np.ndarray:
     return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
 
 
-async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[str, Any]:
+async def generate(
+    dsn: str,
+    n_evidence: int,
+    n_teams: int,
+    seed: int,
+    corpus: Zipf | Tiny,
+    related: bool = False,
+) -> dict[str, Any]:
     """Write the dataset; returns the team names, their shared spaces and the centroids."""
     rng = np.random.default_rng(seed)
     centroids = unit(rng.standard_normal((len(TOPICS), DIM)))
@@ -131,8 +217,24 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
                 team,
                 space,
             )
+            if related:
+                await conn.execute(
+                    "INSERT INTO relationship_projections "
+                    "(team_id, generation, model, status, activated_at) "
+                    "VALUES ($1, 1, $2, 'active', now())",
+                    team,
+                    MODEL,
+                )
+                for k in range(len(TOPICS)):
+                    await conn.execute(
+                        "INSERT INTO entities (team_id, id, space_id, generation, name, kind) "
+                        "VALUES ($1, $2, $3, 1, $4, 'concept')",
+                        team,
+                        f"topic-{k}",
+                        space,
+                        f"Topic {k}",
+                    )
             topic_of = rng.integers(0, len(TOPICS), size=per_team)
-            words = [t.split() for t in TOPICS]
             evidence, lifecycle, rels, rel_events, supports, decisions, vectors = (
                 [],
                 [],
@@ -142,29 +244,36 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
                 [],
                 [],
             )
+            rel_vectors: list[tuple[Any, ...]] = []
             noise = rng.standard_normal((per_team, DIM)).astype(np.float32) * 0.045
             vecs = unit(centroids[topic_of] + noise)
             for i in range(per_team):
                 ident = f"ev-{i:06d}"
-                vocab = words[topic_of[i]]
-                body = " ".join(rng.choice(vocab, size=int(rng.integers(8, 30))).tolist())
+                body = corpus.text(rng, int(topic_of[i]))
                 text = f"Note {i} of {team}: {body}."
                 evidence.append(
                     (team, ident, space, 1, "src", text, hashlib.sha256(text.encode()).digest())
                 )
                 lifecycle.append((team, space, ident, "active"))
+                subject, statement = "topic", f"Topic mentions {i}"
+                if related:
+                    subject = f"topic-{topic_of[i]}"
+                    statement = f"Topic {topic_of[i]} mentions " + " ".join(
+                        corpus.sample(rng, int(topic_of[i]), 5)
+                    )
+                    rel_vectors.append((team, space, f"rel-{i:06d}", 1, MODEL, DIM, vecs[i]))
                 rels.append(
                     (
                         team,
                         f"rel-{i:06d}",
                         space,
                         1,
-                        "topic",
+                        subject,
                         "mentions",
                         f"t{topic_of[i]}-{i}",
                         "analyst",
                         f"g-{i}",
-                        f"Topic mentions {i}",
+                        statement,
                     )
                 )
                 rel_events.append((team, space, f"rel-{i:06d}", "active"))
@@ -233,6 +342,20 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
                         "embedding",
                     ],
                 )
+                if rel_vectors:
+                    await conn.copy_records_to_table(
+                        "relationship_embeddings",
+                        records=rel_vectors,
+                        columns=[
+                            "team_id",
+                            "space_id",
+                            "relationship_id",
+                            "projection_generation",
+                            "model",
+                            "dimensions",
+                            "embedding",
+                        ],
+                    )
             log(f"  {team}: {per_team} evidence in {time.perf_counter() - started:.1f} s")
         secret = tokens.new_secret()
         await conn.execute(
@@ -240,7 +363,9 @@ async def generate(dsn: str, n_evidence: int, n_teams: int, seed: int) -> dict[s
             "VALUES ('bench-token', 'bench-00', 'analyst', $1, 'private')",
             tokens.hash_secret(secret),
         )
-        await conn.execute("ANALYZE")
+        # Planner statistics and the visibility map (index-only scans), as
+        # autovacuum leaves them after a bulk load on a running store.
+        await conn.execute("VACUUM ANALYZE")
         return {
             "teams": teams,
             "centroids": centroids,
@@ -276,19 +401,49 @@ QUERY = """query($q: String!) { recallMemory(query: $q, limit: 10) {
   results { evidenceId rank context source { id } supportingRelationships { id } }
   degradations { code } } }"""
 
+EVIDENCE_ONLY = """query($q: String!) {
+  recallMemory(query: $q, limit: 10, relationshipLimit: 0, communityLimit: 0) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  degradations { code } } }"""
 
-def http_latency(port: int, token: str, queries: list[str], app: Any) -> dict[str, float]:
+FULL = """query($q: String!) { recallMemory(query: $q, limit: 10) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  relatedRelationships { representativeId equivalentIds representative { statement } }
+  relatedCommunities { id summary members { representativeId representative { statement } } }
+  degradations { code } } }"""
+
+
+async def build_snapshots(dsn: str, teams: list[str]) -> None:
+    from gateway.services.communities import build_communities
+    from gateway.store.database import Database
+
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    try:
+        for team in teams:
+            started = time.perf_counter()
+            report = await build_communities(db, team, max_nodes=50_000, max_edges=500_000)
+            log(
+                f"  communities of {team}: {report.status}, {report.communities} communities "
+                f"in {time.perf_counter() - started:.1f} s"
+            )
+    finally:
+        await db.close()
+
+
+def http_latency(
+    port: int, token: str, queries: list[str], app: Any, query: str = QUERY
+) -> dict[str, float]:
     counter = app.state.services.db.counter
     latencies, statements = [], []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         headers = {"Authorization": f"Bearer {token}"}
         for q in queries[:5]:  # warm-up: model, plans, caches
-            client.post("/graphql", json={"query": QUERY, "variables": {"q": q}}, headers=headers)
+            client.post("/graphql", json={"query": query, "variables": {"q": q}}, headers=headers)
         for q in queries:
             before = counter.count
             started = time.perf_counter()
             r = client.post(
-                "/graphql", json={"query": QUERY, "variables": {"q": q}}, headers=headers
+                "/graphql", json={"query": query, "variables": {"q": q}}, headers=headers
             )
             latencies.append((time.perf_counter() - started) * 1000)
             statements.append(counter.count - before)
@@ -301,6 +456,42 @@ def http_latency(port: int, token: str, queries: list[str], app: Any) -> dict[st
         "p95_ms": latencies[int(0.95 * (len(latencies) - 1))],
         "statements": statistics.median(statements),
     }
+
+
+async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> dict[str, float]:
+    """Where a recall's time goes: its main steps timed one by one, in this process,
+    for the same queries and team as over HTTP (medians, ms)."""
+    from gateway.embeddings import LocalEmbeddingProvider
+    from gateway.services.recall import overfetch
+    from gateway.store import recall as hydration
+    from gateway.store import search
+    from gateway.store.database import Database
+
+    team = "bench-00"
+    space = data["teams"][team]
+    branch = search.BranchSearch("shared", space, 1)
+    provider = LocalEmbeddingProvider()
+    db = await Database.open(dsn, min_size=1, max_size=1)
+    times: dict[str, list[float]] = {"embedding": [], "candidates": [], "hydration": []}
+    try:
+        for q in queries:
+            started = time.perf_counter()
+            vector = (await provider.embed([q]))[0]
+            times["embedding"].append(time.perf_counter() - started)
+            query = search.CandidateQuery(team, (branch,), q, vector, (), (), overfetch(10), None)
+            async with db.tenant(team, [space]) as conn:
+                started = time.perf_counter()
+                lists = await search.evidence_candidates(conn, query)
+                times["candidates"].append(time.perf_counter() - started)
+                ids = list(dict.fromkeys(i for ranked in lists.values() for i in ranked))
+                now = await conn.fetchval("SELECT now()")
+                started = time.perf_counter()
+                await hydration.eligible_evidence(conn, team, ids, [space], now, now)
+                times["hydration"].append(time.perf_counter() - started)
+    finally:
+        await db.close()
+        await provider.aclose()
+    return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
 
 async def filtered_vector_recall(
@@ -354,6 +545,41 @@ async def filtered_vector_recall(
     return hits / total if total else 0.0
 
 
+async def query_lexeme_spread(
+    dsn: str, data: dict[str, Any], queries: list[str]
+) -> tuple[float, float, float]:
+    """How common the queries' lexemes are in the first team's space: the share of its
+    evidence holding a query lexeme (median, mean) and holding its commonest word (the
+    "Note i of team" prefix that every generated text carries is left out)."""
+    team, space = next(iter(data["teams"].items()))
+    conn = await asyncpg.connect(dsn)
+    try:
+        n = await conn.fetchval(
+            "SELECT count(*) FROM evidence WHERE team_id = $1 AND space_id = $2", team, space
+        )
+        row = await conn.fetchrow(
+            "WITH q AS (SELECT (unnest(to_tsvector('english', x))).lexeme AS l "
+            "FROM unnest($3::text[]) AS x), "
+            "df AS (SELECT (SELECT count(*) FROM evidence_terms t WHERE t.team_id = $1 "
+            "AND t.space_id = $2 AND t.lexeme = q.l) AS n FROM q) "
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY n) AS median, avg(n) AS mean "
+            "FROM df",
+            team,
+            space,
+            queries,
+        )
+        top = await conn.fetchval(
+            "SELECT max(c) FROM (SELECT count(*) AS c FROM evidence_terms "
+            "WHERE team_id = $1 AND space_id = $2 AND lexeme !~ '[0-9]' "
+            "AND lexeme NOT IN ('note', 'bench') GROUP BY lexeme) s",
+            team,
+            space,
+        )
+    finally:
+        await conn.close()
+    return float(row["median"]) / n, float(row["mean"]) / n, float(top) / n
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evidence", type=int, default=100_000)
@@ -361,28 +587,67 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--port", type=int, default=8790)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--corpus", choices=("zipf", "tiny"), default="zipf", help="text generator (see above)"
+    )
+    parser.add_argument(
+        "--related",
+        action="store_true",
+        help="relationship vectors and community snapshots; full vs evidence-only recall",
+    )
     args = parser.parse_args()
+    corpus: Zipf | Tiny = (Zipf if args.corpus == "zipf" else Tiny)(
+        np.random.default_rng(args.seed + 3)
+    )
     with database() as dsn:
         asyncio.run(prepare(dsn, migrate=True))
         log(f"generating {args.evidence} evidence across {args.teams} teams")
         started = time.perf_counter()
-        data = asyncio.run(generate(dsn, args.evidence, args.teams, args.seed))
+        data = asyncio.run(
+            generate(dsn, args.evidence, args.teams, args.seed, corpus, args.related)
+        )
         log(f"generated in {time.perf_counter() - started:.0f} s")
+        if args.related:
+            asyncio.run(build_snapshots(dsn, list(data["teams"])))
         rng = np.random.default_rng(args.seed + 2)
         queries = [
-            " ".join(rng.choice(TOPICS[int(rng.integers(0, len(TOPICS)))].split(), size=4))
-            for _ in range(args.queries)
+            corpus.query(rng, int(rng.integers(0, len(TOPICS)))) for _ in range(args.queries)
         ]
         server, app = serve(dsn, args.port)
         try:
-            figures = http_latency(args.port, data["token"], queries, app)
+            runs = (
+                {"full": FULL, "evidence-only": EVIDENCE_ONLY}
+                if args.related
+                else {"evidence": QUERY}
+            )
+            measured = {
+                name: http_latency(args.port, data["token"], queries, app, q)
+                for name, q in runs.items()
+            }
         finally:
             server.should_exit = True
         recall10 = asyncio.run(filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed))
-    print(f"dataset: {args.evidence} evidence, {args.teams} teams, one shared space each")
+        spread = asyncio.run(query_lexeme_spread(dsn, data, queries))
+        stages = asyncio.run(stage_latency(dsn, data, queries))
+    print(
+        f"dataset: {args.evidence} evidence, {args.teams} teams, one shared space each, "
+        f"corpus {args.corpus}"
+    )
+    print(
+        f"query lexemes: each in {spread[0]:.1%} of a space (median; mean {spread[1]:.1%}); "
+        f"the commonest word of a space in {spread[2]:.0%}"
+    )
     print(f"recallMemory over HTTP, {args.queries} queries, limit 10, sequential:")
-    print(f"  p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms")
-    print(f"  SQL statements per recall (median): {figures['statements']:.0f}")
+    for name, figures in measured.items():
+        print(
+            f"  {name:14} p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms   "
+            f"SQL statements per recall (median): {figures['statements']:.0f}"
+        )
+    print(
+        "  evidence steps timed one by one (medians): query embedding "
+        f"{stages['embedding']:.1f} ms, candidate statement (all lists) "
+        f"{stages['candidates']:.1f} ms, hydration {stages['hydration']:.1f} ms"
+    )
     print(f"vector recall@10 vs exact search under the space filter: {recall10:.3f}")
 
 

@@ -34,6 +34,8 @@ from gateway.http.view import GraphQLHTTPView
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
+from gateway.services.feedback import FeedbackService
+from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
@@ -52,6 +54,8 @@ class Services:
     embedder: EmbeddingProvider
     writes: WriteService
     recall: RecallService
+    feedback: FeedbackService
+    mutations: MutationService
 
 
 class RequestIdMiddleware:
@@ -144,8 +148,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
+            feedback = FeedbackService(db, enabled=settings.feedback_enabled)
+            writes = WriteService(db, embedder)
             app.state.services = Services(
-                settings, db, embedder, WriteService(db, embedder), RecallService(db, embedder)
+                settings,
+                db,
+                embedder,
+                writes,
+                RecallService(db, embedder, feedback),
+                feedback,
+                MutationService(writes),
             )
             graphql.persisted = _persisted(settings, limits, db)
             try:

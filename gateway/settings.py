@@ -68,10 +68,28 @@ class Settings(BaseSettings):
         default=True, description="Apply pending migrations when the server starts."
     )
 
+    feedback_enabled: bool = Field(
+        default=True,
+        description="Persist each recall as a recall event and suggest "
+        "submitRecallSessionFeedback (docs/feedback.md).",
+    )
+
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )
 
+    community_max_nodes: int = Field(
+        default=50_000,
+        ge=1,
+        le=10_000_000,
+        description="Above this many semantic groups a community run is stored as too_large.",
+    )
+    community_max_edges: int = Field(
+        default=500_000,
+        ge=1,
+        le=100_000_000,
+        description="Above this many graph edges a community run is stored as too_large.",
+    )
     # --- hardening (docs/security.md). `None` means "the profile's default":
     # gateway/http/limits.py holds the development and production values.
     env: Literal["development", "production"] = Field(

@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from gateway import tokens
 from gateway.app import create_app
+from gateway.services.communities import build_communities
 from gateway.services.records import TokenRecord
 from gateway.services.writes import Actor, WriteService
 from gateway.settings import Settings
@@ -83,6 +84,12 @@ def ids(result: dict[str, Any]) -> list[str]:
     return [r["evidenceId"] for r in result["results"]]
 
 
+def evidence_codes(result: dict[str, Any]) -> list[str]:
+    """Degradations of the evidence frontier (a team without a community snapshot
+    also reports community_snapshot_unavailable, tested in test_communities.py)."""
+    return [d["code"] for d in result["degradations"] if d["frontier"] == "EVIDENCE"]
+
+
 async def recall_error(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",
@@ -145,9 +152,12 @@ def more_evidence(team: str, n: int, *, space: str = "shared") -> list[dict[str,
     return out
 
 
-async def test_finds_supported_evidence_with_its_source_and_relationships(client, writes) -> None:
+async def test_finds_supported_evidence_with_its_source_and_relationships(
+    client, writes, db
+) -> None:
     team = unique("rc")
     await load_jsonl(writes, jsonl(team_records(team)))
+    await build_communities(db, team, max_nodes=100, max_edges=100)
     tok = await token(writes, team, "bob")  # bob's private space is empty
     result = await recall(client, tok, q="who owns the billing service")
     assert ids(result)[0] == "ev-owner"
@@ -518,7 +528,7 @@ async def test_query_embedding_unavailable_degrades(dsn, writes) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
             result = await recall(c, tok, q="who owns the billing service")
     assert ids(result)[0] == "ev-owner"
-    assert [d["code"] for d in result["degradations"]] == ["query_embedding_unavailable"]
+    assert evidence_codes(result) == ["query_embedding_unavailable"]
     assert result["degradations"][0]["optional"] is True
     assert result["searchStates"]["evidence"]["complete"] is False
 
@@ -558,7 +568,7 @@ async def test_vector_failure_degrades_and_required_failure_fails(
         finally:
             release.set()
             await holder
-        assert [d["code"] for d in result["degradations"]] == ["vector_branch_failed"]
+        assert evidence_codes(result) == ["vector_branch_failed"]
         assert "ev-private" in ids(result)  # the private full-text list still answered
         assert result["searchStates"]["evidence"]["complete"] is False
 

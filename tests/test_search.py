@@ -499,7 +499,13 @@ async def _insert_direct(
     vectors: np.ndarray,
     model: str,
 ) -> None:
-    """Evidence rows and their vectors written directly as the owner: fast, same triggers."""
+    """Evidence rows and their vectors written directly as the owner: fast, same triggers.
+
+    Called inside a transaction; the pool's statement timeout is lifted for it
+    because maintaining the HNSW index over thousands of rows can exceed it on a
+    busy machine (this is set-up, not the code under test).
+    """
+    await conn.execute("SET LOCAL statement_timeout = 0")
     await conn.copy_records_to_table(
         "evidence",
         columns=[

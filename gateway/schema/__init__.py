@@ -10,6 +10,7 @@ from strawberry.extensions import SchemaExtension
 from strawberry.schema.config import StrawberryConfig
 
 from gateway.schema.errors import ErrorCodes
+from gateway.schema.mutations import Mutation
 from gateway.schema.query import Query
 from gateway.schema.recall_types import EvidenceConflict, RelationshipConflict
 
@@ -32,6 +33,7 @@ def build_schema(
     that it sees, and codes, the errors of every other extension."""
     return _Schema(
         query=Query,
+        mutation=Mutation,
         types=[RelationshipConflict, EvidenceConflict],
         extensions=[lambda: ErrorCodes(hide_suggestions=hide_suggestions), *extensions],
         config=config,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from graphql.error import GraphQLError, GraphQLSyntaxError
 from strawberry.extensions import SchemaExtension
 
-from gateway.errors import GatewayError, InvalidInput
+from gateway.errors import GatewayError
 
 log = logging.getLogger("gateway.errors")
 
@@ -80,8 +80,9 @@ class ErrorCodes(SchemaExtension):
         original = error.original_error
         if isinstance(original, GatewayError):
             extra: dict[str, object] = {}
-            if isinstance(original, InvalidInput) and original.field:
-                extra["field"] = original.field
+            field = getattr(original, "field", None)
+            if field:
+                extra["field"] = field
             return _coded(error, original.code, extra)
         # Without a path, an error comes before execution: the document or the
         # variables (a scalar's parser refusing a variable is wrapped with its

@@ -8,6 +8,8 @@ from strawberry.types import Info
 from gateway.schema.context import RequestContext
 from gateway.schema.recall import recall_memory
 from gateway.schema.recall_types import RecallResult
+from gateway.schema.trace import trace_memory
+from gateway.schema.trace_types import MemoryTrace
 from gateway.schema.types import PrincipalKind, SpaceKind, Team, TokenBinding, Viewer
 
 
@@ -29,4 +31,10 @@ class Query:
         resolver=recall_memory,
         description="Ranked, authorised, time-correct evidence about a query, with the "
         "relationships, communities, conflicts and hypotheses around it.",
+    )
+
+    trace_memory: MemoryTrace = strawberry.field(
+        resolver=trace_memory,
+        description="Why one relationship is believed: its evidence, history, equivalents, "
+        "conflicts and bounded lineage, as known at one time.",
     )

@@ -8,7 +8,10 @@ from typing import Annotated
 import strawberry
 from strawberry.types import Info
 
+from gateway.schema import related
+from gateway.schema.conflicts import conflicts_of
 from gateway.schema.context import RequestContext
+from gateway.schema.hypotheses import hypotheses_of
 from gateway.schema.recall_types import (
     CandidateList,
     CandidateListState,
@@ -21,6 +24,8 @@ from gateway.schema.recall_types import (
     RecallResult,
     SearchStates,
     SearchStatus,
+    SuggestedAction,
+    SuggestedActionKind,
 )
 from gateway.schema.types import SpaceKind
 from gateway.services import recall as service
@@ -48,6 +53,7 @@ def _state(state: service.SearchState) -> FrontierSearchState:
 def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
     return RecallResult(
         recall_id=strawberry.ID(outcome.recall_id),
+        recall_event_id=strawberry.ID(outcome.recall_event_id) if outcome.recall_event_id else None,
         results=[
             EvidenceContext(
                 evidence_id=strawberry.ID(r.evidence.id),
@@ -63,10 +69,10 @@ def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
             )
             for r in outcome.results
         ],
-        related_relationships=[],
-        related_communities=[],
-        related_hypotheses=[],
-        conflicts=[],
+        related_relationships=related.handles(outcome.related_relationships, view_key),
+        related_communities=related.communities(outcome.related_communities, view_key),
+        related_hypotheses=hypotheses_of(outcome.hypotheses),
+        conflicts=conflicts_of(outcome.conflicts, view_key),
         search_states=SearchStates(
             evidence=_state(outcome.search_states["evidence"]),
             relationships=_state(outcome.search_states["relationships"]),
@@ -82,7 +88,15 @@ def to_result(outcome: service.RecallOutcome, view_key: str) -> RecallResult:
             )
             for d in outcome.degradations
         ],
-        suggested_actions=[],
+        suggested_actions=[
+            SuggestedAction(
+                kind=SuggestedActionKind(a.kind),
+                description=a.description,
+                recall_event_id=strawberry.ID(a.recall_event_id) if a.recall_event_id else None,
+                hypothesis_ids=[strawberry.ID(h) for h in a.hypothesis_ids],
+            )
+            for a in outcome.suggested_actions
+        ],
     )
 
 

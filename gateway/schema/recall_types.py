@@ -75,6 +75,7 @@ class CandidateList(Enum):
     FULLTEXT = "fulltext"
     VECTOR = "vector"
     ENTITY = "entity"
+    LINKED = "linked"
 
 
 @strawberry.enum
@@ -314,6 +315,17 @@ class ConflictPosition:
     supporter_count: int
     supporters: list[SupporterSummary]
     supporters_truncated: bool
+    # The request's view whose loaders read ``relationships``; every builder sets it.
+    view_key: strawberry.Private[str] = ""
+
+    @strawberry.field(
+        description="The position's relationships (authored alternatives, each with its owner)."
+    )
+    async def relationships(self, info: Info[RequestContext, None]) -> list[Relationship]:
+        loaders = _loaders(info, self.view_key)
+        rows = await loaders.relationships.load_many([str(i) for i in self.relationship_ids])
+        kinds = loaders.view.space_kinds
+        return [Relationship.of(r, kinds[r.space_id], self.view_key) for r in rows if r]
 
 
 @strawberry.type(description="A quoted span that an evidence-conflict position cites.")
@@ -341,9 +353,13 @@ class Conflict:
 
 @strawberry.type
 class RelationshipConflict(Conflict):
-    state: ConflictState
+    state: ConflictState = strawberry.field(description="The review state at the view's time.")
     preferred_position_id: strawberry.ID | None
     positions: list[ConflictPosition]
+    state_changed_at: datetime | None = strawberry.field(
+        default=None,
+        description="When the case entered its state (system time); null in traceMemory.",
+    )
 
 
 @strawberry.type
@@ -406,6 +422,9 @@ class SuggestedAction:
 @strawberry.type(description="The answer of recallMemory. Array order is rank.")
 class RecallResult:
     recall_id: strawberry.ID
+    recall_event_id: strawberry.ID | None = strawberry.field(
+        description="Set when this recall was recorded for feedback (docs/feedback.md)."
+    )
     results: list[EvidenceContext]
     related_relationships: list[RelationshipHandle]
     related_communities: list[Community]

@@ -10,11 +10,13 @@ shared branch or canonical hydration fails the call.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 import asyncpg
@@ -23,11 +25,18 @@ import numpy as np
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import DatabaseUnavailable, EmbeddingError, EmbeddingMalformed
 from gateway.fusion import fuse_branches, fuse_weighted
+from gateway.services import conflicts as conflict_frontier
+from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
+from gateway.services.feedback import FeedbackService, SuggestedAction
 from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import Database
+from gateway.store.hypotheses import HypothesisRow
+
+if TYPE_CHECKING:
+    from gateway.services.related import CommunityHit, Handle
 
 log = logging.getLogger("gateway.recall")
 
@@ -108,12 +117,25 @@ class RecallOutcome:
     results: list[EvidenceResult]
     degradations: list[Degradation] = field(default_factory=list)
     search_states: dict[str, SearchState] = field(default_factory=dict)
+    related_relationships: list[Handle] = field(default_factory=list)
+    related_communities: list[CommunityHit] = field(default_factory=list)
+    hypotheses: tuple[HypothesisRow, ...] = ()
+    conflicts: list[conflict_frontier.ConflictView] = field(default_factory=list)
+    # Returned hypotheses in rank order (filled by the hypotheses frontier).
+    hypothesis_ids: list[str] = field(default_factory=list)
+    # Set when the recall was persisted for feedback (gateway/services/feedback.py).
+    recall_event_id: str | None = None
+    suggested_actions: list[SuggestedAction] = field(default_factory=list)
 
 
 class RecallService:
-    def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
+    def __init__(
+        self, db: Database, embedder: EmbeddingProvider, feedback: FeedbackService | None = None
+    ) -> None:
         self.db = db
         self.embedder = embedder
+        # None: recalls are not persisted for feedback (no snapshot, no suggestion).
+        self.feedback = feedback
 
     async def recall(self, principal: Principal, request: RecallRequest) -> RecallOutcome:
         degradations: list[Degradation] = []
@@ -167,26 +189,63 @@ class RecallService:
         ]
         lost = any(d.frontier == "evidence" for d in degradations)
         status = "partial" if lost or starved else "complete"
+        # Related relationships and communities (shared branch only): a module of
+        # their own; imported here because it builds on this module's types.
+        from gateway.services.related import RelatedFrontiers, SharedBranch
+
+        shared = next((b for b in branches if b.branch == "shared"), None)
+        # Independent reads on their own connections: run them side by side.
+        related, hyps = await asyncio.gather(
+            RelatedFrontiers(self.db).recall(
+                view,
+                SharedBranch(shared.space_id, shared.generation) if shared else None,
+                request,
+                vector,
+                sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+            ),
+            hypothesis_frontier.related_hypotheses(self.db, view, branches, request, results),
+        )
+        degradations += related.degradations
+        if hyps.loss is not None:
+            degradations.append(Degradation("hypotheses", *hyps.loss))
+        # Conflicts are reachable from every relationship the answer returns:
+        # evidence support paths first, then the related and community frontiers.
+        more = [
+            rid
+            for handle in [
+                *related.relationships,
+                *(m for c in related.communities for m in c.members),
+            ]
+            for rid in (handle.representative.id, *handle.equivalent_ids)
+        ]
+        conflicts = await conflict_frontier.reachable_conflicts(
+            self.db, view, conflict_frontier.answer_reach(results, more)
+        )
         states = {
             "evidence": SearchState("evidence", status, tuple(list_states)),
-            # Filled by recallMemory part 2; until then they are not searched.
-            "relationships": SearchState(
-                "relationships", "disabled" if request.relationship_limit == 0 else "skipped"
-            ),
-            "communities": SearchState(
-                "communities", "disabled" if request.community_limit == 0 else "skipped"
-            ),
+            "relationships": related.states["relationships"],
+            "communities": related.states["communities"],
             "hypotheses": SearchState(
-                "hypotheses", "disabled" if request.hypothesis_limit == 0 else "skipped"
+                "hypotheses",
+                hyps.status,
+                tuple(ListState("shared", n, st, c) for n, st, c in hyps.lists),
             ),
         }
-        return RecallOutcome(
+        outcome = RecallOutcome(
             recall_id=str(uuid.uuid4()),
             view=view,
             results=results,
             degradations=degradations,
             search_states=states,
+            related_relationships=related.relationships,
+            related_communities=related.communities,
+            hypotheses=hyps.hypotheses,
+            conflicts=conflicts,
+            hypothesis_ids=[h.id for h in hyps.hypotheses],
         )
+        if self.feedback is not None:
+            await self.feedback.attach(principal, request, outcome)
+        return outcome
 
     async def _embed(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         """The query vector, computed once and reused by every branch."""

@@ -13,6 +13,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
 
@@ -20,6 +21,7 @@ import asyncpg
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import (
+    DatabaseUnavailable,
     EmbeddingMismatch,
     Forbidden,
     GatewayError,
@@ -42,18 +44,29 @@ class Actor:
     team: str | None = None
     principal: str | None = None
     private_bound: bool = False
+    # The spaces a principal's write transaction may touch: row-level security
+    # confines it to them, a second wall behind the checks of this service.
+    space_ids: tuple[UUID, ...] = ()
 
     @classmethod
     def operator(cls) -> Actor:
         return cls(label="operator")
 
     @classmethod
-    def for_principal(cls, team: str, principal: str, *, private_bound: bool) -> Actor:
+    def for_principal(
+        cls,
+        team: str,
+        principal: str,
+        *,
+        private_bound: bool,
+        space_ids: Sequence[UUID] = (),
+    ) -> Actor:
         return cls(
             label=f"principal:{principal}",
             team=team,
             principal=principal,
             private_bound=private_bound,
+            space_ids=tuple(space_ids),
         )
 
     @property
@@ -84,10 +97,22 @@ def _fail(field: str | None, error: GatewayError) -> _FieldError:
     return _FieldError(field, error)
 
 
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """The outcome of one record: written now (``created``) or an earlier write of
+    the same record, and the system time of that write (usable as ``knownAt``)."""
+
+    kind: str
+    id: str
+    created: bool
+    recorded_at: datetime
+
+
 @dataclass
 class BatchResult:
     created: Counter[str] = field(default_factory=Counter)
     unchanged: Counter[str] = field(default_factory=Counter)
+    receipts: list[Receipt] = field(default_factory=list)
 
 
 # The width of the store's vector columns (db/0001_memory_model.sql).
@@ -113,6 +138,8 @@ _HYPOTHESIS_STATUS = {
     "mark_stale": "stale",
     "reopen": "proposed",
 }
+# The status each hypothesis decision sets (docs/loading.md, docs/feedback.md).
+HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
 
 
 def render_statement(
@@ -601,6 +628,15 @@ class _Batch:
             )
 
 
+# Refusals that say nothing about the record: a lock or statement timeout, a
+# deadlock. Reported as DATABASE_UNAVAILABLE (retry), never as bad input.
+_BUSY = (
+    asyncpg.LockNotAvailableError,
+    asyncpg.QueryCanceledError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.SerializationError,
+)
+
 _POSTGRES_FIELD_HINTS = {
     "quote_matches_evidence": "quote",
 }
@@ -616,16 +652,37 @@ class WriteService:
     async def apply(self, records: Sequence[Any], actor: Actor) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal."""
         result = BatchResult()
-        async with self.db.admin() as conn:
+        # A write may wait for a lock held by a loader batch that is computing its
+        # embeddings: bounded by the statement timeout, like the loader's own writes,
+        # not by the short lock timeout that lets optional reads degrade quickly.
+        transaction = (
+            self.db.admin()
+            if actor.is_operator or not actor.space_ids
+            else self.db.tenant(
+                cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
+            )
+        )
+        async with transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
             for index, record in enumerate(records):
                 try:
-                    if await self._apply_one(batch, record):
+                    created, recorded_at = await self._apply_one(batch, record)
+                    if created:
                         result.created[record.kind] += 1
                     else:
                         result.unchanged[record.kind] += 1
+                    result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
                 except _FieldError as exc:
                     raise RecordError(index, exc.field, exc.error) from None
+                except _BUSY as exc:
+                    raise RecordError(
+                        index,
+                        None,
+                        DatabaseUnavailable(
+                            "the database was too busy to take this write; nothing was "
+                            "written, and retrying with the same IDs is safe"
+                        ),
+                    ) from exc
                 except asyncpg.PostgresError as exc:
                     raise RecordError(
                         index, _field_of(exc), InvalidInput(_db_message(exc))
@@ -634,9 +691,13 @@ class WriteService:
                 await batch.embed_pending()
             except GatewayError as exc:
                 raise RecordError(-1, None, exc) from exc
+            except _BUSY as exc:
+                raise RecordError(
+                    -1, None, DatabaseUnavailable("the database was too busy to store vectors")
+                ) from exc
         return result
 
-    async def _apply_one(self, batch: _Batch, record: Any) -> bool:
+    async def _apply_one(self, batch: _Batch, record: Any) -> tuple[bool, datetime]:
         team = rec.record_team(record)
         if record.kind == "team":
             if not batch.actor.is_operator:
@@ -645,11 +706,17 @@ class WriteService:
             batch._check_team(team)
         if record.kind in _OPERATOR_ONLY and not batch.actor.is_operator:
             raise _fail("kind", Forbidden(f"only the operator writes '{record.kind}' records"))
-        claim = await store.claim_write(
-            batch.conn, team, record.kind, record.id, record.payload_sha256(), batch.actor.label
+        claim, recorded_at = await store.claim_write(
+            batch.conn,
+            team,
+            record.kind,
+            record.id,
+            record.payload_sha256(),
+            batch.actor.label,
+            any_writer=batch.actor.is_operator,
         )
         if claim == "same":
-            return False
+            return False, recorded_at
         if claim == "different":
             raise _fail(
                 "id",
@@ -658,7 +725,7 @@ class WriteService:
                 ),
             )
         await getattr(batch, record.kind)(record)
-        return True
+        return True, recorded_at
 
 
 def _field_of(exc: asyncpg.PostgresError) -> str | None:

@@ -179,10 +179,17 @@ class Database:
 
     @asynccontextmanager
     async def tenant(
-        self, team_id: str, space_ids: Sequence[UUID], *, readonly: bool = True
+        self,
+        team_id: str,
+        space_ids: Sequence[UUID],
+        *,
+        readonly: bool = True,
+        lock_timeout: str | None = None,
     ) -> AsyncIterator[Conn]:
         """A transaction confined by row-level security to one team's spaces; its
-        statements are bounded by what is left of the request's deadline."""
+        statements are bounded by what is left of the request's deadline.
+        ``lock_timeout`` overrides the reads' short default ('0': only the statement
+        timeout bounds a wait, as for the loader)."""
         budget = str(deadline.remaining_ms(self.statement_timeout_ms))
         async with self.acquire() as conn, conn.transaction(readonly=readonly):
             await conn.execute(
@@ -190,15 +197,23 @@ class Database:
                 APP_ROLE,
                 team_id,
                 _space_literal(space_ids),
-                self.lock_timeout,
+                self.lock_timeout if lock_timeout is None else lock_timeout,
                 budget,
             )
             yield conn
 
     @asynccontextmanager
-    async def admin(self) -> AsyncIterator[Conn]:
-        """A transaction as the connecting (owner) role: loader and operator work."""
-        async with self.acquire() as conn, conn.transaction():
+    async def admin(
+        self, *, isolation: str | None = None, readonly: bool = False
+    ) -> AsyncIterator[Conn]:
+        """A transaction as the connecting (owner) role: loader and operator work.
+
+        ``isolation="repeatable_read"`` gives one snapshot for several reads (the
+        community builder reads a graph and the counter it was built from)."""
+        async with (
+            self.acquire() as conn,
+            conn.transaction(isolation=isolation, readonly=readonly),  # type: ignore[arg-type]
+        ):
             yield conn
 
 

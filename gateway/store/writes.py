@@ -24,27 +24,40 @@ Claim = Literal["new", "same", "different"]
 
 
 async def claim_write(
-    conn: Conn, team: str, kind: str, client_id: str, digest: bytes, by: str
-) -> Claim:
-    """Register a client-supplied write, or say how it compares with the earlier one."""
-    inserted = await conn.fetchval(
+    conn: Conn,
+    team: str,
+    kind: str,
+    client_id: str,
+    digest: bytes,
+    by: str,
+    *,
+    any_writer: bool = False,
+) -> tuple[Claim, datetime]:
+    """Register a client-supplied write, or say how it compares with the earlier one,
+    with the system time of the write that holds the ID. A replay counts as the same
+    only from the same writer (or ``any_writer``, the operator): otherwise another
+    principal could confirm the exact content of a write it may not read."""
+    recorded = await conn.fetchval(
         "INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by) "
-        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING recorded_at",
         team,
         kind,
         client_id,
         digest,
         by,
     )
-    if inserted:
-        return "new"
-    stored = await conn.fetchval(
-        "SELECT payload_sha256 FROM write_log WHERE team_id = $1 AND kind = $2 AND client_id = $3",
+    if recorded is not None:
+        return "new", recorded
+    stored = await conn.fetchrow(
+        "SELECT payload_sha256, recorded_by, recorded_at FROM write_log "
+        "WHERE team_id = $1 AND kind = $2 AND client_id = $3",
         team,
         kind,
         client_id,
     )
-    return "same" if stored == digest else "different"
+    assert stored is not None  # write_log rows are never deleted
+    same = stored["payload_sha256"] == digest and (any_writer or stored["recorded_by"] == by)
+    return ("same" if same else "different"), stored["recorded_at"]
 
 
 # --- spaces --------------------------------------------------------------------

@@ -1,0 +1,204 @@
+"""Remember benchmark: the `remember` mutation over HTTP on the demo data.
+
+    python benchmarks/remember_bench.py --calls 200
+
+Loads the bundled demo data (the same loader as `recall-gateway demo`),
+issues a token for the demo principal, starts the gateway on loopback and
+sends `remember` calls sequentially, each with new IDs: one evidence text (a
+sentence of about 20 words) of an existing source, with one occurrence and one
+entity mention, and one relationship between two demo entities supported by
+that occurrence. The latency includes everything the mutation does before it
+returns: authentication, validation, the checks and inserts in one
+transaction, and the embeddings of the evidence and the relationship computed
+by the configured provider (the local MiniLM model by default). Prints p50 and
+p95, and the same for an evidence-only call (the two kinds interleaved, so both
+see the same machine load), and the local model embedding two texts alone.
+
+With no DATABASE_URL, an embedded server is started in a temporary folder and
+removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from recall_bench import database, log, serve  # noqa: E402
+
+from gateway import tokens  # noqa: E402
+from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
+from gateway.embeddings import create_provider  # noqa: E402
+from gateway.services import loader  # noqa: E402
+from gateway.services.records import TokenRecord  # noqa: E402
+from gateway.services.writes import Actor, WriteService  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from gateway.store.database import Database, prepare  # noqa: E402
+
+PRINCIPAL = "ines"
+SOURCE = "nw-src-oncall-chat"
+SUBJECT, OBJECT = "nw-billing", "nw-payments-team"
+
+MUTATION = """mutation($input: RememberInput!) {
+  remember(input: $input) { receipts { kind id created } } }"""
+
+WORDS = (
+    "billing invoices retry queue latency checkout deploy freeze payments ledger refund "
+    "cluster nightly export report escalation pager rotation database index replica"
+).split()
+
+
+async def load_demo(dsn: str) -> str:
+    """Demo data and a token; returns the bearer token."""
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    embedder = create_provider(Settings(embedding_provider="local"))
+    try:
+        writes = WriteService(db, embedder)
+        records = loader.parse(demo_dataset())
+        await loader.load(writes, records, batch_size=500)
+        token_id, secret = tokens.new_token_id(), tokens.new_secret()
+        record = TokenRecord(
+            kind="token", team=DEMO_TEAM, id=token_id, principal=PRINCIPAL, secret=secret
+        )  # type: ignore[call-arg]
+        await writes.apply([record], Actor.operator())
+        return tokens.format_token(token_id, secret)
+    finally:
+        await embedder.aclose()
+        await db.close()
+
+
+def remember_input(i: int, with_relationship: bool) -> dict[str, Any]:
+    words = " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(14))
+    content = f"Billing service note {i}: the payments team reviewed {words} today."
+    start = content.index("payments team")
+    data: dict[str, Any] = {
+        "sourceId": SOURCE,
+        "evidence": [
+            {
+                "id": f"bench-ev-{i}",
+                "content": content,
+                "occurrences": [
+                    {"id": f"bench-occ-{i}", "start": start, "end": start + len("payments team")}
+                ],
+                "mentions": [{"entity": OBJECT, "occurrence": f"bench-occ-{i}"}],
+            }
+        ],
+    }
+    if with_relationship:
+        data["relationships"] = [
+            {
+                "id": f"bench-rel-{i}",
+                "subject": SUBJECT,
+                "predicate": "reviewed_by",
+                "object": OBJECT,
+                "supports": [
+                    {
+                        "id": f"bench-sup-{i}",
+                        "evidence": f"bench-ev-{i}",
+                        "occurrence": f"bench-occ-{i}",
+                    }
+                ],
+            }
+        ]
+    return data
+
+
+def measure(
+    port: int, token: str, calls: int, first: int, app: Any
+) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+    """Both kinds of call, interleaved, so that both see the same machine load;
+    latencies and SQL statements per call."""
+    counter = app.state.services.db.counter
+    latencies: dict[str, list[float]] = {"full": [], "bare": []}
+    statements: dict[str, list[int]] = {"full": [], "bare": []}
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        for i in range(first, first + calls):
+            for name in ("full", "bare"):
+                n = 2 * i + (name == "bare")
+                data = remember_input(n, with_relationship=name == "full")
+                body = {"query": MUTATION, "variables": {"input": data}}
+                before = counter.count
+                started = time.perf_counter()
+                r = client.post("/graphql", json=body, headers=headers)
+                latencies[name].append((time.perf_counter() - started) * 1000)
+                statements[name].append(counter.count - before)
+                answer = r.json()
+                if "errors" in answer:
+                    raise SystemExit(f"remember failed: {answer['errors']}")
+                if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
+                    raise SystemExit("remember did not write")
+    return latencies, statements
+
+
+async def embedding_alone(calls: int) -> list[float]:
+    """The local model embedding two texts in this process: the floor of `remember`."""
+    embedder = create_provider(Settings(embedding_provider="local"))
+    try:
+        out = []
+        for i in range(calls):
+            texts = [remember_input(i, False)["evidence"][0]["content"], f"Billing service {i}"]
+            started = time.perf_counter()
+            await embedder.embed(texts)
+            out.append((time.perf_counter() - started) * 1000)
+        return out
+    finally:
+        await embedder.aclose()
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--port", type=int, default=None, help="default: a free port")
+    args = parser.parse_args()
+    if args.port is None:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            args.port = probe.getsockname()[1]
+    with database() as dsn:
+        asyncio.run(prepare(dsn, migrate=True))
+        log("loading the demo data")
+        token = asyncio.run(load_demo(dsn))
+        server, app = serve(dsn, args.port)
+        try:
+            measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
+            runs, statements = measure(args.port, token, args.calls, 100_000, app)
+        finally:
+            server.should_exit = True
+            # let the gateway close its pool before the database stops
+            for thread in threading.enumerate():
+                if thread is not threading.current_thread() and thread.daemon:
+                    thread.join(timeout=10)
+    floor = asyncio.run(embedding_alone(args.calls))
+    print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
+    for name, values, sql in (
+        ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
+        ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
+        ("embedding 2 texts alone, in-process", floor, None),
+    ):
+        line = f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
+        if sql:
+            line += f"   SQL statements {statistics.median(sql):.0f}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

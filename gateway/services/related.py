@@ -1,0 +1,387 @@
+"""recallMemory, part 2: the related-relationship and community frontiers.
+
+Both read the **shared space only** (the design note: do not infer a private
+graph frontier from searchable private evidence). The order of work:
+
+1. **Discovery**, one statement (gateway/store/related.py): a BM25 list and a
+   vector list of eligible shared relationships, each with its semantic group,
+   the groups already *covered* for this answer, and the projection state.
+   The lists are fused by equal-weight RRF (k 60, ties by relationship ID); a
+   group takes the rank of its best relationship. That fused group order is
+   the *anchor order* of both frontiers.
+2. **Coverage**: a group is covered when a returned evidence supports one of
+   its relationships (any branch), when a known evidence ID supports one
+   (support granted at the view's time), or when a known relationship ID is
+   in it. Covered groups are never emitted again.
+3. **Communities** (their own budget): from the newest finished snapshot, if
+   it is current, the communities that contain an anchor group, ordered by
+   their best anchor's rank (ties: the snapshot's ordinal). A community is
+   returned only if it has novel groups (neither covered nor emitted by an
+   earlier community); its members are those novel groups, anchors first in
+   anchor order, then the others by group key, cut at
+   ``communityRelationshipLimit`` (``membersTruncated`` says so).
+4. **Direct fallback**: the anchor groups in order that are neither covered
+   nor emitted in a community, cut at ``relationshipLimit``. Members that a
+   community limit cut off, and groups in no community, remain eligible here.
+   So one semantic group is never in two frontiers of one answer.
+5. **Handles**: one statement loads every eligible relationship of the emitted
+   groups. The representative is the group's best-ranked discovered
+   relationship, else its lowest ID; the others are its equivalent IDs (ID
+   order). Owners are never merged: each relationship keeps its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from uuid import UUID
+
+import asyncpg
+import numpy as np
+
+from gateway.errors import DatabaseUnavailable
+from gateway.fusion import fuse_equal
+from gateway.services.recall import (
+    Degradation,
+    ListState,
+    ReadView,
+    SearchState,
+    overfetch,
+)
+from gateway.services.recall_input import RecallRequest
+from gateway.store import communities as community_store
+from gateway.store import related as store
+from gateway.store.database import Database
+from gateway.store.recall import RelationshipRow
+
+log = logging.getLogger("gateway.recall.related")
+
+_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class Handle:
+    """Equivalent relationships of one semantic group, collapsed."""
+
+    group: str
+    representative: RelationshipRow
+    equivalent_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CommunityHit:
+    id: str
+    summary: str
+    top_entities: tuple[str, ...]
+    top_predicates: tuple[str, ...]
+    relationship_count: int
+    members: tuple[Handle, ...]
+    members_truncated: bool
+
+
+@dataclass
+class RelatedOutcome:
+    relationships: list[Handle] = field(default_factory=list)
+    communities: list[CommunityHit] = field(default_factory=list)
+    degradations: list[Degradation] = field(default_factory=list)
+    states: dict[str, SearchState] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedBranch:
+    space_id: UUID
+    generation: int
+
+
+def select_communities(
+    communities: Sequence[community_store.SnapshotCommunity],
+    anchors: Sequence[str],
+    covered: frozenset[str],
+    limit: int,
+    member_limit: int,
+) -> list[tuple[community_store.SnapshotCommunity, list[str], bool]]:
+    """Communities in anchor order with their novel groups (shown, truncated?)."""
+    rank = {g: i for i, g in enumerate(anchors)}
+
+    def best(c: community_store.SnapshotCommunity) -> tuple[float, int]:
+        ranks = [rank[g] for g, _ in c.members if g in rank]
+        return (min(ranks) if ranks else math.inf, c.ordinal)
+
+    emitted: set[str] = set()
+    chosen: list[tuple[community_store.SnapshotCommunity, list[str], bool]] = []
+    for c in sorted(communities, key=best):
+        if len(chosen) >= limit:
+            break
+        if best(c)[0] == math.inf:
+            continue
+        groups = list(dict.fromkeys(g for g, _ in c.members))
+        novel = [g for g in groups if g not in covered and g not in emitted]
+        if not novel:
+            continue
+        novel.sort(key=lambda g: (rank.get(g, math.inf), g))
+        shown = novel[:member_limit]
+        emitted.update(shown)
+        chosen.append((c, shown, len(novel) > member_limit))
+    return chosen
+
+
+def direct_fallback(
+    anchors: Sequence[str], covered: frozenset[str], emitted: set[str], limit: int
+) -> list[str]:
+    return [g for g in anchors if g not in covered and g not in emitted][:limit]
+
+
+class RelatedFrontiers:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def recall(
+        self,
+        view: ReadView,
+        shared: SharedBranch | None,
+        request: RecallRequest,
+        vector: np.ndarray | None,
+        returned_relationship_ids: Sequence[str],
+    ) -> RelatedOutcome:
+        out = RelatedOutcome()
+        rel_on = request.relationship_limit > 0
+        com_on = request.community_limit > 0
+        out.states["relationships"] = SearchState(
+            "relationships", "complete" if rel_on else "disabled"
+        )
+        out.states["communities"] = SearchState(
+            "communities", "complete" if com_on else "disabled"
+        )
+        if not (rel_on or com_on):
+            return out
+        if com_on and request.temporal:
+            self._skip_communities(
+                out,
+                "community_temporal_not_supported",
+                "communities are snapshots of the current graph; a validAt or knownAt "
+                "recall skips them",
+            )
+            com_on = False
+            if not rel_on:
+                return out
+        if shared is None:  # no shared space in the view (before the team existed)
+            for name, on in (("relationships", rel_on), ("communities", com_on)):
+                if on:
+                    out.states[name] = SearchState(name, "skipped")
+            return out
+        per_list = overfetch(max(request.relationship_limit, request.community_limit))
+        query = store.DiscoveryQuery(
+            team_id=view.team_id,
+            space_id=shared.space_id,
+            generation=shared.generation,
+            readable_space_ids=view.space_ids,
+            t_sys=view.t_sys,
+            t_valid=view.t_valid,
+            text=request.query,
+            vector=vector,
+            per_list=per_list,
+            returned_relationship_ids=returned_relationship_ids,
+            known_evidence_ids=request.known_evidence_ids,
+            known_relationship_ids=request.known_relationship_ids,
+        )
+        found, vector_status = await self._discover(view, query, out)
+        lists = found.lists
+        fused = fuse_equal({name: [rid for rid, _ in hits] for name, hits in lists.items()})
+        group_of = {rid: g for hits in lists.values() for rid, g in hits}
+        anchors = list(dict.fromkeys(group_of[rid] for rid in fused))
+        first_ranked: dict[str, str] = {}
+        for rid in fused:
+            first_ranked.setdefault(group_of[rid], rid)
+        covered = found.covered_groups
+
+        chosen: list[tuple[community_store.SnapshotCommunity, list[str], bool]] = []
+        run_id: UUID | None = None
+        if com_on:
+            chosen, run_id = await self._communities(view, shared, request, anchors, covered, out)
+        emitted = {g for _, shown, _ in chosen for g in shown}
+        direct = (
+            direct_fallback(anchors, covered, emitted, request.relationship_limit)
+            if rel_on
+            else []
+        )
+        handles = await self._handles(view, shared, [*direct, *sorted(emitted)], first_ranked)
+        out.relationships = [handles[g] for g in direct if g in handles]
+        for c, shown, truncated in chosen:
+            members = tuple(handles[g] for g in shown if g in handles)
+            out.communities.append(
+                CommunityHit(
+                    id=f"{run_id}:{c.ordinal}",
+                    summary=c.summary,
+                    top_entities=c.top_entities,
+                    top_predicates=c.top_predicates,
+                    relationship_count=c.relationship_count,
+                    members=members,
+                    members_truncated=truncated,
+                )
+            )
+        if rel_on:
+            starved = len(out.relationships) < request.relationship_limit and any(
+                len(hits) >= per_list for hits in lists.values()
+            )
+            lost = (
+                any(d.frontier == "relationships" for d in out.degradations)
+                or (request.query is not None and vector is None)
+            )
+            list_states = [
+                ListState(
+                    "shared",
+                    "fulltext",
+                    "complete" if "fulltext" in lists else "skipped",
+                    len(lists.get("fulltext", ())),
+                ),
+                ListState("shared", "vector", vector_status, len(lists.get("vector", ()))),
+            ]
+            out.states["relationships"] = SearchState(
+                "relationships", "partial" if lost or starved else "complete", tuple(list_states)
+            )
+        return out
+
+    async def _discover(
+        self, view: ReadView, query: store.DiscoveryQuery, out: RelatedOutcome
+    ) -> tuple[store.Discovery, str]:
+        """Discovery with the vector list if possible; without it if that is what fails."""
+        try:
+            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+                found = await store.discover(conn, query)
+        except _STORE_FAILURES as exc:
+            if query.vector is None:
+                raise DatabaseUnavailable("relationships could not be searched") from exc
+            log.warning("relationship discovery failed (%s); retrying without vectors", exc)
+            try:
+                async with self.db.tenant(view.team_id, view.space_ids) as conn:
+                    found = await store.discover(conn, _without_vector(query))
+            except _STORE_FAILURES as again:
+                raise DatabaseUnavailable("relationships could not be searched") from again
+            out.degradations.append(
+                Degradation(
+                    "relationships",
+                    "relationship_vector_failed",
+                    "the relationship vector search failed; lexical discovery still answers",
+                )
+            )
+            return found, "failed"
+        if query.vector is None:
+            return found, "skipped"
+        if found.projection_status == "active":
+            return found, "complete"
+        if found.projection_status == "failed":
+            out.degradations.append(
+                Degradation(
+                    "relationships",
+                    "relationship_vector_failed",
+                    "the relationship vector projection failed; lexical discovery still answers",
+                )
+            )
+            return found, "failed"
+        out.degradations.append(
+            Degradation(
+                "relationships",
+                "relationship_vector_warming",
+                "relationship vectors are not ready (no active projection generation); "
+                "lexical discovery still answers",
+            )
+        )
+        return found, "skipped"
+
+    async def _communities(
+        self,
+        view: ReadView,
+        shared: SharedBranch,
+        request: RecallRequest,
+        anchors: list[str],
+        covered: frozenset[str],
+        out: RelatedOutcome,
+    ) -> tuple[list[tuple[community_store.SnapshotCommunity, list[str], bool]], UUID | None]:
+        def skip(code: str, message: str) -> None:
+            self._skip_communities(out, code, message)
+        try:
+            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+                snap = await community_store.snapshot(
+                    conn, view.team_id, shared.space_id, anchors
+                )
+        except _STORE_FAILURES as exc:
+            log.warning("community snapshot could not be read: %s", exc)
+            skip("community_snapshot_unavailable", "the community snapshot could not be read")
+            return [], None
+        if snap.run_id is None:
+            skip(
+                "community_snapshot_unavailable",
+                "no community snapshot has been built for this team",
+            )
+            return [], None
+        if snap.status == "failed":
+            skip("community_detection_failed", "the latest community detection run failed")
+            return [], None
+        if snap.status == "too_large":
+            skip(
+                "community_graph_too_large",
+                "the shared relationship graph exceeds the configured community limits",
+            )
+            return [], None
+        if not snap.current:
+            skip(
+                "community_snapshot_stale",
+                "the shared relationship graph changed since the community snapshot was built",
+            )
+            return [], None
+        chosen = select_communities(
+            snap.communities,
+            anchors,
+            covered,
+            request.community_limit,
+            request.community_relationship_limit,
+        )
+        return chosen, snap.run_id
+
+    @staticmethod
+    def _skip_communities(out: RelatedOutcome, code: str, message: str) -> None:
+        out.degradations.append(Degradation("communities", code, message))
+        out.states["communities"] = SearchState("communities", "skipped")
+
+    async def _handles(
+        self,
+        view: ReadView,
+        shared: SharedBranch,
+        groups: list[str],
+        first_ranked: dict[str, str],
+    ) -> dict[str, Handle]:
+        if not groups:
+            return {}
+        try:
+            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+                members = await store.eligible_group_members(
+                    conn,
+                    view.team_id,
+                    shared.space_id,
+                    shared.generation,
+                    groups,
+                    view.t_sys,
+                    view.t_valid,
+                )
+        except _STORE_FAILURES as exc:
+            raise DatabaseUnavailable("related relationships could not be loaded") from exc
+        handles = {}
+        for group, rows in members.items():
+            by_id = {r.id: r for r in rows}
+            rep_id = first_ranked.get(group)
+            rep = by_id.get(rep_id) if rep_id is not None else None
+            rep = rep or rows[0]  # rows come in ID order
+            handles[group] = Handle(
+                group=group,
+                representative=rep,
+                equivalent_ids=tuple(r.id for r in rows if r.id != rep.id),
+            )
+        return handles
+
+
+def _without_vector(q: store.DiscoveryQuery) -> store.DiscoveryQuery:
+    from dataclasses import replace
+
+    return replace(q, vector=None)

@@ -1,0 +1,398 @@
+"""SQL of the conflict frontier: relationship conflict cases and evidence conflicts
+reachable from a recall's answer, as they stood at the view's system time.
+
+Two statements, whatever the number of results: one for relationship cases
+(with their state, positions, position relationships and bounded supporter
+summaries), one for evidence conflicts (with each readable position's exact
+occurrence citation). Each statement names the team and the readable spaces
+in every table it reads; row-level security is the second wall.
+
+**Reach.** The caller passes the answer's evidence IDs and relationship IDs,
+each with a *reach* rank (smaller is nearer the top of the answer). A case is
+reachable when one of its positions holds a given relationship; an evidence
+conflict when one of its positions cites a given evidence. Its reach is the
+smallest reach among those, and each statement returns at most ``cap``
+conflicts in (reach, ID) order, so a relationship that stands in very many
+cases cannot make the answer unbounded.
+
+**Time.** Everything is read as known at ``t_sys``: a case (and its
+positions) exists once recorded, its state is its latest event at or before
+``t_sys`` (ties: highest ``seq``), so a resolution recorded later never shows
+in an earlier view. Rows of an older space generation are invisible.
+
+**Supporters** of a position: the distinct evidence that supports one of the
+position's relationships through a support recorded by ``t_sys`` whose latest
+decision is ``grant`` or ``reinstate``, the evidence and its source being
+active at ``t_sys`` in the space's current generation. The case's own
+disposition is deliberately *not* applied here (a dispreferred position keeps
+its supporters: that is what the reader weighs), nor the relationship's
+status or validity. The summary lists the strongest supporters first
+(authority, highest first; then evidence ID), cut at ``supporter_cap``.
+
+**Readable citations.** An evidence-conflict position is shown only when the
+evidence it cites is readable in the view: in one of the caller's spaces and
+its current generation, recorded by ``t_sys``, the evidence and its source
+active at ``t_sys``. Other positions are omitted, and a conflict with fewer
+than two readable positions is not returned at all, so that no unreadable
+evidence, not even its ID, reaches the caller.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+from uuid import UUID
+
+from gateway.store.connection import Conn
+
+__all__ = [
+    "AUTHORITY_ORDER",
+    "CaseRow",
+    "CitationRow",
+    "EvidenceConflictRow",
+    "PositionRow",
+    "SupporterRow",
+    "evidence_conflicts",
+    "relationship_cases",
+]
+
+# Lowest first, as the sources table's check constraint lists them.
+AUTHORITY_ORDER: Final = ("unverified", "low", "medium", "high", "authoritative")
+
+_AUTHORITY_RANK = (
+    "CASE {col} " + " ".join(f"WHEN '{a}' THEN {i}" for i, a in enumerate(AUTHORITY_ORDER)) + " END"
+)
+
+
+def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
+    """The state column of the latest event of ``ref`` at ``$5`` (t_sys)."""
+    return (
+        f"(SELECT {alias}.{col} FROM {table} {alias} "
+        f"WHERE {alias}.team_id = $1 AND {alias}.{fk} = {ref} AND {alias}.recorded_at <= $5 "
+        f"ORDER BY {alias}.recorded_at DESC, {alias}.seq DESC LIMIT 1)"
+    )
+
+
+# $1 team, $2 readable spaces, $3 relationship IDs, $4 their reach, $5 t_sys,
+# $6 cap of cases, $7 cap of supporters per position.
+_GEN = """
+gen AS MATERIALIZED (
+    SELECT g.space_id, max(g.generation) AS generation
+    FROM space_generations g
+    WHERE g.team_id = $1 AND g.space_id = ANY($2::uuid[]) AND g.recorded_at <= $5
+    GROUP BY g.space_id
+)"""
+
+_CASES = f"""
+WITH {_GEN},
+asked AS (
+    SELECT a.relationship_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (relationship_id, reach)
+),
+cases AS MATERIALIZED (
+    SELECT cc.id, cc.space_id, cc.question, min(a.reach) AS reach
+    FROM asked a
+    JOIN conflict_position_relationships cpr
+      ON cpr.team_id = $1 AND cpr.space_id = ANY($2::uuid[]) AND cpr.relationship_id = a.relationship_id
+    JOIN conflict_cases cc
+      ON cc.team_id = $1 AND cc.space_id = ANY($2::uuid[]) AND cc.id = cpr.case_id
+    JOIN gen ON gen.space_id = cc.space_id AND gen.generation = cc.generation
+    WHERE cc.recorded_at <= $5
+    GROUP BY cc.id, cc.space_id, cc.question
+),
+stated AS MATERIALIZED (
+    SELECT c.id, c.space_id, c.question, c.reach, last.event, last.preferred_position_id,
+           last.recorded_at AS state_at
+    FROM cases c
+    CROSS JOIN LATERAL (
+        SELECT ce.event, ce.preferred_position_id, ce.recorded_at
+        FROM conflict_case_events ce
+        WHERE ce.team_id = $1 AND ce.space_id = c.space_id AND ce.case_id = c.id
+          AND ce.recorded_at <= $5
+        ORDER BY ce.recorded_at DESC, ce.seq DESC
+        LIMIT 1
+    ) last
+    ORDER BY c.reach, c.id COLLATE "C"
+    LIMIT $6
+),
+members AS MATERIALIZED (
+    SELECT s.id AS case_id, p.id AS position_id, p.label, cpr.relationship_id
+    FROM stated s
+    JOIN conflict_positions p
+      ON p.team_id = $1 AND p.space_id = s.space_id AND p.case_id = s.id AND p.recorded_at <= $5
+    JOIN conflict_position_relationships cpr
+      ON cpr.team_id = $1 AND cpr.case_id = s.id AND cpr.position_id = p.id
+    JOIN relationships r
+      ON r.team_id = $1 AND r.space_id = s.space_id AND r.id = cpr.relationship_id
+     AND r.recorded_at <= $5
+),
+-- Driven from the members' supports (index on the relationship), so that the
+-- cost follows the cases shown, not the size of the space.
+member_supports AS MATERIALIZED (
+    SELECT m.case_id, m.position_id, sp.space_id, sp.id AS support_id, sp.evidence_id
+    FROM members m
+    JOIN stated s ON s.id = m.case_id
+    JOIN supports sp
+      ON sp.team_id = $1 AND sp.relationship_id = m.relationship_id AND sp.space_id = s.space_id
+     AND sp.recorded_at <= $5
+    WHERE {_latest("support_decisions", "support_id", "decision", "sd", "sp.id")}
+          IN ('grant', 'reinstate')
+),
+supporters AS MATERIALIZED (
+    SELECT DISTINCT ms.case_id, ms.position_id, e.id AS evidence_id, e.source_id, o.authority
+    FROM member_supports ms
+    JOIN evidence e
+      ON e.team_id = $1 AND e.id = ms.evidence_id AND e.space_id = ms.space_id
+     AND e.recorded_at <= $5
+    JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
+    JOIN sources o ON o.team_id = $1 AND o.id = e.source_id AND o.space_id = e.space_id
+    WHERE {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
+      AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "o.id")} = 'active'
+),
+ranked AS (
+    SELECT x.*,
+           count(*) OVER (PARTITION BY x.case_id, x.position_id) AS total,
+           row_number() OVER (
+               PARTITION BY x.case_id, x.position_id
+               ORDER BY {_AUTHORITY_RANK.format(col="x.authority")} DESC, x.evidence_id COLLATE "C"
+           ) AS n
+    FROM supporters x
+),
+positions AS (
+    SELECT m.case_id, m.position_id, min(m.label) AS label,
+           array_agg(DISTINCT m.relationship_id::text) AS relationship_ids
+    FROM members m
+    GROUP BY m.case_id, m.position_id
+)
+SELECT s.id, s.question, s.reach, s.event, s.preferred_position_id, s.state_at,
+       p.position_id, p.label, p.relationship_ids,
+       coalesce(sup.total, 0) AS supporter_count,
+       coalesce(sup.top, '[]') AS supporters
+FROM stated s
+JOIN positions p ON p.case_id = s.id
+LEFT JOIN LATERAL (
+    SELECT max(r.total) AS total,
+           json_agg(json_build_object('evidence_id', r.evidence_id, 'source_id', r.source_id,
+                                      'authority', r.authority) ORDER BY r.n)::text AS top
+    FROM ranked r
+    WHERE r.case_id = s.id AND r.position_id = p.position_id AND r.n <= $7
+) sup ON true
+ORDER BY s.reach, s.id COLLATE "C", p.position_id COLLATE "C"
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SupporterRow:
+    evidence_id: str
+    source_id: str
+    authority: str
+
+
+@dataclass(frozen=True, slots=True)
+class PositionRow:
+    id: str
+    label: str
+    relationship_ids: tuple[str, ...]  # code-point order
+    supporter_count: int
+    supporters: tuple[SupporterRow, ...]  # strongest first, at most the cap
+
+
+@dataclass(frozen=True, slots=True)
+class CaseRow:
+    id: str
+    question: str
+    reach: int
+    event: str  # the latest event at t_sys: open | resolve | reopen
+    preferred_position_id: str | None  # set only when that event is a resolution
+    state_at: datetime
+    positions: tuple[PositionRow, ...]  # position-ID order
+
+
+def _order_ids(ids: Sequence[str]) -> tuple[str, ...]:
+    return tuple(sorted(ids))
+
+
+async def relationship_cases(
+    conn: Conn,
+    team: str,
+    space_ids: Sequence[UUID],
+    relationship_reach: Mapping[str, int],
+    t_sys: datetime,
+    *,
+    cap: int,
+    supporter_cap: int,
+) -> list[CaseRow]:
+    """Cases reachable from ``relationship_reach``'s relationships, nearest first."""
+    if not relationship_reach or cap <= 0:
+        return []
+    rel_ids = list(relationship_reach)
+    rows = await conn.fetch(
+        _CASES,
+        team,
+        list(space_ids),
+        rel_ids,
+        [relationship_reach[r] for r in rel_ids],
+        t_sys,
+        cap,
+        supporter_cap,
+    )
+    cases: dict[str, CaseRow] = {}
+    positions: dict[str, list[PositionRow]] = {}
+    for r in rows:
+        case_id = r["id"]
+        if case_id not in cases:
+            resolved = r["event"] == "resolve"
+            cases[case_id] = CaseRow(
+                id=case_id,
+                question=r["question"],
+                reach=r["reach"],
+                event=r["event"],
+                preferred_position_id=r["preferred_position_id"] if resolved else None,
+                state_at=r["state_at"],
+                positions=(),
+            )
+            positions[case_id] = []
+        positions[case_id].append(
+            PositionRow(
+                id=r["position_id"],
+                label=r["label"],
+                relationship_ids=_order_ids(r["relationship_ids"]),
+                supporter_count=r["supporter_count"],
+                supporters=tuple(SupporterRow(**s) for s in json.loads(r["supporters"])),
+            )
+        )
+    return [
+        CaseRow(
+            id=c.id,
+            question=c.question,
+            reach=c.reach,
+            event=c.event,
+            preferred_position_id=c.preferred_position_id,
+            state_at=c.state_at,
+            positions=tuple(positions[c.id]),
+        )
+        for c in cases.values()
+    ]
+
+
+# $1 team, $2 readable spaces, $3 evidence IDs, $4 their reach, $5 t_sys, $6 cap.
+_EVIDENCE_CONFLICTS = f"""
+WITH {_GEN},
+asked AS (
+    SELECT a.evidence_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (evidence_id, reach)
+),
+reached AS MATERIALIZED (
+    SELECT ec.id, ec.space_id, ec.question, min(a.reach) AS reach
+    FROM asked a
+    JOIN evidence_conflict_positions p
+      ON p.team_id = $1 AND p.space_id = ANY($2::uuid[]) AND p.evidence_id = a.evidence_id
+     AND p.recorded_at <= $5
+    JOIN evidence_conflicts ec
+      ON ec.team_id = $1 AND ec.space_id = p.space_id AND ec.id = p.conflict_id
+    JOIN gen ON gen.space_id = ec.space_id AND gen.generation = ec.generation
+    WHERE ec.recorded_at <= $5
+    GROUP BY ec.id, ec.space_id, ec.question
+),
+-- Driven from the reached conflicts' positions, so that the cost follows the
+-- conflicts, not the size of the space.
+cited AS MATERIALIZED (
+    SELECT c.id AS conflict_id, p.space_id, p.id AS position_id, p.label, p.evidence_id,
+           p.occurrence_id
+    FROM reached c
+    JOIN evidence_conflict_positions p
+      ON p.team_id = $1 AND p.space_id = c.space_id AND p.conflict_id = c.id
+     AND p.recorded_at <= $5
+),
+readable AS MATERIALIZED (
+    SELECT x.conflict_id, x.position_id, x.label, x.evidence_id, x.occurrence_id,
+           oc.quote, oc.span_start, oc.span_end, o.authority
+    FROM cited x
+    JOIN evidence e
+      ON e.team_id = $1 AND e.id = x.evidence_id AND e.space_id = x.space_id
+     AND e.space_id = ANY($2::uuid[]) AND e.recorded_at <= $5
+    JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
+    JOIN evidence_occurrences oc
+      ON oc.team_id = $1 AND oc.evidence_id = e.id AND oc.id = x.occurrence_id
+     AND oc.space_id = e.space_id
+    JOIN sources o ON o.team_id = $1 AND o.id = e.source_id AND o.space_id = e.space_id
+    WHERE {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
+      AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "o.id")} = 'active'
+),
+shown AS MATERIALIZED (
+    SELECT c.id, c.question, c.reach
+    FROM reached c
+    WHERE (SELECT count(*) FROM readable x WHERE x.conflict_id = c.id) >= 2
+    ORDER BY c.reach, c.id COLLATE "C"
+    LIMIT $6
+)
+SELECT s.id, s.question, s.reach, x.position_id, x.label, x.evidence_id, x.occurrence_id,
+       x.quote, x.span_start, x.span_end, x.authority
+FROM shown s
+JOIN readable x ON x.conflict_id = s.id
+ORDER BY s.reach, s.id COLLATE "C", x.position_id COLLATE "C"
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class CitationRow:
+    position_id: str
+    label: str
+    evidence_id: str
+    occurrence_id: str
+    quote: str
+    span_start: int
+    span_end: int
+    authority: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceConflictRow:
+    id: str
+    question: str
+    reach: int
+    positions: tuple[CitationRow, ...]  # readable positions only, position-ID order
+
+
+async def evidence_conflicts(
+    conn: Conn,
+    team: str,
+    space_ids: Sequence[UUID],
+    evidence_reach: Mapping[str, int],
+    t_sys: datetime,
+    *,
+    cap: int,
+) -> list[EvidenceConflictRow]:
+    """Evidence conflicts reachable from ``evidence_reach``'s evidence, nearest first."""
+    if not evidence_reach or cap <= 0:
+        return []
+    ev_ids = list(evidence_reach)
+    rows = await conn.fetch(
+        _EVIDENCE_CONFLICTS,
+        team,
+        list(space_ids),
+        ev_ids,
+        [evidence_reach[e] for e in ev_ids],
+        t_sys,
+        cap,
+    )
+    out: dict[str, tuple[str, int, list[CitationRow]]] = {}
+    for r in rows:
+        entry = out.setdefault(r["id"], (r["question"], r["reach"], []))
+        entry[2].append(
+            CitationRow(
+                position_id=r["position_id"],
+                label=r["label"],
+                evidence_id=r["evidence_id"],
+                occurrence_id=r["occurrence_id"],
+                quote=r["quote"],
+                span_start=r["span_start"],
+                span_end=r["span_end"],
+                authority=r["authority"],
+            )
+        )
+    return [
+        EvidenceConflictRow(id=k, question=q, reach=reach, positions=tuple(ps))
+        for k, (q, reach, ps) in out.items()
+    ]

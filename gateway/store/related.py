@@ -1,0 +1,351 @@
+"""SQL of relationship discovery: candidate lists, coverage, and handles.
+
+Relationship discovery (SPEC section 3, step 4) searches the **shared space
+only**. One statement returns, for one recall:
+
+* the *fulltext* list: BM25 (k1 0.9, b 0.4, the evidence constants) over the
+  postings of relationship statements (``relationship_terms``, statistics in
+  ``relationship_search_stats``, db/0003), OR semantics over the query's
+  lexemes, exactly like the evidence full-text list, because hybrid fusion
+  only helps when the lexical list ranks like BM25 (docs/data-model.md);
+* the *vector* list: nearest relationship vectors of the team's **active**
+  projection generation (``relationship_vector_candidates``, db/0003); with no
+  active generation the list is empty and the caller says why;
+* the state of the team's projection (``active``, ``building``, ``failed`` or
+  none), so the caller can degrade without another round trip;
+* the semantic groups already *covered* for this answer: those of the
+  relationships the returned evidence supports, of the relationships the
+  caller's known evidence supports (support granted at the view's time), and
+  of the caller's known relationship IDs, in any space the caller may read.
+
+Each list fetches ``per_list`` candidates that exist in the view (space
+generation, system time); only candidates that are **eligible** are returned,
+with their semantic group: active at ``t_sys``, valid at ``t_valid``, not on the
+losing side of a resolved conflict case, and with at least one eligible
+support path (a support granted or reinstated at ``t_sys`` from evidence that
+is itself visible and active, with an active source). That is the rule of
+evidence hydration (gateway/store/recall.py) seen from the relationship's side.
+Ranks are those of the lists before the eligibility filter, like evidence
+candidates before hydration.
+
+Every predicate names the team and the space; row-level security is the
+second wall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final
+from uuid import UUID
+
+import numpy as np
+
+from gateway.store.connection import Conn
+from gateway.store.recall import RelationshipRow
+from gateway.store.search import BM25_B, BM25_K1, DIMENSIONS
+
+__all__ = [
+    "EXACT_SEARCH_BELOW",
+    "Discovery",
+    "DiscoveryQuery",
+    "discover",
+    "eligible_group_members",
+]
+
+# Below this many relationships in the space the vector list is an exact scan
+# (the evidence threshold; relationship vectors have the same size).
+EXACT_SEARCH_BELOW: int = 10_000
+MAX_PER_LIST: Final = 500
+
+
+class _Params:
+    """Numbered bind parameters; the statement text depends only on the lists searched."""
+
+    def __init__(self) -> None:
+        self.values: list[Any] = []
+        self._refs: dict[str, str] = {}
+
+    def bind(self, key: str, value: Any, sql_type: str) -> None:
+        self.values.append(value)
+        self._refs[key] = f"${len(self.values)}::{sql_type}"
+
+    def __getitem__(self, key: str) -> str:
+        return self._refs[key]
+
+
+def _float(value: float) -> str:
+    return f"CAST({float(value)!r} AS double precision)"
+
+
+def _latest(table: str, fk: str, col: str, alias: str, ref: str, team: str, t: str) -> str:
+    return (
+        f"(SELECT {alias}.{col} FROM {table} {alias} "
+        f"WHERE {alias}.team_id = {team} AND {alias}.{fk} = {ref} AND {alias}.recorded_at <= {t} "
+        f"ORDER BY {alias}.recorded_at DESC, {alias}.seq DESC LIMIT 1)"
+    )
+
+
+def eligible_relationship(r: str, team: str, space: str, gen: str, t: str, tv: str) -> str:
+    """SQL predicate: relationship ``r`` (of ``space``) is eligible for the view.
+
+    Active at ``t``, valid at ``tv``, of the view's generation ``gen``, not in a
+    losing position of a case resolved at ``t``, with an eligible support path.
+    """
+    status = _latest("relationship_status_events", "relationship_id", "status", "rs", f"{r}.id", team, t)
+    decision = _latest("support_decisions", "support_id", "decision", "sd", "s.id", team, t)
+    ev_status = _latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id", team, t)
+    src_status = _latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id", team, t)
+    return f"""(
+    {r}.team_id = {team} AND {r}.space_id = {space} AND {r}.generation = {gen}
+    AND {r}.recorded_at <= {t}
+    AND {status} = 'active'
+    AND ({r}.valid_from IS NULL OR {r}.valid_from <= {tv})
+    AND ({r}.valid_to IS NULL OR {tv} < {r}.valid_to)
+    AND NOT EXISTS (
+        SELECT 1
+        FROM conflict_position_relationships cpr
+        JOIN conflict_cases cc ON cc.team_id = {team} AND cc.id = cpr.case_id
+        CROSS JOIN LATERAL (
+            SELECT ce.event, ce.preferred_position_id FROM conflict_case_events ce
+            WHERE ce.team_id = {team} AND ce.case_id = cc.id AND ce.recorded_at <= {t}
+            ORDER BY ce.recorded_at DESC, ce.seq DESC LIMIT 1
+        ) last
+        WHERE cpr.team_id = {team} AND cpr.relationship_id = {r}.id
+          AND cc.space_id = {space} AND cc.generation = {gen} AND cc.recorded_at <= {t}
+          AND last.event = 'resolve' AND last.preferred_position_id <> cpr.position_id
+    )
+    AND EXISTS (
+        SELECT 1
+        FROM supports s
+        JOIN evidence e ON e.team_id = {team} AND e.space_id = {space} AND e.id = s.evidence_id
+        WHERE s.team_id = {team} AND s.space_id = {space} AND s.relationship_id = {r}.id
+          AND s.recorded_at <= {t}
+          AND e.generation = {gen} AND e.recorded_at <= {t}
+          AND {decision} IN ('grant', 'reinstate')
+          AND {ev_status} = 'active'
+          AND {src_status} = 'active'
+    )
+)"""
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryQuery:
+    team_id: str
+    space_id: UUID  # the shared space
+    generation: int  # its generation in the view
+    readable_space_ids: Sequence[UUID]  # for coverage: every space the caller reads
+    t_sys: datetime
+    t_valid: datetime
+    text: str | None
+    vector: np.ndarray | None
+    per_list: int
+    returned_relationship_ids: Sequence[str]
+    known_evidence_ids: Sequence[str]
+    known_relationship_ids: Sequence[str]
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    # list name -> [(relationship ID, semantic group)] in list rank order, eligible only
+    lists: dict[str, list[tuple[str, str]]]
+    covered_groups: frozenset[str]
+    # The team's newest projection status: "active", "building", "failed", "retired" or None
+    projection_status: str | None
+
+
+def _fulltext(p: _Params) -> str:
+    team, space, limit = p["team"], p["space"], p["per_list"]
+    k1, b = _float(BM25_K1), _float(BM25_B)
+    return f"""
+SELECT 'fulltext'::text AS list_name, s.rank, s.relationship_id
+FROM (
+    SELECT h.relationship_id,
+           row_number() OVER (ORDER BY h.score DESC, h.relationship_id COLLATE "C") AS rank
+    FROM (
+        SELECT g.relationship_id,
+               (SELECT sum(u.idf * u.tf * ({k1} + 1)
+                           / (u.tf + {k1} * (1 - {b} + {b} * r.doc_length / g.avgdl)))
+                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
+        FROM (
+            SELECT t.relationship_id::text AS relationship_id, array_agg(w.idf) AS idfs,
+                   array_agg(t.tf::double precision) AS tfs, min(w.avgdl) AS avgdl
+            FROM (
+                SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
+                FROM query_lexemes ql
+                CROSS JOIN (
+                    SELECT sum(x.doc_count)::double precision AS n,
+                           sum(x.total_length)::double precision
+                               / nullif(sum(x.doc_count), 0) AS avgdl
+                    FROM relationship_search_stats x
+                    WHERE x.team_id = {team} AND x.space_id = {space}
+                ) st
+                CROSS JOIN LATERAL (
+                    SELECT count(*)::double precision AS df
+                    FROM relationship_terms c
+                    WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
+                ) d
+                WHERE d.df > 0 AND st.avgdl > 0
+            ) w
+            JOIN relationship_terms t
+              ON t.team_id = {team} AND t.space_id = {space} AND t.lexeme = w.lexeme
+            GROUP BY t.relationship_id
+        ) g
+        JOIN relationships r
+          ON r.team_id = {team} AND r.space_id = {space} AND r.id = g.relationship_id
+        WHERE r.generation = {p["generation"]} AND r.recorded_at <= {p["t_sys"]}
+    ) h
+    ORDER BY h.score DESC, h.relationship_id COLLATE "C"
+    LIMIT {limit}
+) s"""
+
+
+def _vector(p: _Params) -> str:
+    return f"""
+SELECT 'vector'::text AS list_name,
+       row_number() OVER (ORDER BY v.distance, v.relationship_id COLLATE "C") AS rank,
+       v.relationship_id
+FROM relationship_vector_candidates(
+    {p["team"]}, {p["space"]}, {p["generation"]},
+    (SELECT pr.generation FROM relationship_projections pr
+      WHERE pr.team_id = {p["team"]} AND pr.status = 'active'),
+    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}, {p["exact_below"]}
+) v"""
+
+
+def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
+    """The one discovery statement and its parameters (public for tests and plans)."""
+    p = _Params()
+    p.bind("team", q.team_id, "text")
+    p.bind("space", q.space_id, "uuid")
+    p.bind("generation", q.generation, "integer")
+    p.bind("readable", list(q.readable_space_ids), "uuid[]")
+    p.bind("t_sys", q.t_sys, "timestamptz")
+    p.bind("t_valid", q.t_valid, "timestamptz")
+    p.bind("per_list", q.per_list, "integer")
+    p.bind("returned", list(q.returned_relationship_ids), "text[]")
+    p.bind("known_ev", list(q.known_evidence_ids), "text[]")
+    p.bind("known_rel", list(q.known_relationship_ids), "text[]")
+    ctes = []
+    parts = []
+    if q.text is not None and q.text.strip():
+        p.bind("text", q.text.replace("\x00", " ").encode("utf-8", "replace").decode(), "text")
+        ctes.append(
+            "query_lexemes AS MATERIALIZED (SELECT u.lexeme FROM "
+            f"unnest(to_tsvector('english'::regconfig, {p['text']})) AS u)"
+        )
+        parts.append(_fulltext(p))
+    if q.vector is not None:
+        p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
+        p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
+        parts.append(_vector(p))
+    team, space, gen, t, tv = p["team"], p["space"], p["generation"], p["t_sys"], p["t_valid"]
+    if not parts:
+        raise ValueError("discovery needs a query text or a query vector")
+    union = "\nUNION ALL\n".join(f"({part}\n)" for part in parts)
+    ctes.append(f"cand AS MATERIALIZED (\n{union}\n)")
+    ctes.append(
+        f"""eligible AS MATERIALIZED (
+    SELECT r.id::text AS id, r.semantic_group_key
+    FROM relationships r
+    WHERE r.team_id = {team} AND r.space_id = {space}
+      AND r.id IN (SELECT cand.relationship_id FROM cand)
+      AND {eligible_relationship("r", team, space, gen, t, tv)}
+)"""
+    )
+    decision = _latest("support_decisions", "support_id", "decision", "sd", "s.id", team, t)
+    ctes.append(
+        f"""covered AS (
+    SELECT DISTINCT r.semantic_group_key
+    FROM relationships r
+    WHERE r.team_id = {team} AND r.space_id = ANY ({p["readable"]}) AND r.recorded_at <= {t}
+      AND (r.id = ANY ({p["returned"]}) OR r.id = ANY ({p["known_rel"]})
+           OR r.id IN (
+               SELECT s.relationship_id FROM supports s
+               WHERE s.team_id = {team} AND s.space_id = ANY ({p["readable"]})
+                 AND s.evidence_id = ANY ({p["known_ev"]}) AND s.recorded_at <= {t}
+                 AND {decision} IN ('grant', 'reinstate')))
+)"""
+    )
+    sql = (
+        "WITH "
+        + ",\n".join(ctes)
+        + f"""
+SELECT c.list_name, c.rank, c.relationship_id, e.semantic_group_key AS group_key
+FROM cand c JOIN eligible e ON e.id = c.relationship_id
+UNION ALL
+SELECT 'covered', 0, NULL, cv.semantic_group_key FROM covered cv
+UNION ALL
+SELECT 'projection', 0, NULL,
+       (SELECT pr.status FROM relationship_projections pr WHERE pr.team_id = {team}
+         ORDER BY (pr.status = 'active') DESC, pr.generation DESC LIMIT 1)
+"""
+    )
+    return sql, p.values
+
+
+async def discover(conn: Conn, q: DiscoveryQuery) -> Discovery:
+    """Eligible candidates of each requested list, covered groups, projection state."""
+    if not 1 <= q.per_list <= MAX_PER_LIST:
+        raise ValueError(f"per_list must be between 1 and {MAX_PER_LIST}, not {q.per_list}")
+    if q.vector is not None and np.shape(q.vector) != (DIMENSIONS,):
+        raise ValueError(f"the query vector must have shape ({DIMENSIONS},)")
+    wanted = []
+    if q.text is not None and q.text.strip():
+        wanted.append("fulltext")
+    if q.vector is not None:
+        wanted.append("vector")
+    if not wanted:  # entity expansion only: nothing to discover, nothing to anchor
+        return Discovery({}, frozenset(), None)
+    sql, args = build_discovery(q)
+    ranked: dict[str, list[tuple[int, str, str]]] = {name: [] for name in wanted}
+    covered: set[str] = set()
+    projection: str | None = None
+    for row in await conn.fetch(sql, *args):
+        name = row["list_name"]
+        if name == "covered":
+            covered.add(row["group_key"])
+        elif name == "projection":
+            projection = row["group_key"]
+        else:
+            ranked[name].append((row["rank"], row["relationship_id"], row["group_key"]))
+    lists = {
+        name: [(rid, group) for _, rid, group in sorted(hits)] for name, hits in ranked.items()
+    }
+    return Discovery(lists, frozenset(covered), projection)
+
+
+_MEMBERS = """
+SELECT o.id, o.space_id, o.subject_entity_id, o.predicate, o.object_entity_id, o.object_value,
+       o.object_unit, o.polarity, o.valid_from, o.valid_to, o.owner_principal_id,
+       o.semantic_group_key, o.statement, o.recorded_at, 'active'::text AS status
+FROM relationships o
+WHERE o.team_id = $1::text AND o.space_id = $2::uuid AND o.semantic_group_key = ANY ($3::text[])
+  AND {eligible}
+ORDER BY o.semantic_group_key COLLATE "C", o.id COLLATE "C"
+""".format(
+    eligible=eligible_relationship(
+        "o", "$1::text", "$2::uuid", "$4::integer", "$5::timestamptz", "$6::timestamptz"
+    )
+)
+
+
+async def eligible_group_members(
+    conn: Conn,
+    team: str,
+    space_id: UUID,
+    generation: int,
+    groups: Sequence[str],
+    t_sys: datetime,
+    t_valid: datetime,
+) -> dict[str, list[RelationshipRow]]:
+    """Every eligible relationship of the given semantic groups in the shared space,
+    by group, in ID order (code points)."""
+    if not groups:
+        return {}
+    rows = await conn.fetch(_MEMBERS, team, space_id, list(groups), generation, t_sys, t_valid)
+    out: dict[str, list[RelationshipRow]] = {}
+    for r in rows:
+        out.setdefault(r["semantic_group_key"], []).append(RelationshipRow(**dict(r)))
+    return out
