@@ -25,8 +25,10 @@ callers. No shrinking (see the settings).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +51,7 @@ RECALL = """
 query Leak($q: String, $known: [ID!], $entities: [ID!], $knownRels: [ID!]) {
   recallMemory(query: $q, limit: 50, knownEvidenceIds: $known,
                expandFromEntityIds: $entities, knownRelationshipIds: $knownRels) {
+    recallEventId
     results {
       evidenceId spaceKind context
       source { id title }
@@ -318,6 +321,33 @@ def _conflicts(r: dict[str, Any]) -> list[tuple[str, str]]:
 EXTRACTORS: list[Extractor] = [_evidence, _related, _conflicts]
 
 
+FEEDBACK = """
+mutation F($input: RecallSessionFeedbackInput!) {
+  submitRecallSessionFeedback(input: $input) { feedbackId recallEventId created }
+}
+"""
+
+
+async def _feedback(client: httpx.AsyncClient, tok: str, event_id: str) -> dict[str, Any]:
+    r = await client.post(
+        "/graphql",
+        json={
+            "query": FEEDBACK,
+            "variables": {
+                "input": {
+                    "feedbackId": "fb" + secrets.token_hex(6),
+                    "recallEventId": event_id,
+                    "used": True,
+                }
+            },
+        },
+        headers={"Authorization": f"Bearer {tok}"},
+    )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
 # --- the property ------------------------------------------------------------------
 
 
@@ -362,6 +392,7 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, world, plan
     all_ids = sorted(
         {i.id for t in world for i in t.items} | {t.entity(s) for t in world for s in t.spaces()}
     )
+    events: list[tuple[Caller, str, str]] = []
     for ask in plan:
         team, principal = everyone[ask.caller_index % len(everyone)]
         caller = Caller(team, principal, ask.private)
@@ -400,6 +431,27 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, world, plan
                 assert value in allowed[kind], (kind, value, caller, answer)
         for e in answer["results"]:
             assert e["spaceKind"] == "SHARED" or ask.private
+        if answer["recallEventId"]:
+            events.append((caller, tok, answer["recallEventId"]))
+    # Feedback on each recall event, by the next caller of the plan: only the
+    # principal who recalled may refer to its event; for anybody else it is
+    # NOT_FOUND, worded exactly like an event that does not exist.
+    for i, (owner, _tok, event_id) in enumerate(events):
+        submitter, sub_tok, _ = events[(i + 1) % len(events)]
+        body = await _feedback(client, sub_tok, event_id)
+        if submitter.team is owner.team and submitter.principal == owner.principal:
+            assert not body.get("errors"), body
+            assert body["data"]["submitRecallSessionFeedback"]["recallEventId"] == event_id
+            continue
+        assert body["errors"][0]["extensions"]["code"] == "NOT_FOUND", body
+        nobody = str(uuid.uuid4())
+        missing = await _feedback(client, sub_tok, nobody)
+        assert (
+            missing["errors"][0]["message"].replace(nobody, event_id)
+            == (body["errors"][0]["message"])
+        )
+        for secret in forbidden(submitter, world):
+            assert secret not in json.dumps(body), (secret, body)
 
 
 TRACE = """
