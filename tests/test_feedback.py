@@ -491,3 +491,49 @@ async def test_the_snapshot_is_one_statement_in_one_short_transaction(
                 await ask(http, tok, q)
                 counts[name] = counter.count - before
     assert counts["on"] - counts["off"] == 4, counts
+
+
+async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writes, db) -> None:
+    """Related relationships (representative and equivalents), conflicts and the
+    evidence are all recorded in the recall event, so feedback may cite them;
+    an ID the recall did not return in that frontier is refused."""
+    from .test_conflicts import ownership_case
+
+    team = unique("fbfr")
+    await load_jsonl(writes, jsonl(ownership_case(team)))
+    alice = await token(writes, team, "alice")
+    body = await gql(
+        client,
+        alice,
+        """query { recallMemory(query: "billing service owned by team payments ledger", limit: 1) {
+             recallEventId results { evidenceId }
+             relatedRelationships { representativeId equivalentIds }
+             conflicts { id } } }""",
+    )
+    assert "errors" not in body, body
+    result = body["data"]["recallMemory"]
+    assert result["relatedRelationships"] and result["conflicts"], result
+    handle = result["relatedRelationships"][0]
+    refs = [
+        {"frontier": "RELATIONSHIP", "id": handle["representativeId"]},
+        *({"frontier": "RELATIONSHIP", "id": i} for i in handle["equivalentIds"]),
+        {"frontier": "CONFLICT", "id": result["conflicts"][0]["id"]},
+        {"frontier": "EVIDENCE", "id": result["results"][0]["evidenceId"]},
+    ]
+    event = result["recallEventId"]
+    ok = await submit(
+        client, alice, feedbackId="fb-all", recallEventId=event, used=True, irrelevantResults=refs
+    )
+    assert "errors" not in ok, ok
+    assert await feedback_rows(db, team) == (1, len(refs))
+    # A conflict ID cited as a relationship was not returned as one.
+    wrong = await submit(
+        client,
+        alice,
+        feedbackId="fb-wrong",
+        recallEventId=event,
+        used=True,
+        irrelevantResults=[{"frontier": "RELATIONSHIP", "id": result["conflicts"][0]["id"]}],
+    )
+    assert error_of(wrong)["extensions"]["code"] == "BAD_USER_INPUT"
+    assert await feedback_rows(db, team) == (1, len(refs))
