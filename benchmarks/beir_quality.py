@@ -23,9 +23,10 @@ best member means fusion hurt.
 
     python benchmarks/beir_quality.py PATH_TO_BEIR_FOLDER [--split test]
 
-The dataset is read where it lies and never copied into the repository or the
-database directory outlives the run. Loading SciFact (5,183 documents) takes a
-few minutes on 2 cores, nearly all of it computing embeddings.
+The dataset is read where it lies and never copied into the repository; the
+temporary database does not outlive the run. Loading SciFact (5,183 documents,
+20,734 records) took 29 minutes on 2 busy cores, nearly all of it computing
+the embeddings of evidence and relationships.
 """
 
 from __future__ import annotations
