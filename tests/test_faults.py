@@ -91,6 +91,10 @@ async def test_database_outage_fails_fast_and_service_resumes(seeded: Any) -> No
             assert "asyncpg" not in r.text and "Traceback" not in r.text
         r = await client.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "not ready"
+        # a persisted-query lookup needs the database before GraphQL even runs
+        ext = {"persistedQuery": {"version": 1, "sha256Hash": "ab" * 32}}
+        r = await client.post("/graphql", json={"extensions": ext})
+        assert r.status_code == 503 and _code(r) == "DATABASE_UNAVAILABLE", r.text
 
         server.start()
         answers = []

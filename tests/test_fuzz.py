@@ -88,8 +88,55 @@ def recall_documents(draw: st.DrawFn) -> str:
     return f"{header} {{ recallMemory({arg_text}) {{ {selection} }} }}"
 
 
+TRACE_ARGUMENTS = [
+    "relationshipId",
+    "maxDepth",
+    "maxEdges",
+    "maxEvents",
+    "includeEvidenceContent",
+    "validAt",
+    "knownAt",
+    "bogus",
+]
+TRACE_FIELDS = [
+    "relationship { id }",
+    "evidence { evidenceId content }",
+    "events { kind }",
+    "truncated stoppedReason",
+    "lineage { depth relationship { id } }",
+    "nope",
+]
+
+
+@st.composite
+def trace_documents(draw: st.DrawFn) -> str:
+    args = draw(st.lists(st.tuples(st.sampled_from(TRACE_ARGUMENTS), scalars), max_size=5))
+    arg_text = ", ".join(f"{name}: {value}" for name, value in args)
+    selection = " ".join(draw(st.lists(st.sampled_from(TRACE_FIELDS), max_size=3)))
+    return f"{{ traceMemory({arg_text}) {{ {selection} }} }}"
+
+
+@st.composite
+def feedback_documents(draw: st.DrawFn) -> str:
+    fields = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from(["feedbackId", "recallEventId", "used", "rating", "bogus"]),
+                scalars,
+            ),
+            max_size=4,
+        )
+    )
+    body = ", ".join(f"{name}: {value}" for name, value in fields)
+    return (
+        f"mutation {{ submitRecallSessionFeedback(input: {{ {body} }}) {{ feedbackId created }} }}"
+    )
+
+
 documents = st.one_of(
     recall_documents(),
+    trace_documents(),
+    feedback_documents(),
     st.text(alphabet="{}()[]:$@!.,=\"' \n\tabcdeqrylimt0123456789_", max_size=120),
     st.text(max_size=60),
 )

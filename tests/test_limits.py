@@ -16,7 +16,7 @@ from gateway.http.cost import cost_rule
 from gateway.schema import build_schema
 from gateway.settings import Settings
 
-from .graphql_docs import maximal_recall
+from .graphql_docs import maximal_recall, selection
 
 GRJ = "application/graphql-response+json"
 MAX_ARGS = (
@@ -63,7 +63,11 @@ def test_profiles_resolve_documented_defaults() -> None:
         2000,
         10,
     )
-    assert (prod.max_cost, prod.max_body_bytes, prod.request_timeout_ms) == (5000, 262_144, 10_000)
+    assert (prod.max_cost, prod.max_body_bytes, prod.request_timeout_ms) == (
+        12_000,
+        262_144,
+        10_000,
+    )
     assert not prod.batching
     # an explicit setting wins over the profile
     assert http_limits.resolve(Settings(env="production", max_depth=3)).max_depth == 3
@@ -109,6 +113,14 @@ def test_production_admits_one_maximal_recall_and_not_two() -> None:
     two = "{ a: " + body.strip() + " b: " + body.strip() + " }"
     errors = validate(schema, parse(two), [cost_rule(prod.max_cost)])
     assert errors and errors[0].extensions["code"] == "QUERY_TOO_COSTLY"  # type: ignore[index]
+    # a trace with every field at its default bounds passes; at its maxima it does not
+    trace_type = schema.get_type("MemoryTrace")
+    assert trace_type is not None
+    every = selection(schema, trace_type, 6)
+    trace = '{ traceMemory(relationshipId: "r") { ' + every + " } }"
+    assert validate(schema, parse(trace), [cost_rule(prod.max_cost)]) == []
+    big = '{ traceMemory(relationshipId: "r", maxEdges: 200, maxEvents: 1000) { ' + every + " } }"
+    assert validate(schema, parse(big), [cost_rule(prod.max_cost)])
 
 
 async def test_each_limit_is_refused_before_execution_with_its_code(make_client) -> None:

@@ -11,12 +11,12 @@ anything executes, how many objects an operation may resolve:
   argument that bounds it (``RecallResult.results`` by ``recallMemory(limit:)``,
   and so on, see ``LIST_SIZES``), the argument's default when it is absent, its
   maximum when it is a variable (validation runs before variables are known,
-  and a cached validation must not depend on them); other lists count
-  ``DEFAULT_LIST_SIZE`` items;
+  and a cached validation must not depend on them); lists with a bound of their
+  own count it (``FIXED_SIZES``); other lists count ``DEFAULT_LIST_SIZE`` items;
 - fields that do a search of their own add ``FIELD_COST``.
 
-Frontiers that other work adds (traceMemory, feedback) register their lists and
-bounds in the two tables below.
+Other operations register their lists and bounds in the tables below
+(``traceMemory``'s lists are bounded by its ``maxEdges`` and ``maxEvents``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ from graphql import (
     is_list_type,
 )
 
+from gateway.services.conflicts import MAX_SUPPORTERS
 from gateway.services.recall_input import LIMITS, Bound
+from gateway.services.trace import TRACE_BOUNDS
 
 DEFAULT_LIST_SIZE = 10
 """Items assumed for a list that no argument bounds."""
@@ -76,7 +78,21 @@ LIST_SIZES: dict[str, SizedBy] = {
     ),
 }
 
-FIELD_COST: dict[str, int] = {_RECALL: 10}
+_TRACE = "Query.traceMemory"
+LIST_SIZES.update(
+    {
+        "MemoryTrace.evidence": SizedBy(_TRACE, "maxEdges", TRACE_BOUNDS["maxEdges"]),
+        "MemoryTrace.events": SizedBy(_TRACE, "maxEvents", TRACE_BOUNDS["maxEvents"]),
+        "MemoryTrace.equivalents": SizedBy(_TRACE, "maxEdges", TRACE_BOUNDS["maxEdges"]),
+        "MemoryTrace.conflicts": SizedBy(_TRACE, "maxEdges", TRACE_BOUNDS["maxEdges"]),
+        "MemoryTrace.lineage": SizedBy(_TRACE, "maxEdges", TRACE_BOUNDS["maxEdges"]),
+    }
+)
+
+FIXED_SIZES: dict[str, int] = {"ConflictPosition.supporters": MAX_SUPPORTERS}
+"""Lists whose size has a fixed bound of its own."""
+
+FIELD_COST: dict[str, int] = {_RECALL: 10, _TRACE: 10}
 """Extra cost of a field that runs searches of its own (per call)."""
 
 
@@ -147,7 +163,7 @@ class _Estimator:
         if is_list_type(field_type):
             sized = LIST_SIZES.get(coordinate)
             if sized is None:
-                size = DEFAULT_LIST_SIZE
+                size = FIXED_SIZES.get(coordinate, DEFAULT_LIST_SIZE)
             else:
                 owner = ancestors.get(sized.field)
                 size = sized.bound.default if owner is None else _argument(owner, sized)

@@ -53,15 +53,16 @@ class Limits:
 
 
 # Defaults per profile. Production's are strict but let one recallMemory with
-# every field and every limit at its maximum through (cost 3,896, depth 5), and
-# not two of them; tests/test_limits.py checks it.
+# every field and every limit at its maximum through (cost 6,396, depth 5), and
+# not two of them, and a traceMemory with every field at its default bounds
+# (cost 9,640); tests/test_limits.py checks it.
 PROFILES: dict[str, dict[str, int]] = {
     "development": {
         "max_depth": 15,
         "max_aliases": 30,
         "max_tokens": 5000,
         "max_directives": 50,
-        "max_cost": 20_000,
+        "max_cost": 50_000,
         "max_body_bytes": 1_048_576,
         "request_timeout_ms": 15_000,
     },
@@ -70,7 +71,7 @@ PROFILES: dict[str, dict[str, int]] = {
         "max_aliases": 10,
         "max_tokens": 2000,
         "max_directives": 10,
-        "max_cost": 5000,
+        "max_cost": 12_000,
         "max_body_bytes": 262_144,
         "request_timeout_ms": 10_000,
     },

@@ -31,6 +31,7 @@ from strawberry.schema import BaseSchema
 from strawberry.types import ExecutionResult
 
 from gateway.deadline import deadline
+from gateway.errors import GatewayError
 from gateway.http.errors import (
     GRAPHQL_RESPONSE_JSON,
     JSON,
@@ -65,6 +66,9 @@ def negotiate(accept: str | None) -> str:
     if wanted > 0 and wanted >= quality.get(JSON, 0.0):
         return GRAPHQL_RESPONSE_JSON
     return JSON
+
+
+_GATEWAY_STATUS = {"DATABASE_UNAVAILABLE": 503, "REQUEST_TIMEOUT": 504}
 
 
 def _is_request_error(result: ExecutionResult) -> bool:
@@ -131,6 +135,19 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
                 "REQUEST_TIMEOUT",
                 f"The request took longer than {self.limits.request_timeout_ms} ms.",
                 media_type=media,
+            )
+        except GatewayError as exc:  # before execution: e.g. the APQ store's database
+            status = _GATEWAY_STATUS.get(exc.code, 400)
+            response = error_response(status, exc.code, exc.message, media_type=media)
+        except Exception:
+            request_id = getattr(request.state, "request_id", "?")
+            log.exception("request %s failed", request_id)
+            response = error_response(
+                500,
+                "INTERNAL",
+                "Internal server error",
+                media_type=media,
+                extra={"requestId": request_id},
             )
         await response(scope, receive, send)
 

@@ -28,11 +28,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
 
-import asyncpg
-
 from gateway.errors import DatabaseUnavailable
 from gateway.store import conflicts as store
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database
 
 if TYPE_CHECKING:
     from gateway.services.recall import EvidenceResult, ReadView
@@ -55,7 +53,6 @@ MAX_CONFLICTS: Final = 10
 MAX_SUPPORTERS: Final = 5
 """Supporters listed per position; ``supporter_count`` always gives the total."""
 
-_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 _STATE = {"open": "open", "resolve": "resolved", "reopen": "reopened"}
 
@@ -173,7 +170,7 @@ async def reachable_conflicts(db: Database, view: ReadView, reach: Reach) -> lis
             evidence = await store.evidence_conflicts(
                 conn, view.team_id, view.space_ids, reach.evidence, view.t_sys, cap=MAX_CONFLICTS
             )
-    except _STORE_FAILURES as exc:
+    except STORE_FAILURES as exc:
         raise DatabaseUnavailable("the conflicts of the answer could not be loaded") from exc
     found: list[ConflictView] = [_case_view(c) for c in cases]
     found += [EvidenceConflictView(e.id, e.question, e.positions, e.reach) for e in evidence]

@@ -22,21 +22,17 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-import asyncpg
-
 from gateway.errors import IdempotencyConflict, InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
 from gateway.store import feedback as store
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database
 
 if TYPE_CHECKING:
     from gateway.services.recall import RecallOutcome
 
 log = logging.getLogger("gateway.feedback")
 
-# Losing the snapshot in these ways degrades the recall; anything else is a bug.
-_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 SNAPSHOT_UNAVAILABLE = "recall_feedback_snapshot_unavailable"
 
@@ -134,7 +130,7 @@ class FeedbackService:
                 principal.team_id, principal.readable_space_ids, readonly=False
             ) as conn:
                 await store.insert_recall_event(conn, event)
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             log.warning("recall feedback snapshot lost: %s", exc)
             outcome.degradations.append(
                 Degradation(

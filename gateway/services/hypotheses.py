@@ -27,12 +27,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-import asyncpg
-
 from gateway.fusion import fuse_equal
 from gateway.services.conflicts import answer_reach
 from gateway.store import hypotheses as store
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database
 from gateway.store.search import BranchSearch
 
 if TYPE_CHECKING:
@@ -43,7 +41,6 @@ __all__ = ["HypothesisFrontier", "list_depth", "related_hypotheses"]
 
 log = logging.getLogger("gateway.recall")
 
-_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 TEMPORAL: Final = (
     "related_hypotheses_temporal_not_supported",
@@ -107,7 +104,7 @@ async def related_hypotheses(
                 query=request.query,
                 per_list=depth,
             )
-    except _STORE_FAILURES as exc:
+    except STORE_FAILURES as exc:
         log.warning("related hypotheses lost: %s", exc)
         lexical = "failed" if request.query is not None else "skipped"
         return HypothesisFrontier(

@@ -19,7 +19,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 from uuid import UUID
 
-import asyncpg
 import numpy as np
 
 from gateway.embeddings import EmbeddingProvider
@@ -32,7 +31,7 @@ from gateway.services.feedback import FeedbackService, SuggestedAction
 from gateway.services.recall_input import RecallRequest
 from gateway.store import recall as store
 from gateway.store import search
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database
 from gateway.store.hypotheses import HypothesisRow
 
 if TYPE_CHECKING:
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.recall")
 
-# A branch failing in these ways is a lost branch, not a bug.
-_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 # Candidates per list per branch: enough that hits discarded by hydration do not
 # starve the result, bounded so that one recall stays cheap.
@@ -322,7 +319,7 @@ class RecallService:
         states: list[ListState] = []
         try:
             lists = await self._search(team, branches, request, vector, per_list, t_sys)
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             log.warning("combined candidate search failed (%s); retrying per branch", exc)
             lists = {}
             for b in branches:
@@ -357,12 +354,12 @@ class RecallService:
     ) -> dict[tuple[str, str], list[str]] | None:
         try:
             return await self._search(team, [branch], request, vector, per_list, t_sys)
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             first = exc
         if vector is not None:
             try:
                 got = await self._search(team, [branch], request, None, per_list, t_sys)
-            except _STORE_FAILURES:
+            except STORE_FAILURES:
                 pass
             else:
                 degradations.append(
@@ -403,7 +400,7 @@ class RecallService:
                 return await store.eligible_evidence(
                     conn, team, ids, spaces, view.t_sys, view.t_valid
                 )
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             if "private" not in fused:
                 raise DatabaseUnavailable("canonical evidence could not be loaded") from exc
             log.warning("hydration of both branches failed (%s); retrying shared only", exc)
@@ -418,7 +415,7 @@ class RecallService:
                     view.t_sys,
                     view.t_valid,
                 )
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             raise DatabaseUnavailable("canonical evidence could not be loaded") from exc
         fused.pop("private", None)
         degradations.append(

@@ -38,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from uuid import UUID
 
-import asyncpg
 import numpy as np
 
 from gateway.errors import DatabaseUnavailable
@@ -53,12 +52,11 @@ from gateway.services.recall import (
 from gateway.services.recall_input import RecallRequest
 from gateway.store import communities as community_store
 from gateway.store import related as store
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database
 from gateway.store.recall import RelationshipRow
 
 log = logging.getLogger("gateway.recall.related")
 
-_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,14 +248,14 @@ class RelatedFrontiers:
         try:
             async with self.db.tenant(view.team_id, view.space_ids) as conn:
                 found = await store.discover(conn, query)
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             if query.vector is None:
                 raise DatabaseUnavailable("relationships could not be searched") from exc
             log.warning("relationship discovery failed (%s); retrying without vectors", exc)
             try:
                 async with self.db.tenant(view.team_id, view.space_ids) as conn:
                     found = await store.discover(conn, _without_vector(query))
-            except _STORE_FAILURES as again:
+            except STORE_FAILURES as again:
                 raise DatabaseUnavailable("relationships could not be searched") from again
             out.degradations.append(
                 Degradation(
@@ -306,7 +304,7 @@ class RelatedFrontiers:
                 snap = await community_store.snapshot(
                     conn, view.team_id, shared.space_id, anchors
                 )
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             log.warning("community snapshot could not be read: %s", exc)
             skip("community_snapshot_unavailable", "the community snapshot could not be read")
             return [], None
@@ -365,7 +363,7 @@ class RelatedFrontiers:
                     view.t_sys,
                     view.t_valid,
                 )
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             raise DatabaseUnavailable("related relationships could not be loaded") from exc
         handles = {}
         for group, rows in members.items():

@@ -28,8 +28,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import asyncpg
-
 from gateway.errors import DatabaseUnavailable, InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall import MAX_CONTEXT_CHARS, ReadView
@@ -37,11 +35,8 @@ from gateway.services.recall_input import Bound
 from gateway.store import recall as read_store
 from gateway.store import trace as store
 from gateway.store.connection import Conn
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database
 from gateway.store.recall import EntityRow, RelationshipRow, SourceRow
-
-# Failing to load authoritative state is an error, never a partial trace.
-_STORE_FAILURES = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -238,7 +233,7 @@ class TraceService:
         try:
             async with self.db.tenant(team, spaces) as conn:
                 yield conn
-        except _STORE_FAILURES as exc:
+        except STORE_FAILURES as exc:
             raise DatabaseUnavailable("the trace could not be loaded") from exc
 
     async def trace(self, principal: Principal, request: TraceRequest) -> TraceOutcome:

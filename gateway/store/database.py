@@ -31,6 +31,16 @@ _ENTER_TENANT = (
 # What asyncpg and the socket raise when the server is away, restarting or
 # refusing connections. Such failures become DATABASE_UNAVAILABLE, fast,
 # instead of an INTERNAL error or a hang; the pool reconnects by itself later.
+# What a service catches when a statement of an optional part of an answer
+# fails: the part is lost (a degradation) or, for a required part, the call is
+# DATABASE_UNAVAILABLE; anything else is a bug and is masked at the boundary.
+STORE_FAILURES: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.InterfaceError,
