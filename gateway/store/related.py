@@ -171,23 +171,11 @@ FROM (
         FROM (
             SELECT t.relationship_id::text AS relationship_id, array_agg(w.idf) AS idfs,
                    array_agg(t.tf::double precision) AS tfs, min(w.avgdl) AS avgdl
-            FROM (
-                SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
-                FROM query_lexemes ql
-                CROSS JOIN (
-                    SELECT sum(x.doc_count)::double precision AS n,
-                           sum(x.total_length)::double precision
-                               / nullif(sum(x.doc_count), 0) AS avgdl
-                    FROM relationship_search_stats x
-                    WHERE x.team_id = {team} AND x.space_id = {space}
-                ) st
-                CROSS JOIN LATERAL (
-                    SELECT count(*)::double precision AS df
-                    FROM relationship_terms c
-                    WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
-                ) d
-                WHERE d.df > 0 AND st.avgdl > 0
-            ) w
+            -- The query's lexemes present in the space, with their IDF, computed
+            -- once in a materialised CTE (see build_discovery): inlined, the planner
+            -- counted df once per matching posting (the evidence list's bug, fixed
+            -- the same way in gateway/store/search.py).
+            FROM query_idf w
             JOIN relationship_terms t
               ON t.team_id = {team} AND t.space_id = {space} AND t.lexeme = w.lexeme
             GROUP BY t.relationship_id
@@ -234,6 +222,25 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
         ctes.append(
             "query_lexemes AS MATERIALIZED (SELECT u.lexeme FROM "
             f"unnest(to_tsvector('english'::regconfig, {p['text']})) AS u)"
+        )
+        team, space = p["team"], p["space"]
+        ctes.append(
+            f"""query_idf AS MATERIALIZED (
+    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
+    FROM query_lexemes ql
+    CROSS JOIN (
+        SELECT sum(x.doc_count)::double precision AS n,
+               sum(x.total_length)::double precision / nullif(sum(x.doc_count), 0) AS avgdl
+        FROM relationship_search_stats x
+        WHERE x.team_id = {team} AND x.space_id = {space}
+    ) st
+    CROSS JOIN LATERAL (
+        SELECT count(*)::double precision AS df
+        FROM relationship_terms c
+        WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
+    ) d
+    WHERE d.df > 0 AND st.avgdl > 0
+)"""
         )
         parts.append(_fulltext(p))
     if q.vector is not None:
