@@ -2,25 +2,43 @@
 
 Hypothesis builds worlds of several teams, each with principals and their
 private spaces, shared and private evidence (some unsupported, some
-withdrawn), relationships, and conflict cases (some resolved). Random callers
-(a principal with a private-bound or a shared-only token) then recall with
-random words, including the secret words and IDs of others, and with other
-teams' IDs as known or expansion IDs. For every answer:
+withdrawn), relationships (three shared ones about one entity, so they form
+a community, and some about an entity of their own, singletons), relationship
+conflict cases (some resolved), evidence conflicts (shared and private),
+shared hypotheses citing shared evidence and relationships (some confirmed,
+rejected or marked stale), all worded with each space's secret word. After
+loading, each team's community snapshot is built (``build_communities``), so
+every frontier of recallMemory can answer. Random callers (a principal with a
+private-bound or a shared-only token) then recall with random words, including
+the secret words and IDs of others, with other teams' IDs as known or
+expansion IDs, and with a limit of 1, 2 or 50 (a small limit leaves groups
+uncovered for the related frontiers and communities). For every answer:
 
 - every returned ID is one the caller may read (a model of the rules says
-  which, independently of the SQL);
+  which, independently of the SQL): evidence, sources, entities,
+  relationships, conflicts and their citations; related relationships,
+  community members and hypothesis sources only of the team's shared space;
+  hypotheses only of the caller's team and never rejected or stale ones;
+  communities only of the team's own snapshot;
 - no ID and no secret word of another team or of another principal's private
   space appears anywhere in the response, errors included (except IDs the
   caller sent itself).
 
-Frontiers that other work adds plug in through ``EXTRACTORS`` (where the IDs
-of each kind sit in a recall answer, already written for related
-relationships, communities, hypotheses and conflicts, empty on main today);
-other operations (traceMemory with a random relationship ID, the feedback
-mutations) reuse ``worlds``, ``Caller``, ``readable`` and ``forbidden`` in a
-test of their own, as ``test_trace_never_leaks`` does. Cases per run, each:
-``RECALL_LEAK_EXAMPLES`` worlds (default 50) times ``CALLERS_PER_WORLD``
-callers. No shrinking (see the settings).
+After a world's recalls, each caller sends submitRecallSessionFeedback on
+another caller's recall event and resolveDreamFeedback on a random hypothesis
+of any team: another principal's event and another team's hypothesis are
+NOT_FOUND, worded exactly like ones that do not exist.
+
+``EXTRACTORS`` says where the IDs of each kind sit in a recall answer;
+``test_frontiers_were_exercised`` (after the recalls) fails unless related
+relationships, communities, hypotheses, relationship conflicts and evidence
+conflicts each answered at least once in the run, so that the checks cannot
+silently become vacuous (with fewer than 10 worlds it is skipped). Other operations (traceMemory with a random
+relationship ID, the feedback mutations) reuse ``worlds``, ``Caller``,
+``readable`` and ``forbidden`` in a test of their own, as
+``test_trace_never_leaks`` does. Cases per run: ``RECALL_LEAK_EXAMPLES``
+worlds (default 50) times ``CALLERS_PER_WORLD`` (4) recalls, and half as many
+worlds for traceMemory. No shrinking (see the settings).
 """
 
 from __future__ import annotations
@@ -305,13 +323,14 @@ def worlds(draw: st.DrawFn) -> list[Team]:
         spaces = ["shared", *principals]
         # The first three items are shared, supported and not withdrawn, with
         # distinct relationship objects: three semantic groups about one
-        # entity, so the snapshot has a community of several groups.
+        # entity, so the snapshot has a community of several groups. The
+        # fourth is too, about an entity of its own: a singleton group.
         items = [
             Item(
                 id=f"{tid}.e{i}z",
-                space="shared" if i < 3 else draw(st.sampled_from(spaces)),
-                supported=i < 3 or draw(st.booleans()),
-                withdrawn=i >= 3 and draw(st.integers(0, 4)) == 0,
+                space="shared" if i < 4 else draw(st.sampled_from(spaces)),
+                supported=i < 4 or draw(st.booleans()),
+                withdrawn=i >= 4 and draw(st.integers(0, 4)) == 0,
                 words=draw(st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=3)),
                 rel_words=[
                     *draw(st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=2)),
@@ -320,7 +339,7 @@ def worlds(draw: st.DrawFn) -> list[Team]:
                 # a singleton group (no community): the direct related fallback
                 alone=i >= 3 and draw(st.booleans()),
             )
-            for i in range(draw(st.integers(3, 8)))
+            for i in range(draw(st.integers(4, 8)))
         ]
         team = Team(tid, principals, items, draw(st.booleans()), draw(st.booleans()))
         team.marker = {s: "mk" + secrets.token_hex(5) for s in spaces}
@@ -509,6 +528,31 @@ async def _feedback(client: httpx.AsyncClient, tok: str, event_id: str) -> dict[
     return body
 
 
+RESOLVE = """
+mutation R($input: ResolveDreamFeedbackInput!) {
+  resolveDreamFeedback(input: $input) { hypothesisId status }
+}
+"""
+
+
+async def _resolve(client: httpx.AsyncClient, tok: str, hypothesis_id: str) -> dict[str, Any]:
+    variables = {
+        "input": {
+            "feedbackId": "df" + secrets.token_hex(6),
+            "hypothesisId": hypothesis_id,
+            "decision": "REJECT",
+        }
+    }
+    r = await client.post(
+        "/graphql",
+        json={"query": RESOLVE, "variables": variables},
+        headers={"Authorization": f"Bearer {tok}"},
+    )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
 # --- the property ------------------------------------------------------------------
 
 
@@ -621,6 +665,23 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, db, world, 
         )
         for secret in forbidden(submitter, world):
             assert secret not in json.dumps(body), (secret, body)
+    # A review decision on a random hypothesis of any team, by each caller: of
+    # another team it is NOT_FOUND, worded exactly like a missing one.
+    hypotheses = [(t, h) for t in world for h in t.hypotheses]
+    for caller, tok, _ in events:
+        team, hyp = data.draw(st.sampled_from(hypotheses))
+        body = await _resolve(client, tok, hyp.id)
+        for secret in forbidden(caller, world):
+            if secret not in hyp.id:  # the ID it sent may be echoed back
+                assert secret not in json.dumps(body), (secret, body)
+        if team is caller.team:
+            continue  # applied, or refused as a transition to the same status
+        assert body["errors"][0]["extensions"] == {"code": "NOT_FOUND", "field": "hypothesisId"}
+        missing = await _resolve(client, tok, "no.such.hypz")
+        assert (
+            missing["errors"][0]["message"].replace("no.such.hypz", hyp.id)
+            == body["errors"][0]["message"]
+        )
 
 
 TRACE = """
@@ -712,4 +773,6 @@ def test_frontiers_were_exercised() -> None:
     so the leak checks above were not vacuous for it."""
     if not any(FRONTIER_HITS.values()):
         pytest.skip("test_recall_never_leaks did not run in this session")
+    if EXAMPLES < 10:  # 10 worlds (40 recalls) reach every frontier with a wide margin
+        pytest.skip(f"too few worlds ({EXAMPLES}) to require every frontier")
     assert all(FRONTIER_HITS.values()), FRONTIER_HITS
