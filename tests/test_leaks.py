@@ -2,25 +2,43 @@
 
 Hypothesis builds worlds of several teams, each with principals and their
 private spaces, shared and private evidence (some unsupported, some
-withdrawn), relationships, and conflict cases (some resolved). Random callers
-(a principal with a private-bound or a shared-only token) then recall with
-random words, including the secret words and IDs of others, and with other
-teams' IDs as known or expansion IDs. For every answer:
+withdrawn), relationships (three shared ones about one entity, so they form
+a community, and some about an entity of their own, singletons), relationship
+conflict cases (some resolved), evidence conflicts (shared and private),
+shared hypotheses citing shared evidence and relationships (some confirmed,
+rejected or marked stale), all worded with each space's secret word. After
+loading, each team's community snapshot is built (``build_communities``), so
+every frontier of recallMemory can answer. Random callers (a principal with a
+private-bound or a shared-only token) then recall with random words, including
+the secret words and IDs of others, with other teams' IDs as known or
+expansion IDs, and with a limit of 1, 2 or 50 (a small limit leaves groups
+uncovered for the related frontiers and communities). For every answer:
 
 - every returned ID is one the caller may read (a model of the rules says
-  which, independently of the SQL);
+  which, independently of the SQL): evidence, sources, entities,
+  relationships, conflicts and their citations; related relationships,
+  community members and hypothesis sources only of the team's shared space;
+  hypotheses only of the caller's team and never rejected or stale ones;
+  communities only of the team's own snapshot;
 - no ID and no secret word of another team or of another principal's private
   space appears anywhere in the response, errors included (except IDs the
   caller sent itself).
 
-Frontiers that other work adds plug in through ``EXTRACTORS`` (where the IDs
-of each kind sit in a recall answer, already written for related
-relationships, communities, hypotheses and conflicts, empty on main today);
-other operations (traceMemory with a random relationship ID, the feedback
-mutations) reuse ``worlds``, ``Caller``, ``readable`` and ``forbidden`` in a
-test of their own, as ``test_trace_never_leaks`` does. Cases per run, each:
-``RECALL_LEAK_EXAMPLES`` worlds (default 50) times ``CALLERS_PER_WORLD``
-callers. No shrinking (see the settings).
+After a world's recalls, each caller sends submitRecallSessionFeedback on
+another caller's recall event and resolveDreamFeedback on a random hypothesis
+of any team: another principal's event and another team's hypothesis are
+NOT_FOUND, worded exactly like ones that do not exist.
+
+``EXTRACTORS`` says where the IDs of each kind sit in a recall answer;
+``test_frontiers_were_exercised`` (after the recalls) fails unless related
+relationships, communities, hypotheses, relationship conflicts and evidence
+conflicts each answered at least once in the run, so that the checks cannot
+silently become vacuous (with fewer than 10 worlds it is skipped). Other operations (traceMemory with a random
+relationship ID, the feedback mutations) reuse ``worlds``, ``Caller``,
+``readable`` and ``forbidden`` in a test of their own, as
+``test_trace_never_leaks`` does. Cases per run: ``RECALL_LEAK_EXAMPLES``
+worlds (default 50) times ``CALLERS_PER_WORLD`` (4) recalls, and half as many
+worlds for traceMemory. No shrinking (see the settings).
 """
 
 from __future__ import annotations
@@ -39,17 +57,20 @@ import pytest_asyncio
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from gateway.services.communities import build_communities
+
 from .conftest import load_jsonl
 from .factories import jsonl
 from .test_recall import app_for, token
 
 EXAMPLES = int(os.environ.get("RECALL_LEAK_EXAMPLES", "50"))
 CALLERS_PER_WORLD = 4
+COMMUNITY_LIMITS = {"max_nodes": 1000, "max_edges": 10_000}
 VOCABULARY = ["billing", "latency", "owner", "dock", "robot", "invoice", "deploy", "noon"]
 
 RECALL = """
-query Leak($q: String, $known: [ID!], $entities: [ID!], $knownRels: [ID!]) {
-  recallMemory(query: $q, limit: 50, knownEvidenceIds: $known,
+query Leak($q: String, $limit: Int, $known: [ID!], $entities: [ID!], $knownRels: [ID!]) {
+  recallMemory(query: $q, limit: $limit, knownEvidenceIds: $known,
                expandFromEntityIds: $entities, knownRelationshipIds: $knownRels) {
     recallEventId
     results {
@@ -59,7 +80,7 @@ query Leak($q: String, $known: [ID!], $entities: [ID!], $knownRels: [ID!]) {
     }
     relatedRelationships { representativeId equivalentIds }
     relatedCommunities { id members { representativeId equivalentIds } }
-    relatedHypotheses { id sourceRelationshipIds sourceEvidenceIds }
+    relatedHypotheses { id statement sourceRelationshipIds sourceEvidenceIds }
     conflicts {
       id question
       ... on RelationshipConflict { positions { relationshipIds supporters { evidenceId sourceId } } }
@@ -92,6 +113,22 @@ class Item:
     supported: bool
     withdrawn: bool
     words: list[str]
+    rel_words: list[str]  # the relationship's object: other words than the evidence's
+    alone: bool = False  # its relationship's subject is an entity of its own
+
+
+@dataclass
+class Hypo:
+    """A shared hypothesis built on shared evidence and relationships."""
+
+    id: str
+    words: list[str]
+    evidence: list[str]
+    relationships: list[str]
+    decision: str | None  # None (proposed), "confirm", "reject" or "mark_stale"
+
+    def shown(self) -> bool:
+        return self.decision in (None, "confirm")
 
 
 @dataclass
@@ -102,6 +139,9 @@ class Team:
     conflict: bool
     resolve: bool
     marker: dict[str, str] = field(default_factory=dict)  # space -> secret word
+    hypotheses: list[Hypo] = field(default_factory=list)
+    evidence_conflicts: list[str] = field(default_factory=list)  # spaces with one
+    run_id: str = ""  # the community snapshot's run, set once built
 
     def source(self, space: str) -> str:
         return f"{self.id}.s{space}z"
@@ -109,11 +149,21 @@ class Team:
     def entity(self, space: str) -> str:
         return f"{self.id}.n{space}z"
 
+    def subject(self, item: Item) -> str:
+        return item.id.replace(".e", ".n") if item.alone else self.entity(item.space)
+
+    def entities(self, space: str) -> set[str]:
+        items = [i for i in self.items if i.space == space and i.supported]
+        return {self.entity(space)} | {self.subject(i) for i in items}
+
     def rel(self, item: Item) -> str:
         return item.id.replace(".e", ".r")
 
     def spaces(self) -> list[str]:
         return ["shared", *self.principals]
+
+    def evidence_conflict(self, space: str) -> str:
+        return f"{self.id}.k{space}z"
 
 
 def _space_ref(space: str) -> str:
@@ -146,6 +196,17 @@ def records(team: Team) -> list[dict[str, Any]]:
             }
         )
     for item in team.items:
+        if item.alone and item.supported:
+            out.append(
+                {
+                    "kind": "entity",
+                    "team": team.id,
+                    "id": team.subject(item),
+                    "space": _space_ref(item.space),
+                    "name": f"Item {team.marker[item.space]}",
+                    "type": "system",
+                }
+            )
         out.append(
             {
                 "kind": "evidence",
@@ -153,6 +214,7 @@ def records(team: Team) -> list[dict[str, Any]]:
                 "id": item.id,
                 "source": team.source(item.space),
                 "content": " ".join([*item.words, team.marker[item.space]]) + ".",
+                "occurrences": [{"id": f"{item.id}:o", "start": 0, "end": len(item.words[0])}],
                 "mentions": [{"entity": team.entity(item.space)}],
             }
         )
@@ -163,11 +225,54 @@ def records(team: Team) -> list[dict[str, Any]]:
                     "team": team.id,
                     "id": team.rel(item),
                     "space": _space_ref(item.space),
-                    "subject": team.entity(item.space),
+                    "subject": team.subject(item),
                     "predicate": "relates_to",
-                    "object_value": team.marker[item.space],
+                    "object_value": " ".join([*item.rel_words, team.marker[item.space]]),
                     "owner": team.principals[0] if item.space == "shared" else item.space,
                     "supports": [{"id": item.id.replace(".e", ".u"), "evidence": item.id}],
+                }
+            )
+    for h in team.hypotheses:
+        out.append(
+            {
+                "kind": "hypothesis",
+                "team": team.id,
+                "id": h.id,
+                "statement": " ".join([*h.words, team.marker["shared"]]) + "?",
+                "proposed_by": team.principals[-1],
+                "relationships": h.relationships,
+                "evidence": h.evidence,
+            }
+        )
+    for space in team.evidence_conflicts:
+        cited = [i for i in team.items if i.space == space][:3]
+        out.append(
+            {
+                "kind": "evidence_conflict",
+                "team": team.id,
+                "id": team.evidence_conflict(space),
+                "space": _space_ref(space),
+                "question": f"which {team.marker[space]}?",
+                "positions": [
+                    {
+                        "id": i.id.replace(".e", ".q"),
+                        "label": f"{team.marker[space]} {n}",
+                        "evidence": i.id,
+                        "occurrence": f"{i.id}:o",
+                    }
+                    for n, i in enumerate(cited)
+                ],
+            }
+        )
+    for h in team.hypotheses:
+        if h.decision:
+            out.append(
+                {
+                    "kind": "hypothesis_feedback",
+                    "team": team.id,
+                    "id": h.id.replace(".h", ".f"),
+                    "hypothesis": h.id,
+                    "decision": h.decision,
                 }
             )
     for item in team.items:
@@ -216,18 +321,45 @@ def worlds(draw: st.DrawFn) -> list[Team]:
         tid = f"lk{t}{secrets.token_hex(4)}"
         principals = [f"p{i}" for i in range(draw(st.integers(2, 3)))]
         spaces = ["shared", *principals]
+        # The first three items are shared, supported and not withdrawn, with
+        # distinct relationship objects: three semantic groups about one
+        # entity, so the snapshot has a community of several groups. The
+        # fourth is too, about an entity of its own: a singleton group.
         items = [
             Item(
                 id=f"{tid}.e{i}z",
-                space=draw(st.sampled_from(spaces)),
-                supported=draw(st.booleans()) or i == 0,
-                withdrawn=draw(st.integers(0, 4)) == 0,
+                space="shared" if i < 4 else draw(st.sampled_from(spaces)),
+                supported=i < 4 or draw(st.booleans()),
+                withdrawn=i >= 4 and draw(st.integers(0, 4)) == 0,
                 words=draw(st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=3)),
+                rel_words=[
+                    *draw(st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=2)),
+                    f"v{i}",
+                ],
+                # a singleton group (no community): the direct related fallback
+                alone=i >= 3 and draw(st.booleans()),
             )
-            for i in range(draw(st.integers(2, 6)))
+            for i in range(draw(st.integers(4, 8)))
         ]
         team = Team(tid, principals, items, draw(st.booleans()), draw(st.booleans()))
         team.marker = {s: "mk" + secrets.token_hex(5) for s in spaces}
+        shared = [i for i in items if i.space == "shared"]
+        supported = [team.rel(i) for i in shared if i.supported]
+        team.hypotheses = [
+            Hypo(
+                id=f"{tid}.h{n}z",
+                words=draw(st.lists(st.sampled_from(VOCABULARY), min_size=1, max_size=3)),
+                evidence=draw(st.lists(st.sampled_from([i.id for i in shared]), unique=True)),
+                relationships=draw(st.lists(st.sampled_from(supported), unique=True)),
+                decision=draw(st.sampled_from([None, None, "confirm", "reject", "mark_stale"])),
+            )
+            for n in range(draw(st.integers(1, 4)))
+        ]
+        team.evidence_conflicts = [
+            s
+            for s in spaces
+            if len([i for i in items if i.space == s]) >= 2 and draw(st.booleans())
+        ]
         teams.append(team)
     return teams
 
@@ -252,12 +384,23 @@ def readable(caller: Caller, world: list[Team]) -> dict[str, set[str]]:
     t = caller.team
     spaces = [s for s in t.spaces() if caller.reads(t, s)]
     items = [i for i in t.items if i.space in spaces]
+    shared = [i for i in t.items if i.space == "shared"]
     return {
         "evidence": {i.id for i in items if i.supported and not i.withdrawn},
+        # cited, not returned (a hypothesis' sources, an evidence conflict's
+        # citations): readable evidence, supported or not, never withdrawn
+        "cited": {i.id for i in items if not i.withdrawn},
         "relationship": {t.rel(i) for i in items if i.supported},
+        # the related frontiers, communities and hypotheses read the shared space only
+        "shared_relationship": {t.rel(i) for i in shared if i.supported},
         "source": {t.source(s) for s in spaces},
-        "entity": {t.entity(s) for s in spaces},
-        "conflict": {f"{t.id}.cz"},
+        "entity": {e for s in spaces for e in t.entities(s)},
+        "conflict": {f"{t.id}.cz"}
+        | {t.evidence_conflict(s) for s in t.evidence_conflicts if s in spaces},
+        # hypotheses are shared: any token of the team, rejected and stale ones never
+        "hypothesis": {h.id for h in t.hypotheses if h.shown()},
+        # `<run>:<ordinal>` of the team's own snapshot
+        "community": {f"{t.run_id}:{n}" for n in range(len(t.items) + 2)},
     }
 
 
@@ -268,11 +411,16 @@ def forbidden(caller: Caller, world: list[Team]) -> set[str]:
         for space in team.spaces():
             if caller.reads(team, space):
                 continue
-            out |= {team.marker[space], team.source(space), team.entity(space)}
+            out |= {team.marker[space], team.source(space), *team.entities(space)}
             out |= {i.id for i in team.items if i.space == space}
             out |= {team.rel(i) for i in team.items if i.space == space}
+            out |= {team.evidence_conflict(space)}
+            out |= {i.id.replace(".e", ".q") for i in team.items if i.space == space}
         if team is not caller.team:
             out |= {f"{team.id}.cz", f"{team.id}.pa", f"{team.id}.pb", team.id}
+            out |= {h.id for h in team.hypotheses}
+            if team.run_id:
+                out.add(team.run_id)
     return out
 
 
@@ -298,10 +446,21 @@ def _related(r: dict[str, Any]) -> list[tuple[str, str]]:
     for c in r["relatedCommunities"]:
         handles += c["members"]
     for h in handles:
-        out += [("relationship", i) for i in [h["representativeId"], *h["equivalentIds"]]]
+        ids = [h["representativeId"], *h["equivalentIds"]]
+        out += [("shared_relationship", i) for i in ids]
+    return out
+
+
+def _communities(r: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("community", c["id"]) for c in r["relatedCommunities"]]
+
+
+def _hypotheses(r: dict[str, Any]) -> list[tuple[str, str]]:
+    out = []
     for h in r["relatedHypotheses"]:
-        out += [("relationship", i) for i in h["sourceRelationshipIds"]]
-        out += [("evidence", i) for i in h["sourceEvidenceIds"]]
+        out.append(("hypothesis", h["id"]))
+        out += [("shared_relationship", i) for i in h["sourceRelationshipIds"]]
+        out += [("cited", i) for i in h["sourceEvidenceIds"]]
     return out
 
 
@@ -314,11 +473,32 @@ def _conflicts(r: dict[str, Any]) -> list[tuple[str, str]]:
             for s in p.get("supporters", []):
                 out += [("evidence", s["evidenceId"]), ("source", s["sourceId"])]
             if p.get("citation"):
-                out.append(("evidence", p["citation"]["evidenceId"]))
+                out.append(("cited", p["citation"]["evidenceId"]))
     return out
 
 
-EXTRACTORS: list[Extractor] = [_evidence, _related, _conflicts]
+EXTRACTORS: list[Extractor] = [_evidence, _related, _communities, _hypotheses, _conflicts]
+
+# Answers per frontier that returned something, over the whole session:
+# test_frontiers_were_exercised fails if a frontier was never reached.
+FRONTIER_HITS = {
+    "relatedRelationships": 0,
+    "relatedCommunities": 0,
+    "relatedHypotheses": 0,
+    "relationshipConflicts": 0,
+    "evidenceConflicts": 0,
+}
+
+
+def _count_frontiers(r: dict[str, Any]) -> None:
+    for key in ("relatedRelationships", "relatedCommunities", "relatedHypotheses"):
+        FRONTIER_HITS[key] += bool(r[key])
+    FRONTIER_HITS["relationshipConflicts"] += any(
+        "relationshipIds" in p for c in r["conflicts"] for p in c.get("positions", [])
+    )
+    FRONTIER_HITS["evidenceConflicts"] += any(
+        "citation" in p for c in r["conflicts"] for p in c.get("positions", [])
+    )
 
 
 FEEDBACK = """
@@ -348,6 +528,31 @@ async def _feedback(client: httpx.AsyncClient, tok: str, event_id: str) -> dict[
     return body
 
 
+RESOLVE = """
+mutation R($input: ResolveDreamFeedbackInput!) {
+  resolveDreamFeedback(input: $input) { hypothesisId status }
+}
+"""
+
+
+async def _resolve(client: httpx.AsyncClient, tok: str, hypothesis_id: str) -> dict[str, Any]:
+    variables = {
+        "input": {
+            "feedbackId": "df" + secrets.token_hex(6),
+            "hypothesisId": hypothesis_id,
+            "decision": "REJECT",
+        }
+    }
+    r = await client.post(
+        "/graphql",
+        json={"query": RESOLVE, "variables": variables},
+        headers={"Authorization": f"Bearer {tok}"},
+    )
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
 # --- the property ------------------------------------------------------------------
 
 
@@ -358,6 +563,7 @@ class Ask:
     foreign_known: bool
     foreign_entities: bool
     private: bool
+    limit: int
 
 
 asks = st.lists(
@@ -368,6 +574,8 @@ asks = st.lists(
         foreign_known=st.booleans(),
         foreign_entities=st.booleans(),
         private=st.booleans(),
+        # a small limit leaves groups uncovered for the related frontiers and communities
+        limit=st.sampled_from([1, 2, 50]),
     ),
     min_size=CALLERS_PER_WORLD,
     max_size=CALLERS_PER_WORLD,
@@ -385,9 +593,13 @@ asks = st.lists(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(world=worlds(), plan=asks, data=st.data())
-async def test_recall_never_leaks(client: httpx.AsyncClient, writes, world, plan, data) -> None:
+async def test_recall_never_leaks(client: httpx.AsyncClient, writes, db, world, plan, data) -> None:
     text = "".join(jsonl(records(t)) for t in world)
     await load_jsonl(writes, text)
+    for t in world:  # so that recalls get communities (a snapshot is current until a change)
+        report = await build_communities(db, t.id, **COMMUNITY_LIMITS)
+        assert report.status == "succeeded" and report.communities >= 1, report
+        t.run_id = str(report.run_id)
     everyone = [(t, p) for t in world for p in t.principals]
     all_ids = sorted(
         {i.id for t in world for i in t.items} | {t.entity(s) for t in world for s in t.spaces()}
@@ -403,7 +615,7 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, world, plan
             for w in ask.words
         ]
         sent: set[str] = set()
-        variables: dict[str, Any] = {"q": " ".join(words)}
+        variables: dict[str, Any] = {"q": " ".join(words), "limit": ask.limit}
         if ask.foreign_known:
             variables["known"] = data.draw(st.lists(st.sampled_from(all_ids), max_size=5))
             variables["knownRels"] = [i.replace(".e", ".r") for i in variables["known"]]
@@ -431,6 +643,7 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, world, plan
                 assert value in allowed[kind], (kind, value, caller, answer)
         for e in answer["results"]:
             assert e["spaceKind"] == "SHARED" or ask.private
+        _count_frontiers(answer)
         if answer["recallEventId"]:
             events.append((caller, tok, answer["recallEventId"]))
     # Feedback on each recall event, by the next caller of the plan: only the
@@ -452,6 +665,23 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, world, plan
         )
         for secret in forbidden(submitter, world):
             assert secret not in json.dumps(body), (secret, body)
+    # A review decision on a random hypothesis of any team, by each caller: of
+    # another team it is NOT_FOUND, worded exactly like a missing one.
+    hypotheses = [(t, h) for t in world for h in t.hypotheses]
+    for caller, tok, _ in events:
+        team, hyp = data.draw(st.sampled_from(hypotheses))
+        body = await _resolve(client, tok, hyp.id)
+        for secret in forbidden(caller, world):
+            if secret not in hyp.id:  # the ID it sent may be echoed back
+                assert secret not in json.dumps(body), (secret, body)
+        if team is caller.team:
+            continue  # applied, or refused as a transition to the same status
+        assert body["errors"][0]["extensions"] == {"code": "NOT_FOUND", "field": "hypothesisId"}
+        missing = await _resolve(client, tok, "no.such.hypz")
+        assert (
+            missing["errors"][0]["message"].replace("no.such.hypz", hyp.id)
+            == body["errors"][0]["message"]
+        )
 
 
 TRACE = """
@@ -536,3 +766,13 @@ async def test_trace_never_leaks(client: httpx.AsyncClient, writes, world, plan,
         allowed["evidence"] |= {i.id for i in caller.team.items if i.space in spaces}
         for kind, value in _trace_ids(body["data"]["traceMemory"]):
             assert value in allowed[kind], (kind, value, caller, body)
+
+
+def test_frontiers_were_exercised() -> None:
+    """Runs after the recalls (file order): each frontier answered at least once,
+    so the leak checks above were not vacuous for it."""
+    if not any(FRONTIER_HITS.values()):
+        pytest.skip("test_recall_never_leaks did not run in this session")
+    if EXAMPLES < 10:  # 10 worlds (40 recalls) reach every frontier with a wide margin
+        pytest.skip(f"too few worlds ({EXAMPLES}) to require every frontier")
+    assert all(FRONTIER_HITS.values()), FRONTIER_HITS
