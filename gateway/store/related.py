@@ -43,6 +43,7 @@ from uuid import UUID
 import numpy as np
 
 from gateway.store.connection import Conn
+from gateway.store.params import Params, float_literal
 from gateway.store.recall import RelationshipRow
 from gateway.store.search import BM25_B, BM25_K1, DIMENSIONS
 
@@ -58,25 +59,6 @@ __all__ = [
 # (the evidence threshold; relationship vectors have the same size).
 EXACT_SEARCH_BELOW: int = 10_000
 MAX_PER_LIST: Final = 500
-
-
-class _Params:
-    """Numbered bind parameters; the statement text depends only on the lists searched."""
-
-    def __init__(self) -> None:
-        self.values: list[Any] = []
-        self._refs: dict[str, str] = {}
-
-    def bind(self, key: str, value: Any, sql_type: str) -> None:
-        self.values.append(value)
-        self._refs[key] = f"${len(self.values)}::{sql_type}"
-
-    def __getitem__(self, key: str) -> str:
-        return self._refs[key]
-
-
-def _float(value: float) -> str:
-    return f"CAST({float(value)!r} AS double precision)"
 
 
 def _latest(table: str, fk: str, col: str, alias: str, ref: str, team: str, t: str) -> str:
@@ -155,9 +137,9 @@ class Discovery:
     projection_status: str | None
 
 
-def _fulltext(p: _Params) -> str:
+def _fulltext(p: Params) -> str:
     team, space, limit = p["team"], p["space"], p["per_list"]
-    k1, b = _float(BM25_K1), _float(BM25_B)
+    k1, b = float_literal(BM25_K1), float_literal(BM25_B)
     return f"""
 SELECT 'fulltext'::text AS list_name, s.rank, s.relationship_id
 FROM (
@@ -189,7 +171,7 @@ FROM (
 ) s"""
 
 
-def _vector(p: _Params) -> str:
+def _vector(p: Params) -> str:
     return f"""
 SELECT 'vector'::text AS list_name,
        row_number() OVER (ORDER BY v.distance, v.relationship_id COLLATE "C") AS rank,
@@ -204,7 +186,7 @@ FROM relationship_vector_candidates(
 
 def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
     """The one discovery statement and its parameters (public for tests and plans)."""
-    p = _Params()
+    p = Params()
     p.bind("team", q.team_id, "text")
     p.bind("space", q.space_id, "uuid")
     p.bind("generation", q.generation, "integer")

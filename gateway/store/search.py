@@ -71,6 +71,7 @@ from uuid import UUID
 import numpy as np
 
 from gateway.store.connection import Conn
+from gateway.store.params import Params, float_literal
 
 __all__ = [
     "BM25_B",
@@ -136,32 +137,7 @@ class CandidateQuery:
     known_at: datetime | None
 
 
-class _Params:
-    """Numbered bind parameters: each value is bound once, then referred to by key.
-
-    The statement's text depends only on which lists and how many branches are
-    searched, never on values, so asyncpg's statement cache keeps a handful of
-    prepared statements for all recalls.
-    """
-
-    def __init__(self) -> None:
-        self.values: list[Any] = []
-        self._refs: dict[str, str] = {}
-
-    def bind(self, key: str, value: Any, sql_type: str) -> None:
-        self.values.append(value)
-        self._refs[key] = f"${len(self.values)}::{sql_type}"
-
-    def __getitem__(self, key: str) -> str:
-        return self._refs[key]
-
-
-def _float(value: float) -> str:
-    """A float8 literal for a module constant (never user input)."""
-    return f"CAST({float(value)!r} AS double precision)"
-
-
-def _visible(p: _Params, alias: str, space: str, generation: str) -> str:
+def _visible(p: Params, alias: str, space: str, generation: str) -> str:
     """The filters every list applies: team, space, generation, system time, exclusions."""
     return (
         f"{alias}.team_id = {p['team']} AND {alias}.space_id = {space} "
@@ -172,7 +148,7 @@ def _visible(p: _Params, alias: str, space: str, generation: str) -> str:
     )
 
 
-def _fulltext(p: _Params, branch: str, space: str, generation: str) -> str:
+def _fulltext(p: Params, branch: str, space: str, generation: str) -> str:
     """BM25 over the space's postings, OR semantics over the query's lexemes.
 
     score(d) = sum over matching lexemes of
@@ -183,7 +159,7 @@ def _fulltext(p: _Params, branch: str, space: str, generation: str) -> str:
     """
     team = p["team"]
     limit = p["per_list"]
-    k1, b = _float(BM25_K1), _float(BM25_B)
+    k1, b = float_literal(BM25_K1), float_literal(BM25_B)
     return f"""
 SELECT {branch} AS branch, 'fulltext'::text AS list_name, s.rank, s.evidence_id
 FROM (
@@ -215,7 +191,7 @@ FROM (
 ) s"""
 
 
-def _fulltext_prelude(p: _Params) -> str:
+def _fulltext_prelude(p: Params) -> str:
     """The query's lexemes, and per branch each lexeme's IDF, both computed once.
 
     ``unnest(tsvector)`` yields each lexeme once. ``query_idf`` holds one row
@@ -251,7 +227,7 @@ query_idf AS MATERIALIZED (
 """
 
 
-def _vector(p: _Params, branch: str, space: str, generation: str) -> str:
+def _vector(p: Params, branch: str, space: str, generation: str) -> str:
     """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates)."""
     return f"""
 SELECT {branch} AS branch, 'vector'::text AS list_name,
@@ -264,7 +240,7 @@ FROM evidence_vector_candidates(
 ) v"""
 
 
-def _entity(p: _Params, branch: str, space: str, generation: str) -> str:
+def _entity(p: Params, branch: str, space: str, generation: str) -> str:
     """Evidence mentioning the given entities: most mentioned first, then newest, then ID."""
     team = p["team"]
     entities = p["entities"]
@@ -306,7 +282,7 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
     branch's subqueries take element ``i``; the text varies only with the
     number of branches and the set of lists.
     """
-    p = _Params()
+    p = Params()
     p.bind("team", q.team_id, "text")
     p.bind("spaces", [b.space_id for b in q.branches], "uuid[]")
     p.bind("generations", [b.generation for b in q.branches], "integer[]")
