@@ -2,8 +2,8 @@
 
 Nested objects (source, relationships, entities) are read through the
 request's DataLoaders, so their cost is one statement per kind, not per result.
-Fields that recallMemory part 2 fills (related relationships, communities,
-hypotheses, conflicts) already have their final types and return empty lists.
+The frontiers (results, related relationships, communities, hypotheses,
+conflicts) are computed by the services; these types only carry them.
 Returned text is untrusted data: it is never interpreted, only returned.
 """
 
