@@ -239,7 +239,12 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
     SELECT r.id::text AS id, r.semantic_group_key
     FROM relationships r
     WHERE r.team_id = {team} AND r.space_id = {space}
-      AND r.id IN (SELECT cand.relationship_id FROM cand)
+      -- An array, not IN (SELECT ...): the candidates drive the primary key. With
+      -- IN, the planner took the vector function's default estimate (1,000 rows)
+      -- against a far smaller one for the space's relationships (team and space
+      -- selectivities multiplied, as if independent) and scanned the whole space,
+      -- testing every relationship's eligibility before the semi-join.
+      AND r.id = ANY (ARRAY(SELECT DISTINCT cand.relationship_id FROM cand))
       AND {eligible_relationship("r", team, space, gen, t, tv)}
 )"""
     )
@@ -249,12 +254,18 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
     SELECT DISTINCT r.semantic_group_key
     FROM relationships r
     WHERE r.team_id = {team} AND r.space_id = ANY ({p["readable"]}) AND r.recorded_at <= {t}
-      AND (r.id = ANY ({p["returned"]}) OR r.id = ANY ({p["known_rel"]})
-           OR r.id IN (
-               SELECT s.relationship_id FROM supports s
-               WHERE s.team_id = {team} AND s.space_id = ANY ({p["readable"]})
-                 AND s.evidence_id = ANY ({p["known_ev"]}) AND s.recorded_at <= {t}
-                 AND {decision} IN ('grant', 'reinstate')))
+      -- One IN over the union of the three ID sources, not three OR-ed tests:
+      -- an OR of them cannot use the primary key, so every relationship of the
+      -- readable spaces was read and tested (the whole space, for a handful of IDs).
+      AND r.id IN (
+          SELECT x.id FROM unnest({p["returned"]}) AS x (id)
+          UNION ALL
+          SELECT x.id FROM unnest({p["known_rel"]}) AS x (id)
+          UNION ALL
+          SELECT s.relationship_id::text FROM supports s
+          WHERE s.team_id = {team} AND s.space_id = ANY ({p["readable"]})
+            AND s.evidence_id = ANY ({p["known_ev"]}) AND s.recorded_at <= {t}
+            AND {decision} IN ('grant', 'reinstate'))
 )"""
     )
     sql = (
