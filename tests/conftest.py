@@ -15,12 +15,15 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import httpx
 import pytest
 import pytest_asyncio
 
+from gateway.app import create_app
 from gateway.embeddings import EmbeddingProvider, create_provider
 from gateway.services import loader
 from gateway.services.writes import Actor, WriteService
@@ -139,3 +142,22 @@ async def admin_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
     """A plain connection as the owner role, for checking what was written."""
     async with db.pool.acquire() as conn:
         yield conn
+
+
+def app_for(dsn: str, **settings: Any) -> Any:
+    """The gateway app on the test database (its lifespan is the caller's to run)."""
+    return create_app(Settings(database_url=dsn, pool_max_size=4, **settings))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gateway_app(dsn: str) -> AsyncIterator[Any]:
+    app = app_for(dsn)
+    async with app.router.lifespan_context(app):
+        yield app
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=gateway_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+        yield c

@@ -10,16 +10,11 @@ import pytest
 from gateway.services import communities
 from gateway.services.communities import CommunityBuildFailed, build_communities
 
-from . import test_recall
 from .conftest import load_jsonl, unique
 from .factories import jsonl
 from .test_cli import run
 from .test_recall import token
 from .test_related import all_ids, codes, graph_records, load_graph, rel, related
-
-# The HTTP client fixtures of test_recall, registered in this module too.
-gateway_app = test_recall.gateway_app
-client = test_recall.client
 
 LIMITS = {"max_nodes": 1000, "max_edges": 10_000}
 

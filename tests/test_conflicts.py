@@ -10,19 +10,17 @@ statement count, and that a failure to load them is an error.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pytest_asyncio
 
 from gateway.services.conflicts import MAX_CONFLICTS, MAX_SUPPORTERS
 from gateway.store import conflicts as store
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, more_evidence, token
+from .test_recall import more_evidence, token
 
 RECALL = """
 query Recall(
@@ -54,18 +52,6 @@ query Recall(
 """
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def gateway_app(dsn: str) -> AsyncIterator[Any]:
-    app = app_for(dsn)
-    async with app.router.lifespan_context(app):
-        yield app
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=gateway_app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
-        yield c
 
 
 async def post(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Recall events, suggested actions and the two feedback operations, over HTTP
 against the real database, with other principals and another team."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_recall are parameters here)
+
 
 from __future__ import annotations
 
@@ -23,8 +23,6 @@ from .factories import jsonl, team_records
 from .test_recall import (  # noqa: F401  (fixtures)
     _hold_lock,
     app_for,
-    client,
-    gateway_app,
     ids,
     recall,
     token,

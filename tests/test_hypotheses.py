@@ -8,16 +8,14 @@ degradations (knownAt view, store failure).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
-import pytest_asyncio
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, token
+from .test_recall import token
 
 RECALL = """
 query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime, $rl: Int,
@@ -36,18 +34,6 @@ query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime, $rl: 
 """
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def gateway_app(dsn: str) -> AsyncIterator[Any]:
-    app = app_for(dsn)
-    async with app.router.lifespan_context(app):
-        yield app
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=gateway_app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
-        yield c
 
 
 async def recall(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:

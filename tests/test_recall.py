@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from gateway import tokens
-from gateway.app import create_app
 from gateway.services.communities import build_communities
 from gateway.services.records import TokenRecord
 from gateway.services.writes import Actor, WriteService
-from gateway.settings import Settings
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
 
 RECALL = """
@@ -41,22 +37,8 @@ query Recall($q: String, $limit: Int, $knownAt: DateTime, $validAt: DateTime,
 """
 
 
-def app_for(dsn: str, **settings: Any) -> Any:
-    return create_app(Settings(database_url=dsn, pool_max_size=4, **settings))
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def gateway_app(dsn: str) -> AsyncIterator[Any]:
-    app = app_for(dsn)
-    async with app.router.lifespan_context(app):
-        yield app
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=gateway_app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
-        yield c
 
 
 async def token(writes: WriteService, team: str, principal: str, binding: str = "private") -> str:

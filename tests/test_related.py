@@ -12,14 +12,9 @@ import httpx
 
 from gateway.services.writes import WriteService
 
-from . import test_recall
 from .conftest import load_jsonl, unique
 from .factories import jsonl
 from .test_recall import token
-
-# The HTTP client fixtures of test_recall, registered in this module too.
-gateway_app = test_recall.gateway_app
-client = test_recall.client
 
 RELATED = """
 query Related($q: String, $limit: Int, $rel: Int, $com: Int, $comRel: Int,

@@ -4,17 +4,15 @@ conflicts, bounded lineage, time views, and authorisation that reveals nothing."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
-import pytest_asyncio
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import _hold_lock, app_for, more_evidence, token
+from .test_recall import _hold_lock, more_evidence, token
 
 TRACE = """
 query Trace($id: ID!, $depth: Int, $edges: Int, $events: Int, $content: Boolean,
@@ -48,18 +46,6 @@ query Trace($id: ID!, $depth: Int, $edges: Int, $events: Int, $content: Boolean,
 """
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def gateway_app(dsn: str) -> AsyncIterator[Any]:
-    app = app_for(dsn)
-    async with app.router.lifespan_context(app):
-        yield app
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=gateway_app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
-        yield c
 
 
 async def post(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
