@@ -2,7 +2,7 @@
 through the same WriteService, authorised, transactional, idempotent and
 history-keeping; with other principals and another team."""
 
-# ruff: noqa: F811  (pytest fixtures imported from test_recall are parameters here)
+
 
 from __future__ import annotations
 
@@ -18,11 +18,9 @@ from gateway.errors import EmbeddingError
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import (  # noqa: F401  (fixtures)
+from .test_recall import (
     _hold_lock,
     app_for,
-    client,
-    gateway_app,
     ids,
     recall,
     token,
