@@ -518,6 +518,17 @@ async def reuse(dsn: str, seed: int) -> dict[str, Any] | None:
     }
 
 
+_threads: list[threading.Thread] = []
+
+
+def stop(server: Any) -> None:
+    """Stop the gateway thread and wait for its lifespan to end (before the database)."""
+    server.should_exit = True
+    for thread in _threads:
+        thread.join(timeout=30)
+    _threads.clear()
+
+
 def serve(dsn: str, port: int) -> tuple[Any, Any]:
     """The gateway on loopback in a thread; returns (uvicorn server, app)."""
     import uvicorn
@@ -530,6 +541,7 @@ def serve(dsn: str, port: int) -> tuple[Any, Any]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+    _threads.append(thread)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -680,23 +692,47 @@ async def build_snapshots(dsn: str, teams: list[str]) -> None:
         await db.close()
 
 
+def _timed_embeddings(app: Any) -> list[float]:
+    """Seconds the query embeddings take, accumulated in the returned one-item list."""
+    embedder = app.state.services.recall.embedder
+    spent = [0.0]
+    original = embedder.embed
+
+    async def timed(texts: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return await original(texts)
+        finally:
+            spent[0] += time.perf_counter() - started
+
+    embedder.embed = timed
+    return spent
+
+
 def http_latency(
     port: int, token: str, queries: list[str], app: Any, query: str = QUERY
 ) -> dict[str, float]:
+    """Sequential recalls; per recall its latency, statements, the statements' time
+    (send to answer, as the driver sees it) and the query embedding's time."""
     counter = app.state.services.db.counter
-    latencies, statements = [], []
+    embedding = _timed_embeddings(app)
+    latencies, statements, sql, embed, share = [], [], [], [], []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         headers = {"Authorization": f"Bearer {token}"}
         for q in queries[:5]:  # warm-up: model, plans, caches
             client.post("/graphql", json={"query": query, "variables": {"q": q}}, headers=headers)
         for q in queries:
-            before = counter.count
+            before, before_s, before_e = counter.count, counter.seconds, embedding[0]
             started = time.perf_counter()
             r = client.post(
                 "/graphql", json={"query": query, "variables": {"q": q}}, headers=headers
             )
-            latencies.append((time.perf_counter() - started) * 1000)
+            elapsed = time.perf_counter() - started
+            latencies.append(elapsed * 1000)
             statements.append(counter.count - before)
+            sql.append((counter.seconds - before_s) * 1000)
+            embed.append((embedding[0] - before_e) * 1000)
+            share.append(1 - (counter.seconds - before_s + embedding[0] - before_e) / elapsed)
             body = r.json()
             if "errors" in body:
                 raise SystemExit(f"recall failed: {body['errors']}")
@@ -705,7 +741,52 @@ def http_latency(
         "p50_ms": statistics.median(latencies),
         "p95_ms": latencies[int(0.95 * (len(latencies) - 1))],
         "statements": statistics.median(statements),
+        "sql_ms": statistics.median(sql),
+        "embedding_ms": statistics.median(embed),
+        "gateway_share": statistics.median(share),
     }
+
+
+def throughput(
+    dsn: str, port: int, token: str, queries: list[str], workers: int, clients: int, n: int
+) -> dict[str, Any]:
+    """Full recalls per second over HTTP: ``recall-gateway serve --workers N`` as a
+    child process, ``clients`` keep-alive connections of the light asyncio client
+    (benchmarks/load_test.py; httpx would measure itself), ``n`` requests."""
+    import subprocess
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import load_test
+
+    env = {**os.environ, "DATABASE_URL": dsn, "RECALL_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen(  # noqa: S603 - our own console script
+        [
+            str(Path(sys.executable).parent / "recall-gateway"),
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        load_test.wait_ready(port)
+        load_test.QUERIES[:] = queries
+        asyncio.run(load_test.run_load(port, token, 4 * clients, clients, FULL))  # warm-up
+        load_before = os.getloadavg()[0]
+        result = asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        load_after = os.getloadavg()[0]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    result["per_s"] = result["requests"] / result["elapsed_s"]
+    result["load"] = (load_before, load_after)
+    return result
 
 
 async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> dict[str, float]:
@@ -863,6 +944,15 @@ def main() -> None:
     parser.add_argument(
         "--answers-only", action="store_true", help="answers modes only: skip the timings"
     )
+    parser.add_argument(
+        "--throughput",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also send N full recalls to `recall-gateway serve` (see --workers, --clients)",
+    )
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
     corpus: Zipf | Tiny = (Zipf if args.corpus == "zipf" else Tiny)(
         np.random.default_rng(args.seed + 3)
@@ -914,7 +1004,13 @@ def main() -> None:
                     for name, q in runs.items()
                 }
         finally:
-            server.should_exit = True
+            stop(server)
+        rate = None
+        if args.throughput:
+            rate = throughput(
+                dsn, args.port + 1, data["token"], queries, args.workers, args.clients,
+                args.throughput,
+            )
         if not args.answers_only:
             recall10 = asyncio.run(
                 filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed)
@@ -936,6 +1032,19 @@ def main() -> None:
         print(
             f"  {name:14} p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms   "
             f"SQL statements per recall (median): {figures['statements']:.0f}"
+        )
+        print(
+            f"  {'':14} medians: statements' time {figures['sql_ms']:.1f} ms, query embedding "
+            f"{figures['embedding_ms']:.1f} ms; gateway's own share "
+            f"{figures['gateway_share']:.0%} of end-to-end"
+        )
+    if rate is not None:
+        print(
+            f"full recalls over HTTP, {args.workers} worker processes, {args.clients} concurrent "
+            f"clients, {rate['requests']} requests: {rate['per_s']:.0f}/s, "
+            f"p50 {rate['p50_ms']:.1f} ms, p95 {rate['p95_ms']:.1f} ms, "
+            f"errors {len(rate['failures'])}, load average {rate['load'][0]:.1f} -> "
+            f"{rate['load'][1]:.1f}"
         )
     print(
         "  evidence steps timed one by one (medians): query embedding "

@@ -495,6 +495,47 @@ async def test_statements_do_not_grow_with_limit(client, gateway_app, writes) ->
     assert counts[1] == counts[10] == counts[40], counts
 
 
+BARE = """query Bare($q: String) { recallMemory(query: $q) {
+  results { evidenceId } relatedRelationships { representativeId } } }"""
+
+NESTED = """query Nested($q: String) { recallMemory(query: $q) {
+  results { evidenceId source { id title status }
+            supportingRelationships { id statement subject { name } object { name } } }
+  relatedRelationships { representativeId representative { subject { name } } } } }"""
+
+
+async def test_nested_fields_cost_no_statement_of_their_own(client, gateway_app, writes) -> None:
+    """Sources, supporting relationships and their entities are read with the
+    answer (one statement in the recall's transaction) and prime the request's
+    loaders: asking for them sends no more statements than not asking, and they
+    are the rows the loaders would read."""
+    team = unique("nested")
+    await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
+    tok = await token(writes, team, "alice")
+    counter = gateway_app.state.services.db.counter
+    headers = {"Authorization": f"Bearer {tok}"}
+    counts, bodies = {}, {}
+    for name, document in (("bare", BARE), ("nested", NESTED)):
+        await client.post(  # warm: type introspection of new statements
+            "/graphql", json={"query": document, "variables": {"q": "billing"}}, headers=headers
+        )
+        before = counter.count
+        r = await client.post(
+            "/graphql",
+            json={"query": document, "variables": {"q": "billing service owner"}},
+            headers=headers,
+        )
+        counts[name] = counter.count - before
+        bodies[name] = r.json()
+        assert "errors" not in bodies[name], bodies[name]
+    assert counts["nested"] == counts["bare"], counts
+    results = bodies["nested"]["data"]["recallMemory"]["results"]
+    assert results and all(r["source"]["status"] == "ACTIVE" for r in results), results
+    assert all(
+        rel["subject"]["name"] for r in results for rel in r["supportingRelationships"]
+    ), results
+
+
 async def test_query_embedding_unavailable_degrades(dsn, writes) -> None:
     team = unique("emb")
     await load_jsonl(writes, jsonl(team_records(team)))

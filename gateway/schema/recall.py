@@ -173,5 +173,5 @@ async def recall_memory(
     services = info.context.services
     outcome = await services.recall.recall(principal, request)
     view_key = outcome.recall_id
-    info.context.loaders[view_key] = ReadLoaders(services.db, outcome.view)
+    info.context.loaders[view_key] = ReadLoaders(services.db, outcome.view, outcome.nested)
     return to_result(outcome, view_key)

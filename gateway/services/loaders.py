@@ -38,12 +38,25 @@ class _ViewLoader(DataLoader[str, T | None], Generic[T]):
 
 
 class ReadLoaders:
-    """The loaders of one request and one view."""
+    """The loaders of one request and one view, primed with the rows the recall
+    already read (``nested``), so that only what it did not foresee costs a
+    statement of its own."""
 
-    def __init__(self, db: Database, view: ReadView) -> None:
+    def __init__(
+        self, db: Database, view: ReadView, nested: store.NestedRows | None = None
+    ) -> None:
         self.view = view
         self.sources: _ViewLoader[store.SourceRow] = _ViewLoader(db, view, store.sources)
         self.relationships: _ViewLoader[store.RelationshipRow] = _ViewLoader(
             db, view, store.relationships
         )
         self.entities: _ViewLoader[store.EntityRow] = _ViewLoader(db, view, store.entities)
+        if nested is not None:
+            _prime(self.sources, nested.sources)
+            _prime(self.relationships, nested.relationships)
+            _prime(self.entities, nested.entities)
+
+
+def _prime(loader: _ViewLoader[T], rows: dict[str, T]) -> None:
+    for key, row in rows.items():
+        loader.prime(key, row)

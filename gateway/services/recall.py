@@ -179,6 +179,7 @@ class RecallService:
                 conflicts=conflicts,
                 hypothesis_ids=[h.id for h in hyps.hypotheses],
             )
+            outcome.nested = await self._nested(unit, view, results, related)
             # 6. Feedback snapshot.
             if self.feedback is not None and persist:
                 await self._snapshot(unit, principal, request, outcome, self.feedback)
@@ -224,6 +225,42 @@ class RecallService:
             vector,
             sorted({rid for r in results for rid in r.evidence.relationship_ids}),
         )
+
+    @staticmethod
+    async def _nested(
+        unit: Unit,
+        view: ReadView,
+        results: Sequence[EvidenceResult],
+        related: RelatedOutcome,
+    ) -> store.NestedRows | None:
+        """The sources and supporting relationships of the results and the entities
+        of every returned relationship, in one statement, so that the nested fields
+        cost no transaction of their own. Only an optimisation: if it fails, the
+        request's loaders read the rows on demand."""
+        handles = [
+            *related.relationships,
+            *(m for c in related.communities for m in c.members),
+        ]
+        entities = {
+            e
+            for h in handles
+            for e in (h.representative.subject_entity_id, h.representative.object_entity_id)
+            if e is not None
+        }
+        try:
+            async with unit.step() as conn:
+                return await store.nested_rows(
+                    conn,
+                    view.team_id,
+                    sorted({r.evidence.source_id for r in results}),
+                    sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+                    sorted(entities),
+                    view.space_ids,
+                    view.t_sys,
+                )
+        except STORE_FAILURES as exc:
+            log.warning("nested rows not preloaded: %s", exc)
+            return None
 
     @staticmethod
     async def _snapshot(

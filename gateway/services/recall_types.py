@@ -18,7 +18,7 @@ from uuid import UUID
 
 from gateway.store.conflicts import CitationRow, SupporterRow
 from gateway.store.hypotheses import HypothesisRow
-from gateway.store.recall import EligibleEvidence, RelationshipRow
+from gateway.store.recall import EligibleEvidence, NestedRows, RelationshipRow
 
 __all__ = [
     "MAX_CONTEXT_CHARS",
@@ -224,3 +224,6 @@ class RecallOutcome:
     # Set when the recall was persisted for feedback (gateway/services/feedback.py).
     recall_event_id: str | None = None
     suggested_actions: list[SuggestedAction] = field(default_factory=list)
+    # Rows the nested fields will ask for, read with the answer (None: not read;
+    # the request's loaders then read them on demand).
+    nested: NestedRows | None = None

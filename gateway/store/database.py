@@ -81,12 +81,17 @@ class StatementCounter:
 
     def __init__(self) -> None:
         self.count = 0
+        # Seconds from sending each statement to its answer (server time plus
+        # the loopback round trip): the benchmark subtracts it to find the
+        # gateway's own share of a recall.
+        self.seconds = 0.0
 
     def __call__(self, record: object) -> None:
         query = str(getattr(record, "query", ""))
         if any(mark in query for mark in _DRIVER_QUERIES):
             return  # asyncpg's own: type introspection, pool reset
         self.count += 1
+        self.seconds += float(getattr(record, "elapsed", 0.0) or 0.0)
 
 
 async def connect_once(dsn: str) -> asyncpg.Connection:

@@ -238,3 +238,61 @@ async def entities(
         r["id"]: EntityRow(r["id"], r["space_id"], r["name"], r["kind"], tuple(r["aliases"]))
         for r in rows
     }
+
+
+# --- the nested rows of one answer, in one statement ---------------------------
+
+_NESTED = f"""
+WITH src AS ({_SOURCES}),
+rel AS ({_RELATIONSHIPS.replace("$2::text[]", "$5::text[]")}),
+ent AS ({_ENTITIES.replace(
+    "$2::text[]",
+    "ARRAY(SELECT subject_entity_id FROM rel "
+    "UNION SELECT object_entity_id FROM rel UNION SELECT unnest($6::text[]))",
+)})
+SELECT (SELECT array_agg(ROW(src.*)) FROM src) AS sources,
+       (SELECT array_agg(ROW(rel.*)) FROM rel) AS relationships,
+       (SELECT array_agg(ROW(ent.*)) FROM ent) AS entities
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class NestedRows:
+    """Sources, relationships and entities an answer's nested fields will ask for,
+    read with the answer (so the request's loaders start primed)."""
+
+    sources: dict[str, SourceRow]
+    relationships: dict[str, RelationshipRow]
+    entities: dict[str, EntityRow]
+
+
+async def nested_rows(
+    conn: Conn,
+    team: str,
+    source_ids: Sequence[str],
+    relationship_ids: Sequence[str],
+    entity_ids: Sequence[str],
+    space_ids: Sequence[UUID],
+    t_sys: datetime,
+) -> NestedRows:
+    """The sources and relationships asked for, and the entities of those
+    relationships plus ``entity_ids``: the same rows, under the same rules, as
+    :func:`sources`, :func:`relationships` and :func:`entities`."""
+    row = await conn.fetchrow(
+        _NESTED,
+        team,
+        list(source_ids),
+        list(space_ids),
+        t_sys,
+        list(relationship_ids),
+        list(entity_ids),
+    )
+    assert row is not None
+    return NestedRows(
+        sources={r[0]: SourceRow(*r) for r in row["sources"] or ()},
+        relationships={r[0]: RelationshipRow(*r) for r in row["relationships"] or ()},
+        entities={
+            r[0]: EntityRow(r[0], r[1], r[2], r[3], tuple(r[4]))
+            for r in row["entities"] or ()
+        },
+    )
