@@ -715,6 +715,8 @@ def http_latency(
     """Sequential recalls; per recall its latency, statements, the statements' time
     (send to answer, as the driver sees it) and the query embedding's time."""
     counter = app.state.services.db.counter
+    if not hasattr(counter, "seconds"):  # a gateway before the counter timed statements
+        counter.seconds = float("nan")
     embedding = _timed_embeddings(app)
     latencies, statements, sql, embed, share = [], [], [], [], []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
@@ -757,6 +759,8 @@ def throughput(
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import load_test
+
+    port = port or load_test.free_port()
 
     env = {**os.environ, "DATABASE_URL": dsn, "RECALL_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(  # noqa: S603 - our own console script
@@ -1008,8 +1012,7 @@ def main() -> None:
         rate = None
         if args.throughput:
             rate = throughput(
-                dsn, args.port + 1, data["token"], queries, args.workers, args.clients,
-                args.throughput,
+                dsn, 0, data["token"], queries, args.workers, args.clients, args.throughput
             )
         if not args.answers_only:
             recall10 = asyncio.run(

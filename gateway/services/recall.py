@@ -40,11 +40,13 @@ from gateway.services.evidence import search_evidence
 from gateway.services.feedback import FeedbackService
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import (
+    ConflictView,
     Degradation,
     EvidenceResult,
     ListState,
     ReadView,
     RecallOutcome,
+    RelationshipConflictView,
     SearchState,
     answer_reach,
 )
@@ -179,7 +181,7 @@ class RecallService:
                 conflicts=conflicts,
                 hypothesis_ids=[h.id for h in hyps.hypotheses],
             )
-            outcome.nested = await self._nested(unit, view, results, related)
+            outcome.nested = await self._nested(unit, view, results, related, conflicts)
             # 6. Feedback snapshot.
             if self.feedback is not None and persist:
                 await self._snapshot(unit, principal, request, outcome, self.feedback)
@@ -232,11 +234,13 @@ class RecallService:
         view: ReadView,
         results: Sequence[EvidenceResult],
         related: RelatedOutcome,
+        conflicts: Sequence[ConflictView],
     ) -> store.NestedRows | None:
-        """The sources and supporting relationships of the results and the entities
-        of every returned relationship, in one statement, so that the nested fields
-        cost no transaction of their own. Only an optimisation: if it fails, the
-        request's loaders read the rows on demand."""
+        """The sources and supporting relationships of the results, the relationships
+        of the conflicts' positions, and the entities of every returned relationship,
+        in one statement, so that the nested fields cost no transaction of their own
+        (and the statements of a recall stay independent of its limit). Only an
+        optimisation: if it fails, the request's loaders read the rows on demand."""
         handles = [
             *related.relationships,
             *(m for c in related.communities for m in c.members),
@@ -253,7 +257,16 @@ class RecallService:
                     conn,
                     view.team_id,
                     sorted({r.evidence.source_id for r in results}),
-                    sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+                    sorted(
+                        {rid for r in results for rid in r.evidence.relationship_ids}
+                        | {
+                            rid
+                            for c in conflicts
+                            if isinstance(c, RelationshipConflictView)
+                            for p in c.positions
+                            for rid in p.relationship_ids
+                        }
+                    ),
                     sorted(entities),
                     view.space_ids,
                     view.t_sys,

@@ -82,17 +82,19 @@ def select_communities(
 ) -> list[tuple[community_store.SnapshotCommunity, list[str], bool]]:
     """Communities in anchor order with their novel groups (shown, truncated?)."""
     rank = {g: i for i, g in enumerate(anchors)}
-
-    def best(c: community_store.SnapshotCommunity) -> tuple[float, int]:
-        ranks = [rank[g] for g, _ in c.members if g in rank]
-        return (min(ranks) if ranks else math.inf, c.ordinal)
+    # Each community's best anchor rank, computed once (it was computed for the
+    # sort and again in the loop: a scan of every member, twice).
+    best = {
+        c.ordinal: min((rank[g] for g, _ in c.members if g in rank), default=math.inf)
+        for c in communities
+    }
 
     emitted: set[str] = set()
     chosen: list[tuple[community_store.SnapshotCommunity, list[str], bool]] = []
-    for c in sorted(communities, key=best):
+    for c in sorted(communities, key=lambda c: (best[c.ordinal], c.ordinal)):
         if len(chosen) >= limit:
             break
-        if best(c)[0] == math.inf:
+        if best[c.ordinal] == math.inf:
             continue
         groups = list(dict.fromkeys(g for g, _ in c.members))
         novel = [g for g in groups if g not in covered and g not in emitted]
