@@ -69,6 +69,26 @@ def negotiate(accept: str | None) -> str:
 
 
 _GATEWAY_STATUS = {"DATABASE_UNAVAILABLE": 503, "REQUEST_TIMEOUT": 504}
+# How long a client should wait before retrying a request that failed only
+# because the database was away (a restart or failover takes seconds).
+RETRY_AFTER_S = "5"
+
+
+def _retry_headers(code: str) -> dict[str, str] | None:
+    return {"Retry-After": RETRY_AFTER_S} if code == "DATABASE_UNAVAILABLE" else None
+
+
+def _failed_for_the_database(data: GraphQLHTTPResponse) -> bool:
+    """Nothing answered (no data, or only nulls at the top) and every error is
+    DATABASE_UNAVAILABLE: the request as a whole failed for the database, so the
+    status says so (503), and a load balancer or client can retry elsewhere."""
+    errors: list[dict[str, Any]] = list(data.get("errors") or [])  # type: ignore[arg-type]
+    answered = data.get("data")
+    return (
+        bool(errors)
+        and all((e.get("extensions") or {}).get("code") == "DATABASE_UNAVAILABLE" for e in errors)
+        and (answered is None or all(v is None for v in answered.values()))
+    )
 
 
 def _is_request_error(result: ExecutionResult) -> bool:
@@ -138,7 +158,9 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             )
         except GatewayError as exc:  # before execution: e.g. the APQ store's database
             status = _GATEWAY_STATUS.get(exc.code, 400)
-            response = error_response(status, exc.code, exc.message, media_type=media)
+            response = error_response(
+                status, exc.code, exc.message, media_type=media, headers=_retry_headers(exc.code)
+            )
         except Exception:
             request_id = getattr(request.state, "request_id", "?")
             log.exception("request %s failed", request_id)
@@ -185,6 +207,10 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             sub: Response = request.state.sub_response
             if sub.status_code is None:
                 sub.status_code = 400
+        if _failed_for_the_database(data):
+            sub = request.state.sub_response
+            sub.status_code = 503
+            sub.headers["Retry-After"] = RETRY_AFTER_S
         return data
 
     def create_response(

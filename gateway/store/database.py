@@ -37,13 +37,19 @@ _ENTER_TENANT = (
 STORE_FAILURES: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     OSError,
     TimeoutError,
 )
 
+# Connection-level failures. ``InternalClientError`` is asyncpg's protocol state
+# machine giving up, seen when the server stops in the middle of a statement
+# (2 of 3 fast stops during token lookup): it is the connection that failed,
+# not the request, so it is DATABASE_UNAVAILABLE like a reset socket.
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
@@ -181,7 +187,7 @@ class Database:
             if deadline.remaining() is None:
                 raise DatabaseUnavailable("the database did not answer in time") from exc
             raise RequestTimeout("the request took longer than its deadline") from exc
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except STORE_FAILURES as exc:
             translated = translate(exc)
             if translated is exc:
                 raise
