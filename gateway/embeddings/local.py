@@ -126,6 +126,10 @@ class LocalEmbeddingProvider:
     oversubscribe them, and a large input is submitted one batch at a time so
     a query can slip in between the batches of a bulk load.
 
+    Memory: the session holds the model's weights dequantised by onnxruntime's
+    constant folding (about 165 MB over the 23 MB file; keeping them int8
+    made a query 8x slower), and no arena (see ``_load``).
+
     ``allow_spinning`` is off by default: onnxruntime's spinning worker threads
     cut a single query's latency by a few milliseconds but keep a core busy
     between runs, which on a small host takes it from PostgreSQL and the
@@ -226,6 +230,13 @@ class LocalEmbeddingProvider:
         options.intra_op_num_threads = self._threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # No CPU memory arena: the arena keeps its high-water mark for the
+        # process's life, and one batch of 64 texts of 256 tokens (the write
+        # path) took a worker from 280 MB to 1.6 GB RSS, never given back.
+        # Without it the large buffers are plain allocations (mmap-backed) that
+        # go back to the system after the run; query latency was the same in an
+        # interleaved A/B (docs/benchmarks.md).
+        options.enable_cpu_mem_arena = False
         options.log_severity_level = 3
         options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if self._allow_spinning else "0"
