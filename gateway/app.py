@@ -38,6 +38,7 @@ from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService
 from gateway.services.writes import WriteService
+from gateway.serving import Drain
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
 
@@ -106,6 +107,10 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    drain: Drain | None = request.app.state.drain
+    if drain is not None and drain.draining:
+        # SIGTERM: out of the load balancer at once, before anything else is asked.
+        return JSONResponse({"status": "not ready", "reason": "shutting down"}, 503)
     services: Services = request.app.state.services
     try:
         await ping(services.db)
@@ -123,9 +128,19 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
-    """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL."""
+def create_served_app() -> Starlette:
+    """The app of ``serve`` worker processes (uvicorn's factory): settings from the
+    environment, SIGTERM drained."""
+    return create_app(handle_sigterm=True)
+
+
+def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False) -> Starlette:
+    """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL.
+
+    ``handle_sigterm``: the process is a server whose SIGTERM should drain it
+    (gateway/serving.py); off for an app embedded elsewhere, tests included."""
     settings = settings or Settings()
+    grace_s = settings.shutdown_grace_ms / 1000
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -160,10 +175,16 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 MutationService(writes),
             )
             graphql.persisted = _persisted(settings, limits, db)
+            drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None
+            app.state.drain = drain if drain is not None and drain.install() else None
             try:
                 yield
             finally:
-                await db.close()
+                if drain is not None:
+                    drain.uninstall()
+                # Connections still in use after the grace period are cut: an
+                # idle pool must not keep PostgreSQL's smart shutdown waiting.
+                await db.close(wait_s=grace_s)
                 await embedder.aclose()
         finally:
             if embedded is not None:
@@ -186,6 +207,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
         ],
         lifespan=lifespan,
     )
+    app.state.drain = None
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:

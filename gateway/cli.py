@@ -195,6 +195,69 @@ def cmd_tokens_issue(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_id(text: str) -> str:
+    """A token's ID, also from a whole token (``rgt_<id>_<secret>``) pasted by mistake."""
+    parsed = tokens.parse_token(text)
+    return parsed.token_id if parsed is not None else text
+
+
+def cmd_tokens_list(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.services.auth import list_tokens
+    from gateway.store.database import Database, prepare
+
+    async def work() -> list[Any]:
+        await prepare(dsn, migrate=settings.migrate_on_start)
+        db = await Database.open(dsn, min_size=1, max_size=1)
+        try:
+            return await list_tokens(db, args.team, args.principal)
+        finally:
+            await db.close()
+
+    with database(settings) as dsn:
+        listed = asyncio.run(work())
+    now = datetime.now(UTC)
+    print(
+        f"{'TOKEN':20} {'TEAM':20} {'PRINCIPAL':20} {'BINDING':12} {'STATE':8} "
+        f"{'ISSUED':20} {'EXPIRES':20} LABEL"
+    )
+    for t in listed:
+        if t.revoked_at is not None:
+            state = "revoked"
+        elif t.expires_at is not None and t.expires_at <= now:
+            state = "expired"
+        else:
+            state = "active"
+        print(
+            f"{t.id:20} {t.team_id:20} {t.principal_id:20} {t.binding:12} {state:8} "
+            f"{_when(t.recorded_at):20} {_when(t.expires_at):20} {t.label or ''}"
+        )
+    return 0
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else "-"
+
+
+def cmd_tokens_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.services.auth import revoke
+    from gateway.store.database import Database, prepare
+
+    token_id = _token_id(args.token)
+
+    async def work() -> datetime:
+        await prepare(dsn, migrate=settings.migrate_on_start)
+        db = await Database.open(dsn, min_size=1, max_size=1)
+        try:
+            return await revoke(db, token_id)
+        finally:
+            await db.close()
+
+    with database(settings) as dsn:
+        revoked = asyncio.run(work())
+    print(f"token {token_id} revoked at {_when(revoked)}; every worker refuses it from now on")
+    return 0
+
+
 def _build_communities(settings: Settings, dsn: str, team: str | None, out: TextIO) -> int:
     """Build community snapshots (one team, or every team), with progress on a terminal."""
     from gateway.services import communities
@@ -242,7 +305,11 @@ def _build_communities(settings: Settings, dsn: str, team: str | None, out: Text
 
     reports = asyncio.run(work())
     for r in reports:
-        detail = f"{r.communities} communities, {r.members} members" if r.status == "succeeded" else r.error
+        detail = (
+            f"{r.communities} communities, {r.members} members"
+            if r.status == "succeeded"
+            else r.error
+        )
         print(
             f"communities of team {r.team}: {r.status} ({r.node_count} groups, "
             f"{r.edge_count} edges; {detail})",
@@ -269,24 +336,26 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
+    """uvicorn with the read timeouts and the SIGTERM drain of gateway/serving.py;
+    in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over."""
     import uvicorn
 
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level,
+        "http": "gateway.serving:TimedHttpToolsProtocol",
+        "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_ms / 1000)),
+    }
     if workers > 1:
         # Worker processes rebuild the app from the environment: hand them the DSN.
         os.environ["RECALL_DATABASE_URL"] = dsn
-        uvicorn.run(
-            "gateway.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=settings.log_level,
-        )
+        uvicorn.run("gateway.app:create_served_app", factory=True, workers=workers, **common)
         return
     from gateway.app import create_app
 
-    app = create_app(settings.model_copy(update={"database_url": dsn}))
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
+    app = create_app(settings.model_copy(update={"database_url": dsn}), handle_sigterm=True)
+    uvicorn.run(app, **common)
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -399,6 +468,15 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--label")
     issue.add_argument("--expires-in-days", type=float)
     issue.set_defaults(func=cmd_tokens_issue)
+    listing = tok_sub.add_parser("list", help="list tokens (IDs, owners, state; never secrets)")
+    listing.add_argument("--team", help="only this team's tokens")
+    listing.add_argument("--principal", help="only this principal's tokens")
+    listing.set_defaults(func=cmd_tokens_list)
+    revoke = tok_sub.add_parser(
+        "revoke", help="revoke a token at once (every worker refuses it from the next request)"
+    )
+    revoke.add_argument("token", help="the token's ID (t-...), or the whole token")
+    revoke.set_defaults(func=cmd_tokens_revoke)
 
     com = sub.add_parser("communities", help="community snapshots of the shared graph")
     com_sub = com.add_subparsers(dest="communities_command", required=True, metavar="ACTION")

@@ -39,6 +39,32 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port `serve` binds to.")
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
+    # --- serving and shutdown (gateway/serving.py, docs/security.md)
+    header_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        le=600_000,
+        description="A request's headers must be complete within this (408, then close).",
+    )
+    body_timeout_ms: int = Field(
+        default=15_000,
+        ge=100,
+        le=600_000,
+        description="A request's body must be complete within this after its headers.",
+    )
+    shutdown_drain_ms: int = Field(
+        default=5_000,
+        ge=0,
+        le=600_000,
+        description="On SIGTERM, /readyz answers 503 and requests are still served this long.",
+    )
+    shutdown_grace_ms: int = Field(
+        default=10_000,
+        ge=0,
+        le=600_000,
+        description="After the drain, in-flight requests get this long before they are "
+        "cancelled; closing the pool gets as long again.",
+    )
 
     pool_min_size: int = Field(default=1, ge=0, le=100, description="asyncpg pool minimum.")
     pool_max_size: int = Field(default=10, ge=1, le=200, description="asyncpg pool maximum.")

@@ -8,6 +8,7 @@ transactions (loader, migrations, token lookup) run as the connecting role.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from uuid import UUID
@@ -173,8 +174,13 @@ class Database:
             raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
         return cls(pool, counter, statement_timeout_ms)
 
-    async def close(self) -> None:
-        await self.pool.close()
+    async def close(self, wait_s: float | None = None) -> None:
+        """Close the pool, waiting at most ``wait_s`` seconds for connections in
+        use; past it they are terminated, so a shutdown never hangs on one."""
+        try:
+            await asyncio.wait_for(self.pool.close(), wait_s)
+        except TimeoutError:
+            self.pool.terminate()
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Conn]:
