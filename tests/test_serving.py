@@ -28,17 +28,11 @@ from gateway.embedded import EmbeddedPostgres
 
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_cli import CLI, run
+from .test_cli import CLI, _free_port, run
 from .test_faults import own_server, seeded  # noqa: F401  (fixtures)
 from .test_recall import token
 
 VIEWER = "{ viewer { principalId } }"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Served:
