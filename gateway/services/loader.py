@@ -162,15 +162,18 @@ async def load(
     batch_size: int,
     actor: Actor | None = None,
     progress: Callable[[int], None] | None = None,
+    set_based: bool = True,
 ) -> LoadReport:
-    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts."""
+    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
+    ``set_based=False`` keeps every record on the record-at-a-time path (a test
+    compares the two)."""
     actor = actor or Actor.operator()
     report = LoadReport()
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     for chunk in batches(records, batch_size):
         try:
-            result = await service.apply([r for _, r in chunk], actor)
+            result = await service.apply([r for _, r in chunk], actor, set_based=set_based)
         except RecordError as exc:
             if exc.index >= 0:
                 line = chunk[exc.index][0]

@@ -247,6 +247,17 @@ class RelationshipRecord(_TeamRecord):
         return "sg:" + hashlib.sha256(basis.encode()).hexdigest()[:32]
 
 
+def render_statement(
+    subject: str, predicate: str, obj: str, unit: str | None, polarity: str
+) -> str:
+    """A readable sentence for a relationship; its search text and vector come from it."""
+    verb = predicate.replace("_", " ")
+    tail = f"{obj} {unit}" if unit else obj
+    if polarity == "negative":
+        return f"not: {subject} {verb} {tail}"
+    return f"{subject} {verb} {tail}"
+
+
 def _fold(value: str) -> str:
     return re.sub(r"\s+", " ", value.strip().casefold())
 

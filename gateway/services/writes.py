@@ -29,7 +29,9 @@ from gateway.errors import (
     InvalidInput,
     NotFound,
 )
+from gateway.services import bulk_writes
 from gateway.services import records as rec
+from gateway.services.records import render_statement
 from gateway.store import writes as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
@@ -140,17 +142,6 @@ _HYPOTHESIS_STATUS = {
 }
 # The status each hypothesis decision sets (docs/loading.md, docs/feedback.md).
 HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
-
-
-def render_statement(
-    subject: str, predicate: str, obj: str, unit: str | None, polarity: str
-) -> str:
-    """A readable sentence for a relationship; its search text and vector come from it."""
-    verb = predicate.replace("_", " ")
-    tail = f"{obj} {unit}" if unit else obj
-    if polarity == "negative":
-        return f"not: {subject} {verb} {tail}"
-    return f"{subject} {verb} {tail}"
 
 
 class _Batch:
@@ -614,7 +605,11 @@ class _Batch:
         n = len(self.evidence_texts)
         if self.evidence_texts:
             await store.insert_evidence_embeddings(
-                self.conn, [t[:3] for t in self.evidence_texts], vectors[:n], model
+                self.conn,
+                [t[:3] for t in self.evidence_texts],
+                vectors[:n],
+                model,
+                copy=self.actor.is_operator,
             )
         if self.relationship_texts:
             generations: dict[str, int] = {}
@@ -625,6 +620,7 @@ class _Batch:
                 [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
                 vectors[n:],
                 model,
+                copy=self.actor.is_operator,
             )
 
 
@@ -649,8 +645,23 @@ class WriteService:
         self.db = db
         self.embedder = embedder
 
-    async def apply(self, records: Sequence[Any], actor: Actor) -> BatchResult:
-        """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal."""
+    async def apply(
+        self, records: Sequence[Any], actor: Actor, *, set_based: bool = True
+    ) -> BatchResult:
+        """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal.
+
+        The operator's runs of creation records go through the set-based path
+        (:mod:`gateway.services.bulk_writes`) unless ``set_based`` is off; when
+        that path cannot accept a run, the batch is applied again record by
+        record, which reports the refusal exactly as it always has."""
+        if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
+            try:
+                return await self._apply(records, actor, set_based=True)
+            except bulk_writes.Fallback:
+                pass  # rolled back; the record-at-a-time path finds the refusal
+        return await self._apply(records, actor, set_based=False)
+
+    async def _apply(self, records: Sequence[Any], actor: Actor, *, set_based: bool) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
         # embeddings: bounded by the statement timeout, like the loader's own writes,
@@ -664,7 +675,16 @@ class WriteService:
         )
         async with transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
-            for index, record in enumerate(records):
+            index = 0
+            while index < len(records):
+                if set_based and bulk_writes.eligible(records[index]):
+                    end = index
+                    while end < len(records) and bulk_writes.eligible(records[end]):
+                        end += 1
+                    await self._apply_run(batch, records[index:end], result)
+                    index = end
+                    continue
+                record = records[index]
                 try:
                     created, recorded_at = await self._apply_one(batch, record)
                     if created:
@@ -687,6 +707,7 @@ class WriteService:
                     raise RecordError(
                         index, _field_of(exc), InvalidInput(_db_message(exc))
                     ) from exc
+                index += 1
             try:
                 await batch.embed_pending()
             except GatewayError as exc:
@@ -696,6 +717,19 @@ class WriteService:
                     -1, None, DatabaseUnavailable("the database was too busy to store vectors")
                 ) from exc
         return result
+
+    @staticmethod
+    async def _apply_run(batch: _Batch, run: Sequence[Any], result: BatchResult) -> None:
+        """A run of creation records, set-based; any doubt raises ``Fallback``."""
+        try:
+            outcome = await bulk_writes.apply_run(batch.conn, run, batch.actor.label)
+        except asyncpg.PostgresError as exc:
+            raise bulk_writes.Fallback from exc
+        for record, (created, recorded_at) in zip(run, outcome.receipts, strict=True):
+            (result.created if created else result.unchanged)[record.kind] += 1
+            result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
+        batch.evidence_texts.extend(outcome.evidence_texts)
+        batch.relationship_texts.extend(outcome.relationship_texts)
 
     async def _apply_one(self, batch: _Batch, record: Any) -> tuple[bool, datetime]:
         team = rec.record_team(record)
