@@ -21,7 +21,10 @@ the time spent inside the embedding provider, the peak RSS of this process
 (the loader; the database server's processes are not counted), and the
 statements sent per 1,000 records.
 
-``--embedder local`` uses the configured local model (what a user gets).
+``--embedder local`` uses the configured local model (what a user gets);
+``--embedder supplied`` puts a vector in every evidence and relationship line
+(after an ``embedding_model`` line naming the configured model), so the model
+never runs.
 ``--embedder hash`` is a stand-in that makes a unit vector from a hash of the
 text in microseconds: it isolates the cost of the write path itself, and is
 what a file with embeddings supplied costs when the loader cannot take them.
@@ -44,6 +47,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,12 +84,15 @@ class HashEmbedder:
     model = "all-MiniLM-L6-v2-int8-onnx"
     dimensions = 384
 
+    def vector(self, text: str) -> Vectors:
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+        row = np.random.default_rng(seed).standard_normal(self.dimensions)
+        return (row / np.linalg.norm(row)).astype(np.float32)
+
     async def embed(self, texts: Sequence[str]) -> Vectors:
         out = np.empty((len(texts), self.dimensions), dtype=np.float32)
         for i, text in enumerate(texts):
-            seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
-            row = np.random.default_rng(seed).standard_normal(self.dimensions)
-            out[i] = row / np.linalg.norm(row)
+            out[i] = self.vector(text)
         return out
 
     async def aclose(self) -> None:
@@ -167,10 +174,22 @@ def document_records(ident: str, title: str, text: str) -> list[dict[str, Any]]:
     ]
 
 
-def write_file(path: Path, docs: Iterator[tuple[str, str, str]]) -> tuple[int, int]:
-    """The loader file; returns (records, evidence)."""
+def write_file(
+    path: Path, docs: Iterator[tuple[str, str, str]], supplied: EmbeddingProvider | None
+) -> tuple[int, int]:
+    """The loader file, with vectors in it when ``supplied`` names a model (made
+    by :class:`HashEmbedder`: their values do not matter to the write path);
+    returns (records, evidence)."""
     records = evidence = 0
+    hasher = HashEmbedder()
     with path.open("w", encoding="utf-8") as f:
+        if supplied is not None:
+            header = {
+                "kind": "embedding_model",
+                "model": supplied.model,
+                "dimensions": supplied.dimensions,
+            }
+            f.write(json.dumps(header) + "\n")
         for line in (
             {"kind": "team", "id": TEAM, "name": "Load benchmark"},
             {"kind": "principal", "team": TEAM, "id": PRINCIPAL, "display_name": "Reader"},
@@ -179,10 +198,29 @@ def write_file(path: Path, docs: Iterator[tuple[str, str, str]]) -> tuple[int, i
             records += 1
         for ident, title, text in docs:
             for record in document_records(ident, title, text):
+                if supplied is not None and record["kind"] in ("evidence", "relationship"):
+                    basis = record.get("content") or record["id"]
+                    record["embedding"] = [round(float(x), 6) for x in hasher.vector(basis)]
                 f.write(json.dumps(record) + "\n")
             records += RECORDS_PER_DOC
             evidence += 1
     return records, evidence
+
+
+_COUNTING: list[Database] = []
+
+
+def count_copies(db: Database) -> None:
+    """The driver logs no COPY: count them as statements too (one round trip each)."""
+    if not _COUNTING:
+        original = asyncpg.connection.Connection.copy_records_to_table
+
+        async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _COUNTING[-1].counter.count += 1
+            return await original(self, *args, **kwargs)
+
+        asyncpg.connection.Connection.copy_records_to_table = counted  # type: ignore[method-assign]
+    _COUNTING.append(db)
 
 
 def peak_rss_mb() -> float:
@@ -190,12 +228,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def run_load(dsn: str, path: Path, args: argparse.Namespace) -> dict[str, float]:
+async def run_load(
+    dsn: str, path: Path, args: argparse.Namespace, set_based: bool
+) -> dict[str, float]:
     db = await Database.open(dsn, min_size=1, max_size=2, statement_timeout_ms=600_000)
     inner: EmbeddingProvider = (
         HashEmbedder() if args.embedder == "hash" else create_provider(Settings())
     )
+    # supplied: the file carries every vector; the provider is there for its model name
     embedder = TimedEmbedder(inner)
+    count_copies(db)
     try:
         if args.embedder == "local":
             await embedder.embed(["warm up the model before the clock starts"])
@@ -208,7 +250,11 @@ async def run_load(dsn: str, path: Path, args: argparse.Namespace) -> dict[str, 
         parsed = loader.parse(lines)
         parsed_at = time.perf_counter()
         report = await loader.load(
-            service, parsed, batch_size=args.batch_size, actor=Actor.operator()
+            service,
+            parsed,
+            batch_size=args.batch_size,
+            actor=Actor.operator(),
+            set_based=set_based,
         )
         elapsed = time.perf_counter() - started
         return {
@@ -225,18 +271,33 @@ async def run_load(dsn: str, path: Path, args: argparse.Namespace) -> dict[str, 
         await db.close()
 
 
-async def measure(admin_dsn: str, path: Path, args: argparse.Namespace) -> dict[str, float]:
+async def measure(
+    admin_dsn: str, path: Path, args: argparse.Namespace, set_based: bool
+) -> dict[str, float]:
     async with scratch_database(admin_dsn) as dsn:
-        return await run_load(dsn, path, args)
+        return await run_load(dsn, path, args, set_based)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=None, help="documents (default 500 generated)")
     parser.add_argument("--beir", type=Path, default=None, help="a BEIR folder to read instead")
-    parser.add_argument("--embedder", choices=("local", "hash"), default="local")
+    parser.add_argument(
+        "--embedder",
+        choices=("local", "hash", "supplied"),
+        default="local",
+        help="local: the configured model; hash: a stand-in of no cost; supplied: "
+        "vectors in the file (an embedding_model line naming the configured model)",
+    )
     parser.add_argument("--batch-size", type=int, default=500, help="loader records per batch")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--path",
+        choices=("set", "record", "both"),
+        default="set",
+        help="the set-based write path (default), the record-at-a-time one, or both "
+        "one after the other on fresh databases (an A/B in one run)",
+    )
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile file here")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     args = parser.parse_args(argv)
@@ -249,24 +310,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             docs = generated_documents(args.docs or 500, args.seed)
             source = "generated SciFact-shaped documents"
-        n_records, n_evidence = write_file(path, docs)
+        supplied = create_provider(Settings()) if args.embedder == "supplied" else None
+        n_records, n_evidence = write_file(path, docs, supplied)
         print(
             f"{n_evidence} documents ({source}), {n_records} records, "
             f"{path.stat().st_size / 1e6:.1f} MB; embedder {args.embedder}, "
             f"batch size {args.batch_size}; load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+        paths = {"set": [True], "record": [False], "both": [False, True]}[args.path]
         with server(args.database_url) as admin_dsn:
-            profiler = cProfile.Profile() if args.profile else None
-            if profiler is not None:
-                profiler.enable()
-            figures = asyncio.run(measure(admin_dsn, path, args))
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(str(args.profile))
+            for set_based in paths:
+                profiler = cProfile.Profile() if args.profile else None
+                if profiler is not None:
+                    profiler.enable()
+                figures = asyncio.run(measure(admin_dsn, path, args, set_based))
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(str(args.profile))
+                report(figures, n_evidence, "set-based" if set_based else "record at a time")
+
+
+def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
     seconds = figures["seconds"]
     print(
-        f"loaded {int(figures['written'])} of {int(figures['records'])} records in {seconds:.2f} s"
+        f"{label}: loaded {int(figures['written'])} of {int(figures['records'])} records "
+        f"in {seconds:.2f} s"
     )
     print(f"  records/s             {figures['records'] / seconds:10.1f}")
     print(f"  evidence/s            {n_evidence / seconds:10.1f}")
@@ -277,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(f"  statements/1k records {figures['statements'] * 1000 / figures['records']:10.0f}")
     print(f"  peak RSS (loader)     {peak_rss_mb():10.0f} MB")
-    print(f"  load average after    {os.getloadavg()[0]:10.2f}")
+    print(f"  load average after    {os.getloadavg()[0]:10.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -103,8 +103,9 @@ def _load_lines(
     async def work(service: Any) -> loader.LoadReport:
         from gateway.progress import report_progress
 
+        total = sum(1 for _, r in records if not isinstance(r, loader.EmbeddingModelLine))
         async with report_progress(
-            len(records),
+            total,
             sys.stderr,
             terminal=sys.stderr.isatty(),
             interval_s=settings.load_progress_interval_s,

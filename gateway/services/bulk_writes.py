@@ -251,7 +251,14 @@ class _Run:
         return statement
 
 
-async def apply_run(conn: Conn, records: Sequence[Any], by: str) -> RunOutcome:
+# The statement time a copied record may take, beyond the usual timeout: a COPY
+# of a run replaces several statements per record, each with the full timeout.
+STATEMENT_MS_PER_RECORD = 100
+
+
+async def apply_run(
+    conn: Conn, records: Sequence[Any], by: str, *, statement_timeout_ms: int
+) -> RunOutcome:
     """Write a run of :func:`eligible` records of the operator, or raise :class:`Fallback`
     (the transaction must then be rolled back: rows may already be written)."""
     keys = [(r.team, r.kind, r.id) for r in records]
@@ -298,10 +305,17 @@ async def apply_run(conn: Conn, records: Sequence[Any], by: str) -> RunOutcome:
             outcome.evidence_texts.append(
                 (r.team, run.places[("evidence", r.team, r.id)].space_id, r.id, r.content)
             )
+            if r.embedding is not None:
+                outcome.supplied[("evidence", r.team, r.id)] = r.embedding
         else:
             statement = run.relationship(line, r, principals.get(r.team, set()))
             space = run.spaces[(r.team, rec.private_owner(r.space))]
             outcome.relationship_texts.append((r.team, space.id, r.id, statement))
+            if r.embedding is not None:
+                outcome.supplied[("relationship", r.team, r.id)] = r.embedding
+    budget = STATEMENT_MS_PER_RECORD * len(new)
+    if budget > statement_timeout_ms:
+        await bulk.allow_statement_time(conn, budget)
     for table, rows in run.rows.items():
         await bulk.copy_rows(conn, table, rows)
     return outcome

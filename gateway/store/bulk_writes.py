@@ -65,6 +65,12 @@ async def claim_writes(
     return out
 
 
+async def allow_statement_time(conn: Conn, ms: int) -> None:
+    """Raise the transaction's statement timeout to ``ms``: one COPY carries what
+    hundreds of statements carried, each of which had the whole timeout."""
+    await conn.execute("SELECT set_config('statement_timeout', $1, true)", f"{ms}ms")
+
+
 async def existing_principals(conn: Conn, team: str, ids: Sequence[str]) -> set[str]:
     rows = await conn.fetch(
         "SELECT id FROM principals WHERE team_id = $1 AND id = ANY($2::text[])", team, list(ids)
