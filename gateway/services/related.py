@@ -35,47 +35,28 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from uuid import UUID
 
 import numpy as np
 
 from gateway.errors import DatabaseUnavailable
 from gateway.fusion import fuse_equal
-from gateway.services.recall import (
+from gateway.services.recall_input import RecallRequest
+from gateway.services.recall_types import (
+    CommunityHit,
     Degradation,
+    Handle,
     ListState,
     ReadView,
     SearchState,
     overfetch,
 )
-from gateway.services.recall_input import RecallRequest
 from gateway.store import communities as community_store
 from gateway.store import related as store
-from gateway.store.database import STORE_FAILURES, Database
-from gateway.store.recall import RelationshipRow
+from gateway.store.database import STORE_FAILURES, Unit
 
 log = logging.getLogger("gateway.recall.related")
-
-
-@dataclass(frozen=True, slots=True)
-class Handle:
-    """Equivalent relationships of one semantic group, collapsed."""
-
-    group: str
-    representative: RelationshipRow
-    equivalent_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CommunityHit:
-    id: str
-    summary: str
-    top_entities: tuple[str, ...]
-    top_predicates: tuple[str, ...]
-    relationship_count: int
-    members: tuple[Handle, ...]
-    members_truncated: bool
 
 
 @dataclass
@@ -131,8 +112,10 @@ def direct_fallback(
 
 
 class RelatedFrontiers:
-    def __init__(self, db: Database) -> None:
-        self.db = db
+    """Both frontiers of one recall, read in the recall's unit of work."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
 
     async def recall(
         self,
@@ -148,7 +131,9 @@ class RelatedFrontiers:
         out.states["relationships"] = SearchState(
             "relationships", "complete" if rel_on else "disabled"
         )
-        out.states["communities"] = SearchState("communities", "complete" if com_on else "disabled")
+        out.states["communities"] = SearchState(
+            "communities", "complete" if com_on else "disabled"
+        )
         if not (rel_on or com_on):
             return out
         if com_on and request.temporal:
@@ -197,7 +182,9 @@ class RelatedFrontiers:
             chosen, run_id = await self._communities(view, shared, request, anchors, covered, out)
         emitted = {g for _, shown, _ in chosen for g in shown}
         direct = (
-            direct_fallback(anchors, covered, emitted, request.relationship_limit) if rel_on else []
+            direct_fallback(anchors, covered, emitted, request.relationship_limit)
+            if rel_on
+            else []
         )
         handles = await self._handles(view, shared, [*direct, *sorted(emitted)], first_ranked)
         out.relationships = [handles[g] for g in direct if g in handles]
@@ -218,8 +205,9 @@ class RelatedFrontiers:
             starved = len(out.relationships) < request.relationship_limit and any(
                 len(hits) >= per_list for hits in lists.values()
             )
-            lost = any(d.frontier == "relationships" for d in out.degradations) or (
-                request.query is not None and vector is None
+            lost = (
+                any(d.frontier == "relationships" for d in out.degradations)
+                or (request.query is not None and vector is None)
             )
             list_states = [
                 ListState(
@@ -240,14 +228,14 @@ class RelatedFrontiers:
     ) -> tuple[store.Discovery, str]:
         """Discovery with the vector list if possible; without it if that is what fails."""
         try:
-            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+            async with self.unit.step() as conn:
                 found = await store.discover(conn, query)
         except STORE_FAILURES as exc:
             if query.vector is None:
                 raise DatabaseUnavailable("relationships could not be searched") from exc
             log.warning("relationship discovery failed (%s); retrying without vectors", exc)
             try:
-                async with self.db.tenant(view.team_id, view.space_ids) as conn:
+                async with self.unit.step() as conn:
                     found = await store.discover(conn, _without_vector(query))
             except STORE_FAILURES as again:
                 raise DatabaseUnavailable("relationships could not be searched") from again
@@ -293,10 +281,11 @@ class RelatedFrontiers:
     ) -> tuple[list[tuple[community_store.SnapshotCommunity, list[str], bool]], UUID | None]:
         def skip(code: str, message: str) -> None:
             self._skip_communities(out, code, message)
-
         try:
-            async with self.db.tenant(view.team_id, view.space_ids) as conn:
-                snap = await community_store.snapshot(conn, view.team_id, shared.space_id, anchors)
+            async with self.unit.step() as conn:
+                snap = await community_store.snapshot(
+                    conn, view.team_id, shared.space_id, anchors
+                )
         except STORE_FAILURES as exc:
             log.warning("community snapshot could not be read: %s", exc)
             skip("community_snapshot_unavailable", "the community snapshot could not be read")
@@ -346,7 +335,7 @@ class RelatedFrontiers:
         if not groups:
             return {}
         try:
-            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+            async with self.unit.step() as conn:
                 members = await store.eligible_group_members(
                     conn,
                     view.team_id,
@@ -373,6 +362,4 @@ class RelatedFrontiers:
 
 
 def _without_vector(q: store.DiscoveryQuery) -> store.DiscoveryQuery:
-    from dataclasses import replace
-
     return replace(q, vector=None)
