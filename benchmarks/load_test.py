@@ -282,6 +282,7 @@ def main() -> None:
     elapsed = result["elapsed_s"]
     assert isinstance(elapsed, float)
     cores = os.cpu_count() or 1
+    count = max(int(result["requests"]), 1)  # type: ignore[call-overload]
     load1, _, _ = os.getloadavg()
     print(f"requests:      {result['requests']} {args.operation} at concurrency {args.concurrency}")
     print(f"errors:        {len(failures)}")
@@ -302,7 +303,8 @@ def main() -> None:
     print(
         f"CPU:           gateway {gw_cpu:.1f} s ({gw_cpu / elapsed / cores:.0%} of {cores} cores), "
         f"PostgreSQL {pg_cpu:.1f} s ({pg_cpu / elapsed / cores:.0%}); "
-        f"gateway share {gw_cpu / max(gw_cpu + pg_cpu, 1e-9):.0%}"
+        f"gateway share {gw_cpu / max(gw_cpu + pg_cpu, 1e-9):.0%}; per request "
+        f"gateway {gw_cpu / count * 1000:.1f} ms, PostgreSQL {pg_cpu / count * 1000:.1f} ms"
     )
     print(f"load average:  {load1:.2f} (1 min, at the end)")
     sys.exit(1 if failures else 0)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import sys
 import time
@@ -388,8 +390,24 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             "\nPress Ctrl-C to stop.\n",
             flush=True,
         )
+        _return_freed_memory()
         _run_server(settings, dsn, host, port, 1)
     return 0
+
+
+def _return_freed_memory() -> None:
+    """Give the heap freed by the demo's loading back to the system before serving.
+
+    The loader's model session is freed when loading ends, but glibc keeps most
+    of it in its heap, and the server then loads a session of its own on top:
+    measured, a closed session left 297 MB resident (145 MB after
+    ``malloc_trim``), and the demo process served at 466 MB instead of about
+    330. Only glibc has ``malloc_trim``; elsewhere this does nothing."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 # --- argument parsing --------------------------------------------------------------

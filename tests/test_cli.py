@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from .conftest import REPO, unique
@@ -153,6 +154,10 @@ def test_demo_serves_viewer_and_stops_its_database(
                 }
             }
         }
+        # One worker serving, after loading and embedding the demo in the same
+        # process: within the 400 MB a worker may take (docs/benchmarks.md).
+        rss_mib = psutil.Process(proc.pid).memory_info().rss / 2**20
+        assert rss_mib <= 400, f"the demo process holds {rss_mib:.0f} MiB"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -193,8 +193,14 @@ async def test_deadline_cancels_the_request_and_its_statements(seeded: Any) -> N
                 break
             await asyncio.sleep(0.05)
         assert waiting == 0
-        # and the gateway is healthy afterwards
-        assert "errors" not in (await _ask(client, tok, RECALL)).json()
+        # and the gateway is healthy afterwards: a cheap request answers within the
+        # 400 ms deadline (retried: on a loaded machine one attempt may not)
+        healthy = []
+        for _ in range(20):
+            healthy.append((await _ask(client, tok)).json())
+            if "errors" not in healthy[-1]:
+                break
+        assert healthy[-1] == {"data": {"viewer": {"principalId": "alice"}}}, healthy
     finally:
         await blocker.close()
         await client.aclose()
