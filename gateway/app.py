@@ -183,6 +183,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/graphql", graphql, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *(graphql.ide.routes() if graphql.ide else []),
         ],
         lifespan=lifespan,
     )

@@ -321,7 +321,8 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         url = f"http://{host}:{port}/graphql"
         print(
             f"\nRecall Gateway demo is starting (data loaded in {time.perf_counter() - started:.1f} s)."
-            f"\n  GraphiQL:  {url}"
+            # The fragment never reaches a server: GraphiQL puts it in its headers pane.
+            f"\n  GraphiQL:  {url}#token={token}"
             f"\n  principal: {args.principal} (team {DEMO_TEAM}), token valid 7 days:"
             f"\n  export RECALL_TOKEN={token}"
             f'\n  curl -s {url} -H "Authorization: Bearer $RECALL_TOKEN" '
