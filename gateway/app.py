@@ -187,6 +187,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         ],
         lifespan=lifespan,
     )
+    # The MCP server runs its tools through the same view (schema, limits).
+    app.state.graphql = graphql
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:

@@ -121,6 +121,11 @@ class Settings(BaseSettings):
     )
     persisted_query_max_entries: int = Field(default=10_000, ge=10, le=10_000_000)
 
+    mcp_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the agent that `recall-gateway mcp` serves over stdio.",
+    )
+
 
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with explicit overrides (used by the CLI's flags)."""
