@@ -274,19 +274,39 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
     if workers > 1:
         # Worker processes rebuild the app from the environment: hand them the DSN.
         os.environ["RECALL_DATABASE_URL"] = dsn
-        uvicorn.run(
-            "gateway.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=settings.log_level,
-        )
+        with _metrics_dir():
+            uvicorn.run(
+                "gateway.app:create_app",
+                factory=True,
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=settings.log_level,
+                access_log=False,  # the gateway logs one line per request itself
+            )
         return
     from gateway.app import create_app
 
     app = create_app(settings.model_copy(update={"database_url": dsn}))
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level, access_log=False)
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[None]:
+    """Several workers share their Prometheus samples through files in a folder
+    (prometheus-client's multiprocess mode): a fresh one unless the operator set
+    ``PROMETHEUS_MULTIPROC_DIR``. It must be set before the workers start."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="recall-gateway-metrics-") as folder:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:

@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port `serve` binds to.")
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`json`: one JSON object per log line."
+    )
+    metrics: bool = Field(default=True, description="Serve Prometheus metrics on GET /metrics.")
 
     pool_min_size: int = Field(default=1, ge=0, le=100, description="asyncpg pool minimum.")
     pool_max_size: int = Field(default=10, ge=1, le=200, description="asyncpg pool maximum.")
