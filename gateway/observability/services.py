@@ -19,7 +19,8 @@ from gateway.embeddings.base import Vectors
 from gateway.observability import metrics
 from gateway.observability.requests import record
 from gateway.services.auth import Principal
-from gateway.services.recall import RecallOutcome, RecallService
+from gateway.services.recall import RecallService
+from gateway.services.recall_types import RecallOutcome
 
 
 class ObservedEmbedder:
