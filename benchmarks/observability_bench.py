@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import statistics
 import sys
@@ -57,9 +58,9 @@ def serve(dsn: str, port: int, traced: bool) -> tuple[Any, Any]:
     from gateway.observability import Observability
     from gateway.observability.tracing import uninstrument_asyncpg
 
-    if not traced:
+    if not traced:  # what a process without an exporter gets (the variables are set here)
         uninstrument_asyncpg()
-        return rb.serve(dsn, port)  # type: ignore[no-any-return]
+        return rb.serve(dsn, port, Observability(metrics_enabled=True))  # type: ignore[no-any-return]
     observability = Observability.from_environment(metrics_enabled=True)
     if observability.provider is None:
         raise SystemExit("tracing did not turn on")
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
 
+    # Both arms keep their request log line and metrics; the lines are not printed.
+    logging.getLogger("gateway.request").setLevel(logging.WARNING)
     sink = ThreadingHTTPServer(("127.0.0.1", args.port + 1), Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{args.port + 1}"
