@@ -57,10 +57,12 @@ async def traced(dsn: str) -> AsyncIterator[tuple[httpx.AsyncClient, InMemorySpa
         uninstrument_asyncpg()
 
 
-async def _recall(client: httpx.AsyncClient, secret: str, **headers: str) -> httpx.Response:
+async def _recall(
+    client: httpx.AsyncClient, secret: str, q: str = "who owns billing?", **headers: str
+) -> httpx.Response:
     return await client.post(
         "/graphql",
-        json={"query": RECALL, "variables": {"q": "who owns billing?"}},
+        json={"query": RECALL, "variables": {"q": q}},
         headers={"authorization": f"Bearer {secret}", **headers},
     )
 
@@ -130,8 +132,9 @@ async def test_metrics_after_a_few_requests(client: httpx.AsyncClient, writes: W
     await load_jsonl(writes, jsonl(team_records(team)))
     secret = await token(writes, team, "alice")
     before = _samples((await client.get("/metrics")).text)
-    for _ in range(3):
-        assert (await _recall(client, secret)).status_code == 200
+    # Distinct questions: the recall service caches query embeddings.
+    for q in ("who owns billing?", "billing latency at noon", "the payments team"):
+        assert (await _recall(client, secret, q)).status_code == 200
     bad = await client.post("/graphql", json={"query": "{ recallMemory(limit: 500) { recallId } }"},
                             headers={"authorization": f"Bearer {secret}"})
     assert bad.status_code == 200
