@@ -31,6 +31,7 @@ from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
 from gateway.http.persisted import PersistedQueries, load_manifest
 from gateway.http.view import GraphQLHTTPView
+from gateway.observability import Observability, logs
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
@@ -134,13 +135,22 @@ def create_served_app() -> Starlette:
     return create_app(handle_sigterm=True)
 
 
-def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False) -> Starlette:
+def create_app(
+    settings: Settings | None = None,
+    observability: Observability | None = None,
+    *,
+    handle_sigterm: bool = False,
+) -> Starlette:
     """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL.
 
     ``handle_sigterm``: the process is a server whose SIGTERM should drain it
     (gateway/serving.py); off for an app embedded elsewhere, tests included."""
     settings = settings or Settings()
     grace_s = settings.shutdown_grace_ms / 1000
+    logs.configure(settings.log_level, settings.log_format)
+    observability = observability or Observability.from_environment(
+        metrics_enabled=settings.metrics
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -157,7 +167,7 @@ def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
-            embedder = create_provider(settings)
+            embedder = observability.embedder(create_provider(settings))
             # Load (and checksum) a local model now, so a bad file fails the start,
             # not the first request.
             load = getattr(embedder, "load", None)
@@ -170,7 +180,7 @@ def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False
                 db,
                 embedder,
                 writes,
-                RecallService(db, embedder, feedback),
+                observability.recall_service(db, embedder, feedback),
                 feedback,
                 MutationService(writes),
             )
@@ -186,13 +196,14 @@ def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False
                 # idle pool must not keep PostgreSQL's smart shutdown waiting.
                 await db.close(wait_s=grace_s)
                 await embedder.aclose()
+                await observability.shutdown()
         finally:
             if embedded is not None:
                 embedded.stop()
 
     limits = http_limits.resolve(settings)
     schema = build_schema(
-        extensions=http_limits.validation_extensions(limits),
+        extensions=[*http_limits.validation_extensions(limits), *observability.extensions()],
         hide_suggestions=not limits.introspection,
         config=StrawberryConfig(
             batching_config={"max_operations": limits.max_batch_size} if limits.batching else None
@@ -204,10 +215,14 @@ def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False
             Route("/graphql", graphql, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *(graphql.ide.routes() if graphql.ide else []),
+            *observability.routes(),
         ],
         lifespan=lifespan,
     )
     app.state.drain = None
+    # The MCP server runs its tools through the same view (schema, limits).
+    app.state.graphql = graphql
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
@@ -219,7 +234,9 @@ def create_app(settings: Settings | None = None, *, handle_sigterm: bool = False
             expose_headers=["x-request-id"],
             max_age=600,
         )
+    observability.install(app)
     app.add_middleware(RequestIdMiddleware)
+    observability.wrap_outermost(app)
     return app
 
 
