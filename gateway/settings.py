@@ -106,6 +106,8 @@ class Settings(BaseSettings):
     max_aliases: int | None = Field(default=None, ge=0, le=1000)
     max_tokens: int | None = Field(default=None, ge=10, le=1_000_000)
     max_directives: int | None = Field(default=None, ge=0, le=1000)
+    max_selections: int | None = Field(default=None, ge=1, le=100_000)
+    max_repeats: int | None = Field(default=None, ge=1, le=1000)
     max_cost: int | None = Field(default=None, ge=1, le=10_000_000)
     max_body_bytes: int | None = Field(default=None, ge=1024, le=100_000_000)
     batching: bool = Field(default=False, description="Accept a JSON array of operations.")

@@ -23,8 +23,6 @@ log = logging.getLogger("gateway.errors")
 # apart by their (library-owned) messages; tests/test_limits.py pins each one.
 _LIBRARY_CODES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Document contains more than \d+ tokens"), "TOO_MANY_TOKENS"),
-    (re.compile(r"exceeds maximum operation depth of \d+"), "QUERY_TOO_DEEP"),
-    (re.compile(r"^\d+ aliases found\. Allowed: \d+"), "TOO_MANY_ALIASES"),
     (re.compile(r"^GraphQL introspection has been disabled"), "INTROSPECTION_DISABLED"),
     (re.compile(r"^Variable '\$[^']+' (has invalid value|got invalid value|of required type|of non-null type)"),
      "BAD_USER_INPUT"),
