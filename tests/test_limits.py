@@ -447,9 +447,45 @@ async def test_an_out_of_range_literal_is_the_same_error_as_the_variable(
     # without a token too (refused before execution), and for the trace's bounds
     r = await post(client, inline)
     assert code(r) == "BAD_USER_INPUT" and r.json()["errors"][0]["extensions"]["field"] == "limit"
-    r = await post(client, '{ traceMemory(relationshipId: "r", maxEdges: 0) { relationshipId } }')
+    r = await post(client, '{ traceMemory(relationshipId: "r", maxEdges: 0) { __typename } }')
     error = r.json()["errors"][0]
     assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": "maxEdges"}, error
     # in range, a literal is costed as written
     r = await post(client, '{ recallMemory(query: "x", limit: 50) { recallId } }')
     assert code(r) == "UNAUTHENTICATED"
+
+
+async def test_an_unparseable_datetime_names_its_argument_inline_and_as_a_variable(
+    make_client,
+) -> None:
+    client = await make_client()
+    for bad in ("yesterday", "2025-13-45T00:00:00Z"):
+        inline = f'{{ recallMemory(query: "x", validAt: "{bad}") {{ recallId }} }}'
+        variable = 'query($t: DateTime) { recallMemory(query: "x", validAt: $t) { recallId } }'
+        for r in (
+            await post(client, inline, accept=GRJ),
+            await post(client, variable, accept=GRJ, variables={"t": bad}),
+        ):
+            assert r.status_code == 400, r.text
+            error = r.json()["errors"][0]
+            assert error["extensions"]["code"] == "BAD_USER_INPUT", error
+            assert error["extensions"]["field"] == "validAt", error
+            assert bad in error["message"]
+    # a variable names the argument it feeds, here inside traceMemory
+    r = await post(
+        client,
+        'query($k: DateTime) { traceMemory(relationshipId: "r", knownAt: $k) { __typename } }',
+        variables={"k": 42},
+    )
+    error = r.json()["errors"][0]
+    assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": "knownAt"}, error
+    # other variable coercion errors name their argument too
+    r = await post(
+        client,
+        'query($n: Int) { recallMemory(query: "x", limit: $n) { recallId } }',
+        variables={"n": "many"},
+    )
+    assert r.json()["errors"][0]["extensions"] == {"code": "BAD_USER_INPUT", "field": "limit"}
+    # a well-formed time still parses (and, without a token, meets authentication)
+    ok = '{ recallMemory(query: "x", validAt: "2025-01-31T12:00:00Z") { recallId } }'
+    assert code(await post(client, ok)) == "UNAUTHENTICATED"
