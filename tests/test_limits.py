@@ -489,3 +489,138 @@ async def test_an_unparseable_datetime_names_its_argument_inline_and_as_a_variab
     # a well-formed time still parses (and, without a token, meets authentication)
     ok = '{ recallMemory(query: "x", validAt: "2025-01-31T12:00:00Z") { recallId } }'
     assert code(await post(client, ok)) == "UNAUTHENTICATED"
+
+
+async def raw_post(
+    client: httpx.AsyncClient, body: bytes, content_type: str = "application/json"
+) -> httpx.Response:
+    return await client.post("/graphql", content=body, headers={"content-type": content_type})
+
+
+async def test_malformed_requests_are_coded_4xx_without_a_trace(make_client, caplog) -> None:
+    client = await make_client(persisted_queries="apq")
+    deep = b"[" * 1100 + b"]" * 1100
+    surrogate_doc = "{ __typename } # \\ud800"
+    cases: list[tuple[bytes, str, int, str]] = [
+        # JSON nested ~1,100 levels anywhere (Python's parser raised RecursionError)
+        (b'{"query": "{ __typename }", "variables": {"x": ' + deep + b"}}", "", 400, "BAD_REQUEST"),
+        (deep, "", 400, "BAD_REQUEST"),
+        # deeper than the bound, shallower than Python's limit
+        (
+            b'{"query": "{ __typename }", "extensions": ' + b'{"a":' * 100 + b"1" + b"}" * 101,
+            "",
+            400,
+            "BAD_REQUEST",
+        ),
+        # valid JSON, not an object
+        (b'"x"', "", 400, "BAD_REQUEST"),
+        (b"42", "", 400, "BAD_REQUEST"),
+        (b"null", "", 400, "BAD_REQUEST"),
+        (b"[1, 2]", "", 400, "BAD_REQUEST"),
+        # not UTF-8, or declared as another charset
+        (b'{"query": "{ __typename \xff }"}', "", 400, "BAD_REQUEST"),
+        ('{"query": "{ __typename }"}'.encode("utf-16"), "", 400, "BAD_REQUEST"),
+        (
+            b'{"query": "{ __typename }"}',
+            "application/json; charset=latin-1",
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        ),
+        # a lone surrogate in an APQ document, and in a variable
+        (
+            json.dumps(
+                {
+                    "query": surrogate_doc,
+                    "extensions": {"persistedQuery": {"version": 1, "sha256Hash": "a" * 64}},
+                }
+            )
+            .replace("\\\\ud800", "\\ud800")
+            .encode(),
+            "",
+            400,
+            "BAD_REQUEST",
+        ),
+        (
+            b'{"query": "query($q: String) { recallMemory(query: $q) { recallId } }", '
+            b'"variables": {"q": "turbine \\udc00 alarm"}}',
+            "",
+            400,
+            "BAD_REQUEST",
+        ),
+    ]
+    with caplog.at_level("DEBUG"):
+        for body, content_type, status, expected in cases:
+            r = await raw_post(client, body, content_type or "application/json")
+            assert r.status_code == status and code(r) == expected, (body[:60], r.text)
+            assert r.headers["content-type"].startswith("application/json")
+        # the lone surrogate is named where it is
+        r = await raw_post(client, cases[-1][0])
+        assert r.json()["errors"][0]["extensions"]["field"] == "variables.q"
+        r = await client.get(
+            "/graphql", params={"query": "{ __typename }", "variables": '{"q": "\\ud800"}'}
+        )
+        assert r.status_code == 400 and code(r) == "BAD_REQUEST"
+        r = await client.post(
+            "/graphql",
+            content=b'{"query": "{ __typename }"}',
+            headers={"content-type": "application/json; charset=UTF-8"},
+        )
+        assert r.json() == {"data": {"__typename": "Query"}}
+    assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
+
+
+async def test_nul_in_the_recall_query_is_bad_input(make_client, writes) -> None:
+    from .conftest import load_jsonl, unique
+    from .factories import jsonl, team_records
+    from .test_recall import token
+
+    team = unique("nul")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    auth = {"Authorization": f"Bearer {await token(writes, team, 'alice')}"}
+    client = await make_client()
+    for query, variables in [
+        ("query($q: String) { recallMemory(query: $q) { recallId } }", {"q": "turbine\x00alarm"}),
+        ('{ recallMemory(query: "turbine\\u0000alarm") { recallId } }', {}),
+    ]:
+        r = await client.post(
+            "/graphql", json={"query": query, "variables": variables}, headers=auth
+        )
+        error = r.json()["errors"][0]
+        assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": "query"}, error
+        assert "NUL" in error["message"]
+
+
+async def test_http_methods_and_headers(make_client) -> None:
+    client = await make_client()
+    r = await client.get(
+        "/graphql",
+        params={
+            "query": 'mutation { remember(input: {sourceId: "s", evidence: []}) { receipts { id } } }'
+        },
+    )
+    assert r.status_code == 405 and code(r) == "METHOD_NOT_ALLOWED", r.text
+    assert r.headers["allow"] == "POST"
+    for method in ("PUT", "DELETE", "OPTIONS", "PATCH"):
+        r = await client.request(method, "/graphql", json={"query": "{ __typename }"})
+        assert r.status_code == 405 and code(r) == "METHOD_NOT_ALLOWED", (method, r.text)
+        assert r.headers["allow"] == "GET, POST"
+        assert r.headers["content-type"].startswith("application/json")
+    r = await client.head("/graphql", params={"query": "{ __typename }"})
+    assert r.status_code == 405 and r.headers["allow"] == "GET, POST"  # not served, not listed
+    # two operations and no operationName: an error, not a guess
+    r = await post(client, "query A { a: __typename } query B { b: __typename }", accept=GRJ)
+    assert r.status_code == 400 and "errors" in r.json(), r.text
+    r = await post(client, "query A { a: __typename } query B { b: __typename }", operationName="B")
+    assert r.json() == {"data": {"b": "Query"}}
+    # GraphQL answers are neither cached nor sniffed: success, errors, refusals
+    small = await make_client(max_body_bytes=1024)
+    for r in (
+        await post(client, "{ __typename }"),
+        await post(client, "{ nope }"),
+        await raw_post(client, b"{not json"),
+        await small.get("/graphql", params={"query": "{ __typename }", "x": "y" * 2000}),
+    ):
+        assert r.headers["x-content-type-options"] == "nosniff", r.text
+        assert r.headers["cache-control"] == "no-store"
+    r = await small.get("/graphql", params={"query": "{ __typename }", "x": "y" * 2000})
+    assert r.status_code == 413 and code(r) == "REQUEST_TOO_LARGE"

@@ -49,6 +49,8 @@ class RequestBodyMiddleware:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"cache-control", b"no-store"),
                 ],
             }
         )

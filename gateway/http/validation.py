@@ -17,7 +17,13 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
-from graphql import ASTValidationRule, DocumentNode, GraphQLError, GraphQLSchema
+from graphql import (
+    ASTValidationRule,
+    DocumentNode,
+    GraphQLError,
+    GraphQLSchema,
+    OperationDefinitionNode,
+)
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import validate_document
 
@@ -97,7 +103,20 @@ class DocumentValidation(SchemaExtension):
     async def on_validate(self) -> AsyncIterator[None]:
         ctx = self.execution_context
         assert ctx.graphql_document is not None
-        ctx.pre_execution_errors = await self.validator.validate(
-            ctx.schema._schema, ctx.graphql_document, ctx.query, ctx.validation_rules
+        operations = sum(
+            isinstance(d, OperationDefinitionNode) for d in ctx.graphql_document.definitions
         )
+        if ctx._provided_operation_name is None and operations > 1:
+            # strawberry would run the first; the specification says to refuse
+            ctx.pre_execution_errors = [
+                GraphQLError(
+                    f"The document has {operations} operations: name the one to run "
+                    "in operationName.",
+                    extensions={"code": "BAD_REQUEST"},
+                )
+            ]
+        else:
+            ctx.pre_execution_errors = await self.validator.validate(
+                ctx.schema._schema, ctx.graphql_document, ctx.query, ctx.validation_rules
+            )
         yield
