@@ -99,29 +99,18 @@ def _load_lines(
             _err(str(error))
         _err(exc.message)
         return 1
-    show_bar = sys.stderr.isatty()
 
     async def work(service: Any) -> loader.LoadReport:
-        if not show_bar:
-            return await loader.load(service, records, batch_size=batch_size)
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+        from gateway.progress import report_progress
 
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        ) as bar:
-            task = bar.add_task("loading", total=len(records))
-            return await loader.load(
-                service,
-                records,
-                batch_size=batch_size,
-                progress=lambda n: bar.advance(task, n),
-            )
+        total = sum(1 for _, r in records if not isinstance(r, loader.EmbeddingModelLine))
+        async with report_progress(
+            total,
+            sys.stderr,
+            terminal=sys.stderr.isatty(),
+            interval_s=settings.load_progress_interval_s,
+        ) as advance:
+            return await loader.load(service, records, batch_size=batch_size, progress=advance)
 
     started = time.perf_counter()
     try:
@@ -242,7 +231,11 @@ def _build_communities(settings: Settings, dsn: str, team: str | None, out: Text
 
     reports = asyncio.run(work())
     for r in reports:
-        detail = f"{r.communities} communities, {r.members} members" if r.status == "succeeded" else r.error
+        detail = (
+            f"{r.communities} communities, {r.members} members"
+            if r.status == "succeeded"
+            else r.error
+        )
         print(
             f"communities of team {r.team}: {r.status} ({r.node_count} groups, "
             f"{r.edge_count} edges; {detail})",

@@ -77,6 +77,13 @@ class Settings(BaseSettings):
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )
+    load_progress_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Seconds between the loader's progress lines when standard error "
+        "is not a terminal.",
+    )
 
     community_max_nodes: int = Field(
         default=50_000,
