@@ -48,6 +48,20 @@ class EmbeddingProvider(Protocol):
         ...
 
 
+async def embed_queries(provider: EmbeddingProvider, texts: Sequence[str]) -> Vectors:
+    """Vectors of search questions, for recall.
+
+    Asymmetric models (E5) embed a question differently from a document; such
+    a provider has an ``embed_queries`` method. Every other provider embeds
+    both sides alike, so the Protocol stays as small as it was.
+    """
+    queries = getattr(provider, "embed_queries", None)
+    if callable(queries):
+        vectors: Vectors = await queries(texts)
+        return vectors
+    return await provider.embed(texts)
+
+
 def check_texts(texts: Sequence[str]) -> list[str]:
     """The texts as a list, refusing a bare ``str``.
 

@@ -21,7 +21,7 @@ from uuid import UUID
 
 import numpy as np
 
-from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings import EmbeddingProvider, embed_queries
 from gateway.errors import DatabaseUnavailable, EmbeddingError, EmbeddingMalformed
 from gateway.fusion import fuse_branches, fuse_weighted
 from gateway.services import conflicts as conflict_frontier
@@ -249,7 +249,7 @@ class RecallService:
         if query is None:
             return None
         try:
-            vectors = await self.embedder.embed([query])
+            vectors = await embed_queries(self.embedder, [query])
         except EmbeddingError as exc:
             malformed = isinstance(exc, EmbeddingMalformed)
             code = "query_embedding_malformed" if malformed else "query_embedding_unavailable"
