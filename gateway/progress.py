@@ -39,6 +39,7 @@ class PlainLines:
         self._started: float | None = None
         self._start_done = 0
         self._last = float("-inf")
+        self._printed: int | None = None
         self._done = 0
         self._total = 0
 
@@ -52,7 +53,8 @@ class PlainLines:
             self._line(now)
 
     def finish(self) -> None:
-        if self._started is not None:
+        """The last count, unless it was the last line already."""
+        if self._started is not None and self._printed != self._done:
             self._line(self._now())
 
     def _line(self, now: float) -> None:
@@ -61,6 +63,7 @@ class PlainLines:
         rate = (self._done - self._start_done) / elapsed if elapsed > 0 else 0.0
         pct = 100.0 * self._done / self._total if self._total else 100.0
         eta = _duration((self._total - self._done) / rate) if rate > 0 else "unknown"
+        self._printed = self._done
         print(
             f"{self.what}: {self._done}/{self._total} ({pct:.0f}%), {rate:.1f}/s, ETA {eta}",
             file=self.out,

@@ -287,16 +287,20 @@ def test_auto_follows_the_store_model_and_keeps_old_stores_working() -> None:
 def test_plain_progress_lines_off_a_terminal() -> None:
     out = io.StringIO()
     lines = PlainLines("re-embedding to m", out, every_s=5.0)
-    clock = iter([100.0, 101.0, 106.0, 107.0])
+    clock = iter([100.0, 101.0, 106.0, 107.0, 108.0])
     lines._now = lambda: next(clock)
     lines(0, 100)  # first call: a line
     lines(10, 100)  # within 5 s: quiet
     lines(60, 100)  # 6 s later: a line with the rate since the start
-    lines.finish()
-    printed = out.getvalue().splitlines()
-    assert printed[0] == "re-embedding to m: 0/100 (0%), 0.0/s, ETA unknown"
-    assert printed[1] == "re-embedding to m: 60/100 (60%), 10.0/s, ETA 4s"
-    assert printed[2].startswith("re-embedding to m: 60/100 (60%), 8.6/s")
+    lines(70, 100)  # quiet again
+    lines.finish()  # the last count, which no line showed yet
+    assert out.getvalue().splitlines() == [
+        "re-embedding to m: 0/100 (0%), 0.0/s, ETA unknown",
+        "re-embedding to m: 60/100 (60%), 10.0/s, ETA 4s",
+        "re-embedding to m: 70/100 (70%), 8.8/s, ETA 3s",
+    ]
+    lines.finish()  # nothing new: no repeated line
+    assert len(out.getvalue().splitlines()) == 3
 
 
 def test_cli_reembed_needs_a_model_under_auto_and_reports_a_current_store(
