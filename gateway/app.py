@@ -155,7 +155,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
             if callable(load):
                 await asyncio.to_thread(load)
             watcher = asyncio.create_task(
-                watch_store_model(db, embedder, STORE_MODEL_POLL_S), name="store-model-watch"
+                watch_store_model(dsn, embedder, STORE_MODEL_POLL_S), name="store-model-watch"
             )
             feedback = FeedbackService(db, enabled=settings.feedback_enabled)
             writes = WriteService(db, embedder)

@@ -18,11 +18,13 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import asyncpg
+
 from gateway.embeddings.base import EmbeddingProvider
 from gateway.embeddings.following import FollowingProvider
 from gateway.errors import EmbeddingMismatch, GatewayError
 from gateway.store import reembed as store
-from gateway.store.database import Database
+from gateway.store.database import Database, connect_once
 from gateway.store.writes import store_embedding_model
 
 log = logging.getLogger(__name__)
@@ -154,18 +156,32 @@ async def read_store_model(db: Database) -> str | None:
     return current[0] if current is not None else None
 
 
-async def watch_store_model(db: Database, provider: EmbeddingProvider, interval_s: float) -> None:
+async def watch_store_model(dsn: str, provider: EmbeddingProvider, interval_s: float) -> None:
     """Tell a following provider the store's model every ``interval_s`` (runs until cancelled).
 
     This is how a serving gateway notices the switch of a re-embed run: within
     one interval it embeds questions with the new model (``auto``) or refuses
-    to embed with the old one (a model named explicitly).
+    to embed with the old one (a model named explicitly). It reads on a
+    connection of its own, outside the pool: it takes no request's place, and
+    the pool's statement counts stay those of the requests.
     """
     if not isinstance(provider, FollowingProvider):
         return
-    while True:
-        await asyncio.sleep(interval_s)
-        try:
-            provider.observe(await read_store_model(db))
-        except Exception as exc:  # a database away for a moment: keep the last answer
-            log.debug("store model not read: %s", exc)
+    conn: asyncpg.Connection | None = None
+    try:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                if conn is None or conn.is_closed():
+                    conn = await connect_once(dsn)
+                current = await store_embedding_model(conn)
+            except Exception as exc:  # the database away for a moment: keep the last answer
+                log.debug("store model not read: %s", exc)
+                if conn is not None:
+                    conn.terminate()
+                conn = None
+                continue
+            provider.observe(current[0] if current is not None else None)
+    finally:
+        if conn is not None and not conn.is_closed():
+            await conn.close()
