@@ -65,7 +65,7 @@ from gateway import tokens  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.fusion import fuse_weighted  # noqa: E402
 from gateway.services import loader  # noqa: E402
-from gateway.services.recall import overfetch  # noqa: E402
+from gateway.services.recall_types import overfetch  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
 from gateway.services.writes import Actor, WriteService  # noqa: E402
 from gateway.settings import Settings  # noqa: E402

@@ -45,6 +45,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import json
 import os
 import statistics
 import sys
@@ -86,15 +87,20 @@ def log(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def database() -> Iterator[str]:
+def database(keep: Path | None = None) -> Iterator[str]:
+    """The benchmark's database: DATABASE_URL, else an embedded server in ``keep``
+    (kept, so that a later run with the same folder reuses the dataset) or in a
+    temporary folder."""
     given = os.environ.get("DATABASE_URL")
     if given:
         yield given
         return
     from gateway.embedded import EmbeddedPostgres
 
-    with tempfile.TemporaryDirectory(prefix="recall-bench-") as folder:
-        server = EmbeddedPostgres(Path(folder), database="bench")
+    with contextlib.ExitStack() as stack:
+        folder = keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="recall-")))
+        folder.mkdir(parents=True, exist_ok=True)
+        server = EmbeddedPostgres(folder, database="bench")
         server.start()
         try:
             yield server.dsn
@@ -356,6 +362,8 @@ async def generate(
                             "embedding",
                         ],
                     )
+            if related:
+                await add_frontier_material(conn, team, space, per_team, corpus, seed + 11 + t)
             log(f"  {team}: {per_team} evidence in {time.perf_counter() - started:.1f} s")
         secret = tokens.new_secret()
         await conn.execute(
@@ -375,14 +383,149 @@ async def generate(
         await conn.close()
 
 
-def serve(dsn: str, port: int) -> tuple[Any, Any]:
+# Every this-many evidence/relationships: a hypothesis, a relationship conflict
+# case (between relationships i and i+1, every third one resolved), an evidence
+# conflict (between evidence i and i+1), so that every frontier has answers.
+HYPOTHESIS_EVERY = 50
+CASE_EVERY = 97
+EVIDENCE_CONFLICT_EVERY = 89
+
+
+async def add_frontier_material(
+    conn: asyncpg.Connection,
+    team: str,
+    space: UUID,
+    per_team: int,
+    corpus: Zipf | Tiny,
+    seed: int,
+) -> None:
+    """Hypotheses and conflicts of one team, drawn from their own random stream so
+    that the evidence and relationships are the same with or without them."""
+    rng = np.random.default_rng(seed)
+    hyps, hyp_rels, hyp_evs, hyp_events = [], [], [], []
+    for i in range(0, per_team, HYPOTHESIS_EVERY):
+        topic = int(rng.integers(0, len(TOPICS)))
+        statement = "Perhaps " + " ".join(corpus.sample(rng, topic, 6))
+        hyps.append((team, f"hyp-{i:06d}", space, 1, statement))
+        hyp_rels.append((team, space, f"hyp-{i:06d}", f"rel-{i:06d}"))
+        hyp_evs.append((team, space, f"hyp-{i:06d}", f"ev-{i:06d}"))
+        hyp_events.append((team, space, f"hyp-{i:06d}", "propose", "proposed"))
+    cases, positions, members, case_events = [], [], [], []
+    for n, i in enumerate(range(0, per_team - 1, CASE_EVERY)):
+        case = f"case-{i:06d}"
+        cases.append((team, case, space, 1, f"Which of rel-{i:06d} and its neighbour holds?"))
+        for side, rel in (("a", i), ("b", i + 1)):
+            positions.append((team, space, case, f"{case}-{side}", f"Position {side}"))
+            members.append((team, space, case, f"{case}-{side}", f"rel-{rel:06d}"))
+        case_events.append((team, space, case, "open", None))
+        if n % 3 == 0:
+            case_events.append((team, space, case, "resolve", f"{case}-a"))
+    occurrences, conflicts, cited = [], [], []
+    for i in range(0, per_team - 1, EVIDENCE_CONFLICT_EVERY):
+        conflict = f"econf-{i:06d}"
+        conflicts.append((team, conflict, space, 1, f"Do ev-{i:06d} and ev-{i + 1:06d} agree?"))
+        for side, ev in (("a", i), ("b", i + 1)):
+            occ = f"occ-{ev:06d}-{side}"
+            occurrences.append((team, space, f"ev-{ev:06d}", occ, "Note", 0, 4))
+            cited.append(
+                (team, space, conflict, f"{conflict}-{side}", f"Says {side}", f"ev-{ev:06d}", occ)
+            )
+    async with conn.transaction():
+        await conn.executemany(
+            "INSERT INTO hypotheses (team_id, id, space_id, generation, statement) "
+            "VALUES ($1, $2, $3, $4, $5)",
+            hyps,
+        )
+        await conn.executemany(
+            "INSERT INTO hypothesis_relationships (team_id, space_id, hypothesis_id, "
+            "relationship_id) VALUES ($1, $2, $3, $4)",
+            hyp_rels,
+        )
+        await conn.executemany(
+            "INSERT INTO hypothesis_evidence (team_id, space_id, hypothesis_id, evidence_id) "
+            "VALUES ($1, $2, $3, $4)",
+            hyp_evs,
+        )
+        await conn.executemany(
+            "INSERT INTO hypothesis_feedback (team_id, space_id, hypothesis_id, decision, "
+            "status) VALUES ($1, $2, $3, $4, $5)",
+            hyp_events,
+        )
+        await conn.executemany(
+            "INSERT INTO conflict_cases (team_id, id, space_id, generation, question) "
+            "VALUES ($1, $2, $3, $4, $5)",
+            cases,
+        )
+        await conn.executemany(
+            "INSERT INTO conflict_positions (team_id, space_id, case_id, id, label) "
+            "VALUES ($1, $2, $3, $4, $5)",
+            positions,
+        )
+        await conn.executemany(
+            "INSERT INTO conflict_position_relationships (team_id, space_id, case_id, "
+            "position_id, relationship_id) VALUES ($1, $2, $3, $4, $5)",
+            members,
+        )
+        await conn.executemany(
+            "INSERT INTO conflict_case_events (team_id, space_id, case_id, event, "
+            "preferred_position_id) VALUES ($1, $2, $3, $4, $5)",
+            case_events,
+        )
+        await conn.executemany(
+            "INSERT INTO evidence_occurrences (team_id, space_id, evidence_id, id, quote, "
+            "span_start, span_end) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            occurrences,
+        )
+        await conn.executemany(
+            "INSERT INTO evidence_conflicts (team_id, id, space_id, generation, question) "
+            "VALUES ($1, $2, $3, $4, $5)",
+            conflicts,
+        )
+        await conn.executemany(
+            "INSERT INTO evidence_conflict_positions (team_id, space_id, conflict_id, id, "
+            "label, evidence_id, occurrence_id) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            cited,
+        )
+
+
+async def reuse(dsn: str, seed: int) -> dict[str, Any] | None:
+    """The dataset already in the database (a kept ``--data-dir``), with a new token;
+    None when there is none yet."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        exists = await conn.fetchval("SELECT to_regclass('teams') IS NOT NULL")
+        if not exists:
+            return None
+        rows = await conn.fetch(
+            "SELECT team_id, id FROM memory_spaces WHERE kind = 'shared' "
+            "AND team_id LIKE 'bench-%' ORDER BY team_id"
+        )
+        if not rows:
+            return None
+        secret = tokens.new_secret()
+        await conn.execute(
+            "UPDATE api_tokens SET secret_sha256 = $1 WHERE id = 'bench-token'",
+            tokens.hash_secret(secret),
+        )
+    finally:
+        await conn.close()
+    # The centroids are the first draw of the generator's stream (see generate).
+    centroids = unit(np.random.default_rng(seed).standard_normal((len(TOPICS), DIM)))
+    return {
+        "teams": {r["team_id"]: r["id"] for r in rows},
+        "centroids": centroids,
+        "token": tokens.format_token("bench-token", secret),
+    }
+
+
+def serve(dsn: str, port: int, observability: Any = None) -> tuple[Any, Any]:
     """The gateway on loopback in a thread; returns (uvicorn server, app)."""
     import uvicorn
 
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    app = create_app(Settings(database_url=dsn, migrate_on_start=False))
+    app = create_app(Settings(database_url=dsn, migrate_on_start=False), observability)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -411,6 +554,113 @@ FULL = """query($q: String!) { recallMemory(query: $q, limit: 10) {
   relatedRelationships { representativeId equivalentIds representative { statement } }
   relatedCommunities { id summary members { representativeId representative { statement } } }
   degradations { code } } }"""
+
+
+# Every frontier with what identifies and orders its items (answers mode).
+ANSWERS = """query($q: String!, $knownAt: DateTime, $ke: [ID!], $kr: [ID!]) {
+  recallMemory(query: $q, limit: 10, knownAt: $knownAt, knownEvidenceIds: $ke,
+               knownRelationshipIds: $kr) {
+    results { evidenceId rank spaceKind sourceId: source { id }
+              supportingRelationships { id status } }
+    relatedRelationships { representativeId equivalentIds semanticGroup }
+    relatedCommunities { id membersTruncated members { representativeId equivalentIds } }
+    relatedHypotheses { id status sourceRelationshipIds sourceEvidenceIds }
+    conflicts { id
+      ... on RelationshipConflict { state preferredPositionId
+            positions { id disposition relationshipIds supporterCount } }
+      ... on EvidenceConflict { positions { id citation { evidenceId occurrenceId } } } }
+    searchStates {
+      evidence { status lists { spaceKind list status candidates } }
+      relationships { status lists { spaceKind list status candidates } }
+      communities { status lists { spaceKind list status candidates } }
+      hypotheses { status lists { spaceKind list status candidates } } }
+    degradations { frontier code optional }
+    suggestedActions { kind hypothesisIds } } }"""
+
+
+def _normalised(answer: dict[str, Any]) -> dict[str, Any]:
+    """An answer without what differs by construction between two runs: a
+    community's ID carries its snapshot run's random UUID (kept: the ordinal)."""
+    for c in answer["relatedCommunities"]:
+        c["id"] = c["id"].rsplit(":", 1)[-1]
+    return answer
+
+
+def collect_answers(
+    port: int, token: str, queries: list[str], known_at: str
+) -> list[dict[str, Any]]:
+    """Per query three recalls: the current view; the same at ``known_at`` (a
+    temporal view); and the current view with the first answer's top two evidence
+    and top relationship as known IDs (coverage and exclusion)."""
+    out: list[dict[str, Any]] = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        headers = {"Authorization": f"Bearer {token}"}
+
+        def ask(variables: dict[str, Any]) -> dict[str, Any]:
+            r = client.post("/graphql", json={"query": ANSWERS, "variables": variables},
+                            headers=headers)
+            body = r.json()
+            if "errors" in body:
+                raise SystemExit(f"recall failed: {body['errors']}")
+            return _normalised(body["data"]["recallMemory"])
+
+        for i, q in enumerate(queries):
+            current = ask({"q": q})
+            temporal = ask({"q": q, "knownAt": known_at})
+            known = ask(
+                {
+                    "q": q,
+                    "ke": [r["evidenceId"] for r in current["results"][:2]],
+                    "kr": [h["representativeId"] for h in current["relatedRelationships"][:1]],
+                }
+            )
+            for variant, answer in (("current", current), ("known_at", temporal),
+                                    ("known_ids", known)):
+                out.append({"query": i, "text": q, "variant": variant, "answer": answer})
+    return out
+
+
+def compare_answers(expected: list[dict[str, Any]], got: list[dict[str, Any]]) -> int:
+    """Print how many answers are identical, and the first differences; returns
+    the number of answers that differ."""
+    want = {(a["query"], a["variant"]): a for a in expected}
+    differ = 0
+    for a in got:
+        before = want.get((a["query"], a["variant"]))
+        if before is None or before["text"] != a["text"]:
+            raise SystemExit("the answers file was written for other queries or data")
+        if before["answer"] != a["answer"]:
+            differ += 1
+            if differ <= 5:
+                for key in a["answer"]:
+                    if before["answer"][key] != a["answer"][key]:
+                        log(f"  query {a['query']} {a['variant']}: {key} differs:\n"
+                            f"    before {json.dumps(before['answer'][key])[:600]}\n"
+                            f"    now    {json.dumps(a['answer'][key])[:600]}")
+    counts = {
+        name: sum(1 for a in got if a["answer"][name])
+        for name in ("results", "relatedRelationships", "relatedCommunities",
+                     "relatedHypotheses", "conflicts")
+    }
+    print(
+        f"answers: {len(got) - differ} of {len(got)} identical to the file "
+        f"(non-empty: {', '.join(f'{k} {v}' for k, v in counts.items())})"
+    )
+    return differ
+
+
+async def known_instant(dsn: str) -> str:
+    """A knownAt instant inside the dataset's history: after the first team's
+    evidence, before its hypotheses and conflicts."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        # The first team's evidence, before its hypotheses and conflicts were written.
+        at = await conn.fetchval(
+            "SELECT max(recorded_at) FROM evidence WHERE team_id = 'bench-00'"
+        )
+    finally:
+        await conn.close()
+    return str(at.isoformat())
 
 
 async def build_snapshots(dsn: str, teams: list[str]) -> None:
@@ -462,7 +712,7 @@ async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> d
     """Where a recall's time goes: its main steps timed one by one, in this process,
     for the same queries and team as over HTTP (medians, ms)."""
     from gateway.embeddings import LocalEmbeddingProvider
-    from gateway.services.recall import overfetch
+    from gateway.services.recall_types import overfetch
     from gateway.store import recall as hydration
     from gateway.store import search
     from gateway.store.database import Database
@@ -593,42 +843,86 @@ def main() -> None:
     parser.add_argument(
         "--related",
         action="store_true",
-        help="relationship vectors and community snapshots; full vs evidence-only recall",
+        help="relationship vectors, hypotheses, conflicts and community snapshots; "
+        "full vs evidence-only recall",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="keep the embedded server's data here; a later run with the same folder "
+        "(and the same dataset options) reuses the dataset instead of generating it",
+    )
+    parser.add_argument(
+        "--answers-out", type=Path, help="write every frontier's ranked answers to this file"
+    )
+    parser.add_argument(
+        "--answers-compare",
+        type=Path,
+        help="compare every frontier's ranked answers with this file (exit 1 if any differ)",
+    )
+    parser.add_argument(
+        "--answers-only", action="store_true", help="answers modes only: skip the timings"
     )
     args = parser.parse_args()
     corpus: Zipf | Tiny = (Zipf if args.corpus == "zipf" else Tiny)(
         np.random.default_rng(args.seed + 3)
     )
-    with database() as dsn:
+    differ = 0
+    with database(args.data_dir) as dsn:
         asyncio.run(prepare(dsn, migrate=True))
-        log(f"generating {args.evidence} evidence across {args.teams} teams")
-        started = time.perf_counter()
-        data = asyncio.run(
-            generate(dsn, args.evidence, args.teams, args.seed, corpus, args.related)
-        )
-        log(f"generated in {time.perf_counter() - started:.0f} s")
-        if args.related:
-            asyncio.run(build_snapshots(dsn, list(data["teams"])))
+        data = asyncio.run(reuse(dsn, args.seed))
+        if data is None:
+            log(f"generating {args.evidence} evidence across {args.teams} teams")
+            started = time.perf_counter()
+            data = asyncio.run(
+                generate(dsn, args.evidence, args.teams, args.seed, corpus, args.related)
+            )
+            log(f"generated in {time.perf_counter() - started:.0f} s")
+            if args.related:
+                asyncio.run(build_snapshots(dsn, list(data["teams"])))
+        else:
+            log(f"reusing the dataset in {args.data_dir}: {len(data['teams'])} teams")
         rng = np.random.default_rng(args.seed + 2)
         queries = [
             corpus.query(rng, int(rng.integers(0, len(TOPICS)))) for _ in range(args.queries)
         ]
         server, app = serve(dsn, args.port)
+        measured = {}
         try:
-            runs = (
-                {"full": FULL, "evidence-only": EVIDENCE_ONLY}
-                if args.related
-                else {"evidence": QUERY}
-            )
-            measured = {
-                name: http_latency(args.port, data["token"], queries, app, q)
-                for name, q in runs.items()
-            }
+            if args.answers_out or args.answers_compare:
+                answers = collect_answers(
+                    args.port, data["token"], queries, asyncio.run(known_instant(dsn))
+                )
+                if args.answers_out:
+                    args.answers_out.write_text("\n".join(json.dumps(a) for a in answers) + "\n")
+                    log(f"wrote {len(answers)} answers to {args.answers_out}")
+                if args.answers_compare:
+                    expected = [
+                        json.loads(line)
+                        for line in args.answers_compare.read_text().splitlines()
+                        if line
+                    ]
+                    differ = compare_answers(expected, answers)
+            if not args.answers_only:
+                runs = (
+                    {"full": FULL, "evidence-only": EVIDENCE_ONLY}
+                    if args.related
+                    else {"evidence": QUERY}
+                )
+                measured = {
+                    name: http_latency(args.port, data["token"], queries, app, q)
+                    for name, q in runs.items()
+                }
         finally:
             server.should_exit = True
-        recall10 = asyncio.run(filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed))
-        spread = asyncio.run(query_lexeme_spread(dsn, data, queries))
-        stages = asyncio.run(stage_latency(dsn, data, queries))
+        if not args.answers_only:
+            recall10 = asyncio.run(
+                filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed)
+            )
+            spread = asyncio.run(query_lexeme_spread(dsn, data, queries))
+            stages = asyncio.run(stage_latency(dsn, data, queries))
+    if args.answers_only:
+        sys.exit(1 if differ else 0)
     print(
         f"dataset: {args.evidence} evidence, {args.teams} teams, one shared space each, "
         f"corpus {args.corpus}"
@@ -649,6 +943,7 @@ def main() -> None:
         f"{stages['candidates']:.1f} ms, hydration {stages['hydration']:.1f} ms"
     )
     print(f"vector recall@10 vs exact search under the space filter: {recall10:.3f}")
+    sys.exit(1 if differ else 0)
 
 
 if __name__ == "__main__":

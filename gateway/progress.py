@@ -1,118 +1,109 @@
 """Progress of a long command: a bar on a terminal, a plain line every few seconds elsewhere.
 
-A command run from a script, a container or CI has no terminal: a bar would
-print nothing useful there (or control characters), and silence for minutes
-looks like a hang. So off a terminal the same counts go out as one line every
-``every_s`` seconds (and a last one at the end): done, total, rate, ETA.
-The bar is rich's (already a dependency), with its own rate and ETA columns.
+A load or a re-embed run from a script, a container or CI has no terminal; without a line
+now and then it is silent for minutes and looks hung. Counts advance when a
+batch commits, so what is shown has been written, never merely read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Protocol, TextIO
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TextIO
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.text import Text
+
+DEFAULT_INTERVAL_S = 5.0
 
 
-class Report(Protocol):
-    def __call__(self, done: int, total: int) -> None: ...
+class _RateColumn(ProgressColumn):
+    """Items per second over rich's recent window (the bar's ETA uses the same)."""
+
+    def __init__(self, unit: str = "records") -> None:
+        super().__init__()
+        self.unit = unit
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:,.0f} {self.unit}/s")
+
+
+def progress_line(done: int, total: int, elapsed: float, unit: str = "records") -> str:
+    """``done/total records (p%), rate, time left`` from the average rate so far."""
+    rate = done / elapsed if elapsed > 0 else 0.0
+    share = done / total if total else 1.0
+    line = f"{done:,}/{total:,} {unit} ({share:.0%}), {rate:,.0f} {unit}/s"
+    if 0 < done < total and rate > 0:
+        line += f", about {_duration((total - done) / rate)} left"
+    return line
 
 
 def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
 
 
-class PlainLines:
-    """One line per ``every_s`` seconds: ``what: done/total (pct), rate/s, ETA``."""
-
-    def __init__(self, what: str, out: TextIO, every_s: float = 5.0) -> None:
-        self.what = what
-        self.out = out
-        self.every_s = every_s
-        self._now = time.monotonic
-        self._started: float | None = None
-        self._start_done = 0
-        self._last = float("-inf")
-        self._printed: int | None = None
-        self._done = 0
-        self._total = 0
-
-    def __call__(self, done: int, total: int) -> None:
-        now = self._now()
-        if self._started is None:
-            self._started, self._start_done = now, done
-        self._done, self._total = done, total
-        if now - self._last >= self.every_s:
-            self._last = now
-            self._line(now)
-
-    def finish(self) -> None:
-        """The last count, unless it was the last line already."""
-        if self._started is not None and self._printed != self._done:
-            self._line(self._now())
-
-    def _line(self, now: float) -> None:
-        assert self._started is not None
-        elapsed = now - self._started
-        rate = (self._done - self._start_done) / elapsed if elapsed > 0 else 0.0
-        pct = 100.0 * self._done / self._total if self._total else 100.0
-        eta = _duration((self._total - self._done) / rate) if rate > 0 else "unknown"
-        self._printed = self._done
-        print(
-            f"{self.what}: {self._done}/{self._total} ({pct:.0f}%), {rate:.1f}/s, ETA {eta}",
-            file=self.out,
-            flush=True,
-        )
-
-
-@contextmanager
-def progress(what: str, out: TextIO, *, every_s: float = 5.0) -> Iterator[Report]:
-    """A reporter for ``(done, total)`` counts, shaped for where ``out`` goes."""
-    if not out.isatty():
-        lines = PlainLines(what, out, every_s)
-        try:
-            yield lines
-        finally:
-            lines.finish()
+@asynccontextmanager
+async def report_progress(
+    total: int,
+    out: TextIO,
+    *,
+    terminal: bool,
+    label: str = "loading",
+    interval_s: float = DEFAULT_INTERVAL_S,
+    unit: str = "records",
+) -> AsyncIterator[Callable[[int], None]]:
+    """Yields ``advance(n)``. On a terminal: a bar with count, rate, elapsed time
+    and ETA. Elsewhere: a line on ``out`` every ``interval_s`` seconds while the
+    work runs (even when no batch finished since the last line), and a last one."""
+    if terminal:
+        with Progress(
+            f"[progress.description]{label}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            _RateColumn(unit),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(file=out),
+            transient=True,
+        ) as bar:
+            task = bar.add_task(label, total=total)
+            yield lambda n: bar.advance(task, n)
         return
-    from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        ProgressColumn,
-        Task,
-        TaskProgressColumn,
-        TimeRemainingColumn,
-    )
-    from rich.text import Text
+    done = [0]
+    started = time.monotonic()
 
-    class Rate(ProgressColumn):
-        """Items per second (rich's own speed column counts bytes)."""
+    def emit() -> None:
+        line = progress_line(done[0], total, time.monotonic() - started, unit)
+        print(f"{label}: {line}", file=out, flush=True)
 
-        def render(self, task: Task) -> Text:
-            speed = task.finished_speed or task.speed
-            return Text(f"{speed:.1f}/s" if speed else "-/s")
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            emit()
 
-    with Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        MofNCompleteColumn(),
-        TaskProgressColumn(),
-        Rate(),
-        TimeRemainingColumn(),
-        console=Console(file=out),
-        transient=False,
-    ) as bar:
-        task = bar.add_task(what, total=None)
-
-        def report(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-        yield report
+    ticker = asyncio.create_task(tick())
+    try:
+        yield lambda n: done.__setitem__(0, done[0] + n)
+    finally:
+        ticker.cancel()
+        if time.monotonic() - started >= interval_s:
+            emit()

@@ -54,6 +54,18 @@ def test_load_file_then_again_then_stdin(dsn: str, tmp_path: Path) -> None:
     assert " 0 written" in again.stdout
 
 
+def test_load_reports_progress_without_a_terminal(dsn: str, tmp_path: Path) -> None:
+    team = unique("cliprog")
+    path = tmp_path / "memory.jsonl"
+    path.write_text(jsonl(team_records(team)))
+    result = run(["load", str(path)], dsn, RECALL_LOAD_PROGRESS_INTERVAL_S="0.05")
+    assert result.returncode == 0, result.stderr
+    total = len(team_records(team))
+    lines = [x for x in result.stderr.splitlines() if x.startswith("loading: ")]
+    assert lines, result.stderr
+    assert re.fullmatch(rf"loading: {total}/{total} records \(100%\), [\d,]+ records/s", lines[-1])
+
+
 def test_bad_line_names_line_and_field(dsn: str, tmp_path: Path) -> None:
     team = unique("clibad")
     records = team_records(team)

@@ -15,8 +15,9 @@ import pytest
 
 from gateway.services.auth import authenticate
 from gateway.services.feedback import FeedbackService
-from gateway.services.recall import RecallOutcome, RecallService
+from gateway.services.recall import RecallService
 from gateway.services.recall_input import validate
+from gateway.services.recall_types import RecallOutcome
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -468,11 +469,11 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
     assert tuple(row) == ("hypothesis", "h1", judgement.lower(), "checked")
 
 
-async def test_the_snapshot_is_one_statement_in_one_short_transaction(
+async def test_the_snapshot_is_one_statement_in_the_recall_transaction(
     client, gateway_app, dsn, writes
 ) -> None:
-    """What feedback costs a recall: the same recall with it off sends exactly one
-    transaction less (BEGIN, tenant settings, the snapshot, COMMIT)."""
+    """What feedback costs a recall: the snapshot is written in the recall's own
+    transaction, so the same recall with it off sends exactly one statement less."""
     team = unique("fbcost")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -488,7 +489,7 @@ async def test_the_snapshot_is_one_statement_in_one_short_transaction(
                 before = counter.count
                 await ask(http, tok, q)
                 counts[name] = counter.count - before
-    assert counts["on"] - counts["off"] == 4, counts
+    assert counts["on"] - counts["off"] == 1, counts
 
 
 async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writes, db) -> None:

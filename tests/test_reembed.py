@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
+import re
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,6 @@ from gateway.embeddings import (
 )
 from gateway.embeddings.base import validate_vectors
 from gateway.errors import ConfigurationError, EmbeddingError
-from gateway.progress import PlainLines
 from gateway.services import loader
 from gateway.services.reembed import ReembedBusy, read_store_model, reembed
 from gateway.services.writes import Actor, WriteService
@@ -284,23 +284,32 @@ def test_auto_follows_the_store_model_and_keeps_old_stores_working() -> None:
     assert named.model == LOCAL_MODELS["e5-small"].model_id
 
 
-def test_plain_progress_lines_off_a_terminal() -> None:
-    out = io.StringIO()
-    lines = PlainLines("re-embedding to m", out, every_s=5.0)
-    clock = iter([100.0, 101.0, 106.0, 107.0, 108.0])
-    lines._now = lambda: next(clock)
-    lines(0, 100)  # first call: a line
-    lines(10, 100)  # within 5 s: quiet
-    lines(60, 100)  # 6 s later: a line with the rate since the start
-    lines(70, 100)  # quiet again
-    lines.finish()  # the last count, which no line showed yet
-    assert out.getvalue().splitlines() == [
-        "re-embedding to m: 0/100 (0%), 0.0/s, ETA unknown",
-        "re-embedding to m: 60/100 (60%), 10.0/s, ETA 4s",
-        "re-embedding to m: 70/100 (70%), 8.8/s, ETA 3s",
-    ]
-    lines.finish()  # nothing new: no repeated line
-    assert len(out.getvalue().splitlines()) == 3
+def test_cli_reembed_off_a_terminal_prints_progress_lines_and_switches(
+    fresh_dsn: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    target = Double("double-cli")
+    monkeypatch.setitem(
+        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
+    )
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
+    monkeypatch.setenv("RECALL_LOAD_PROGRESS_INTERVAL_S", "0.001")
+    file = tmp_path / "memory.jsonl"
+    file.write_text(jsonl(team_records("umbrella") + extra_evidence("umbrella", 4)), "utf-8")
+    assert cli.main(["load", str(file)]) == 0
+    capsys.readouterr()
+    assert cli.main(["reembed", "--model", "double", "--batch-size", "2"]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.startswith("re-embedding to")]
+    assert lines, captured.err
+    assert re.fullmatch(
+        r"re-embedding to double-cli: [\d,]+/[\d,]+ vectors \(\d+%\), [\d,]+ vectors/s.*",
+        lines[-1],
+    ), lines[-1]
+    assert "the store now holds vectors of model 'double-cli'" in captured.out
+    assert len(target.texts) > 4
 
 
 def test_cli_reembed_needs_a_model_under_auto_and_reports_a_current_store(
@@ -330,9 +339,15 @@ async def test_a_serving_gateway_follows_the_switch_within_a_second(
         services = app.state.services
         await load(services.db, embedder, team_records("initech"))
         assert services.embedder.model == embedder.model
+        question = "who owns the billing service"
+        before = await services.recall.embeddings.vector(question, [])  # now cached
         report = await reembed(services.db, Double(target.model))
         assert report.switched
         await asyncio.sleep(2.5)  # the watcher reads the store's model every second
         vectors = await services.embedder.embed(["a question after the switch"])
         assert services.embedder.model == target.model
         assert np.array_equal(vectors, target.vectors(["a question after the switch"]))
+        # recall's query cache does not hand out the old model's vector
+        after = await services.recall.embeddings.vector(question, [])
+        assert before is not None and after is not None
+        assert np.array_equal(after, target.vectors([question])[0])

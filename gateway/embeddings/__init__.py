@@ -6,7 +6,13 @@ a vector is recorded through ``provider.model``, never inferred.
 
 from __future__ import annotations
 
-from gateway.embeddings.base import EmbeddingProvider, Vectors, embed_queries, validate_vectors
+from gateway.embeddings.base import (
+    EmbeddingProvider,
+    Vectors,
+    embed_queries,
+    embedding_epoch,
+    validate_vectors,
+)
 from gateway.embeddings.catalog import (
     AUTO,
     DEFAULT_LOCAL_MODEL,
@@ -39,6 +45,7 @@ __all__ = [
     "choose",
     "create_provider",
     "embed_queries",
+    "embedding_epoch",
     "validate_vectors",
 ]
 

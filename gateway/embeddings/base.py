@@ -36,10 +36,17 @@ class EmbeddingProvider(Protocol):
     provider needs no import from here to fit.
     """
 
-    model: str
-    """Stable identifier stored next to every vector; a change means a new vector space."""
+    @property
+    def model(self) -> str:
+        """Stable identifier stored next to every vector; a change means a new vector space.
 
-    dimensions: int
+        Read-only in the Protocol: a wrapper may answer with the model it
+        delegates to now (it may change when the store moves to another model).
+        """
+        ...
+
+    @property
+    def dimensions(self) -> int: ...
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One unit-length float32 row per text, in input order; ``(0, dimensions)`` for none."""
@@ -62,6 +69,17 @@ async def embed_queries(provider: EmbeddingProvider, texts: Sequence[str]) -> Ve
         vectors: Vectors = await queries(texts)
         return vectors
     return await provider.embed(texts)
+
+
+def embedding_epoch(provider: EmbeddingProvider) -> int:
+    """Changes whenever the vectors a provider makes may have changed space.
+
+    A cache of vectors (recall keeps its queries') keys on it: a provider that
+    follows the store's model bumps it when the store moves to another model,
+    every other provider stays at 0.
+    """
+    epoch = getattr(provider, "epoch", 0)
+    return epoch if isinstance(epoch, int) else 0
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:

@@ -33,9 +33,9 @@ class FollowingProvider:
     def __init__(
         self, model: LocalModel, provider: EmbeddingProvider, *, follow: bool, batch_size: int
     ) -> None:
-        self.model = provider.model
-        self.dimensions = provider.dimensions
         self._current = provider
+        self.epoch = 0
+        """Bumped at every change of the store's model: see embedding_epoch."""
         self._follow = follow
         self._batch_size = batch_size
         self._store_model: str | None = None
@@ -46,8 +46,18 @@ class FollowingProvider:
     def current(self) -> EmbeddingProvider:
         return self._current
 
+    @property
+    def model(self) -> str:
+        return self._current.model
+
+    @property
+    def dimensions(self) -> int:
+        return self._current.dimensions
+
     def observe(self, store_model: str | None) -> None:
         """Record the model the store holds now (None: no vectors yet)."""
+        if store_model != self._store_model and self._store_model is not None:
+            self.epoch += 1
         self._store_model = store_model
 
     def load(self) -> None:
@@ -90,6 +100,4 @@ class FollowingProvider:
                 # that started before the switch: closed with the process.
                 self._retired.append(self._current)
                 self._current = fresh
-                self.model = fresh.model
-                self.dimensions = fresh.dimensions
         return self._current

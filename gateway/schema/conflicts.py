@@ -16,7 +16,7 @@ from gateway.schema.recall_types import (
     SourceAuthority,
     SupporterSummary,
 )
-from gateway.services import conflicts as service
+from gateway.services import recall_types as service
 
 
 def _relationship_conflict(c: service.RelationshipConflictView, view_key: str) -> Conflict:

@@ -28,7 +28,7 @@ from gateway.schema.recall_types import (
     SuggestedActionKind,
 )
 from gateway.schema.types import SpaceKind
-from gateway.services import recall as service
+from gateway.services import recall_types as service
 from gateway.services.loaders import ReadLoaders
 from gateway.services.recall_input import LIMITS, validate
 

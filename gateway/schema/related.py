@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import strawberry
 
 from gateway.schema.recall_types import Community, Relationship, RelationshipHandle
-from gateway.services.related import CommunityHit, Handle
+from gateway.services.recall_types import CommunityHit, Handle
 
 
 def handle(h: Handle, view_key: str) -> RelationshipHandle:

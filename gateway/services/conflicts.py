@@ -23,29 +23,21 @@ and none of them is added to the results.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from gateway.errors import DatabaseUnavailable
+from gateway.services.recall_types import (
+    ConflictView,
+    EvidenceConflictView,
+    PositionView,
+    Reach,
+    ReadView,
+    RelationshipConflictView,
+)
 from gateway.store import conflicts as store
-from gateway.store.database import STORE_FAILURES, Database
+from gateway.store.database import STORE_FAILURES, Unit
 
-if TYPE_CHECKING:
-    from gateway.services.recall import EvidenceResult, ReadView
-
-__all__ = [
-    "MAX_CONFLICTS",
-    "MAX_SUPPORTERS",
-    "ConflictView",
-    "EvidenceConflictView",
-    "PositionView",
-    "Reach",
-    "RelationshipConflictView",
-    "answer_reach",
-    "reachable_conflicts",
-]
+__all__ = ["MAX_CONFLICTS", "MAX_SUPPORTERS", "reachable_conflicts"]
 
 MAX_CONFLICTS: Final = 10
 """Conflicts per answer, both kinds together."""
@@ -55,68 +47,6 @@ MAX_SUPPORTERS: Final = 5
 
 
 _STATE = {"open": "open", "resolve": "resolved", "reopen": "reopened"}
-
-
-@dataclass(frozen=True, slots=True)
-class Reach:
-    """How near the top of the answer each returned evidence and relationship is."""
-
-    evidence: dict[str, int]
-    relationships: dict[str, int]
-
-
-def answer_reach(
-    results: Sequence[EvidenceResult], more_relationship_ids: Iterable[str] = ()
-) -> Reach:
-    """Reach ranks of the answer's material.
-
-    An evidence reaches at its rank; a relationship at the rank of the first
-    result it supports. ``more_relationship_ids`` (relationships returned by
-    other frontiers, in their order) reach after every evidence result.
-    """
-    evidence: dict[str, int] = {}
-    relationships: dict[str, int] = {}
-    for r in results:
-        evidence.setdefault(r.evidence.id, r.rank)
-        for rel in r.evidence.relationship_ids:
-            relationships.setdefault(rel, r.rank)
-    after = max((r.rank for r in results), default=0)
-    for i, rel in enumerate(more_relationship_ids, start=after + 1):
-        relationships.setdefault(rel, i)
-    return Reach(evidence, relationships)
-
-
-@dataclass(frozen=True, slots=True)
-class PositionView:
-    id: str
-    label: str
-    disposition: str  # contested | preferred | dispreferred
-    relationship_ids: tuple[str, ...]
-    supporter_count: int
-    supporters: tuple[store.SupporterRow, ...]
-    supporters_truncated: bool
-
-
-@dataclass(frozen=True, slots=True)
-class RelationshipConflictView:
-    id: str
-    question: str
-    state: str  # open | resolved | reopened
-    preferred_position_id: str | None
-    state_changed_at: datetime
-    positions: tuple[PositionView, ...]
-    reach: int
-
-
-@dataclass(frozen=True, slots=True)
-class EvidenceConflictView:
-    id: str
-    question: str
-    positions: tuple[store.CitationRow, ...]
-    reach: int
-
-
-ConflictView = RelationshipConflictView | EvidenceConflictView
 
 
 def _disposition(case: store.CaseRow, position_id: str) -> str:
@@ -152,12 +82,12 @@ def _order(c: ConflictView) -> tuple[int, int, str]:
     return (c.reach, 0 if isinstance(c, RelationshipConflictView) else 1, c.id)
 
 
-async def reachable_conflicts(db: Database, view: ReadView, reach: Reach) -> list[ConflictView]:
+async def reachable_conflicts(unit: Unit, view: ReadView, reach: Reach) -> list[ConflictView]:
     """The conflicts the answer reaches, at the view's time, nearest first, capped."""
     if not reach.evidence and not reach.relationships:
         return []
     try:
-        async with db.tenant(view.team_id, view.space_ids) as conn:
+        async with unit.step() as conn:
             cases = await store.relationship_cases(
                 conn,
                 view.team_id,

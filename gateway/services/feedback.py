@@ -19,17 +19,14 @@ import logging
 import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 from uuid import UUID
 
 from gateway.errors import IdempotencyConflict, InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
+from gateway.services.recall_types import Degradation, RecallOutcome, SuggestedAction
 from gateway.store import feedback as store
-from gateway.store.database import STORE_FAILURES, Database
-
-if TYPE_CHECKING:
-    from gateway.services.recall import RecallOutcome
+from gateway.store.database import STORE_FAILURES, Database, Unit
 
 log = logging.getLogger("gateway.feedback")
 
@@ -45,14 +42,6 @@ MAX_MISSING_CONTEXT = 4000
 MAX_NOTE = 2000
 MAX_IRRELEVANT = 200
 MAX_HYPOTHESES = 50
-
-
-@dataclass(frozen=True, slots=True)
-class SuggestedAction:
-    kind: str  # submit_recall_session_feedback | resolve_dream_feedback
-    description: str
-    recall_event_id: str | None
-    hypothesis_ids: tuple[str, ...] = ()
 
 
 def returned_items(outcome: RecallOutcome) -> list[tuple[str, str, int]]:
@@ -101,15 +90,28 @@ class FeedbackService:
     # --- the snapshot, at the end of every recall ------------------------------------
 
     async def attach(
-        self, principal: Principal, request: RecallRequest, outcome: RecallOutcome
+        self,
+        principal: Principal,
+        request: RecallRequest,
+        outcome: RecallOutcome,
+        unit: Unit | None = None,
     ) -> None:
         """Persist the recall as an event and add the suggestions that refer to it;
-        on failure add the degradation instead. Never raises for a store failure."""
+        on failure add the degradation instead. Never raises for a store failure.
+
+        ``unit``: the recall's own unit of work (read-write), so that the snapshot
+        costs one statement; without it, a transaction of its own."""
         if not self.enabled:
             return
-        # imported here: gateway.services.recall imports this module
-        from gateway.services.recall import Degradation
-
+        if unit is None:
+            try:
+                async with self.db.unit(
+                    principal.team_id, principal.readable_space_ids, readonly=False
+                ) as own:
+                    await self.attach(principal, request, outcome, own)
+            except STORE_FAILURES as exc:  # the commit itself
+                self.lost(outcome, exc)
+            return
         event = store.NewRecallEvent(
             team=principal.team_id,
             id=UUID(outcome.recall_id),
@@ -126,20 +128,10 @@ class FeedbackService:
             items=returned_items(outcome),
         )
         try:
-            async with self.db.tenant(
-                principal.team_id, principal.readable_space_ids, readonly=False
-            ) as conn:
+            async with unit.step() as conn:
                 await store.insert_recall_event(conn, event)
         except STORE_FAILURES as exc:
-            log.warning("recall feedback snapshot lost: %s", exc)
-            outcome.degradations.append(
-                Degradation(
-                    "feedback",
-                    SNAPSHOT_UNAVAILABLE,
-                    "this recall could not be recorded for feedback; the answer is complete, "
-                    "but submitRecallSessionFeedback cannot refer to it",
-                )
-            )
+            self.lost(outcome, exc)
             return
         outcome.recall_event_id = outcome.recall_id
         outcome.suggested_actions.append(
@@ -160,6 +152,20 @@ class FeedbackService:
                     hypothesis_ids=tuple(outcome.hypothesis_ids),
                 )
             )
+
+    @staticmethod
+    def lost(outcome: RecallOutcome, exc: BaseException) -> None:
+        log.warning("recall feedback snapshot lost: %s", exc)
+        outcome.degradations.append(
+            Degradation(
+                "feedback",
+                SNAPSHOT_UNAVAILABLE,
+                "this recall could not be recorded for feedback; the answer is complete, "
+                "but submitRecallSessionFeedback cannot refer to it",
+            )
+        )
+        outcome.recall_event_id = None
+        outcome.suggested_actions.clear()
 
     # --- submitRecallSessionFeedback ---------------------------------------------------
 

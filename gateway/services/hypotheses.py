@@ -25,17 +25,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from gateway.fusion import fuse_equal
-from gateway.services.conflicts import answer_reach
+from gateway.services.recall_input import RecallRequest
+from gateway.services.recall_types import EvidenceResult, ReadView, answer_reach
 from gateway.store import hypotheses as store
-from gateway.store.database import STORE_FAILURES, Database
+from gateway.store.database import STORE_FAILURES, Unit
 from gateway.store.search import BranchSearch
-
-if TYPE_CHECKING:
-    from gateway.services.recall import EvidenceResult, ReadView
-    from gateway.services.recall_input import RecallRequest
 
 __all__ = ["HypothesisFrontier", "list_depth", "related_hypotheses"]
 
@@ -74,7 +71,7 @@ class HypothesisFrontier:
 
 
 async def related_hypotheses(
-    db: Database,
+    unit: Unit,
     view: ReadView,
     branches: Sequence[BranchSearch],
     request: RecallRequest,
@@ -92,7 +89,7 @@ async def related_hypotheses(
     reach = answer_reach([r for r in results if r.space_kind == "shared"], more_relationship_ids)
     depth = list_depth(request.hypothesis_limit)
     try:
-        async with db.tenant(view.team_id, [shared.space_id]) as conn:
+        async with unit.step() as conn:
             found = await store.related_hypotheses(
                 conn,
                 view.team_id,

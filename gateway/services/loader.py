@@ -11,12 +11,20 @@ is safe: records already applied are skipped by their IDs.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 
 from gateway.errors import GatewayError
 from gateway.services.records import Record
@@ -24,6 +32,20 @@ from gateway.services.writes import Actor, RecordError, WriteService
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
 MAX_REPORTED_ERRORS = 20
+EMBEDDING_MODEL = "embedding_model"
+
+
+class EmbeddingModelLine(BaseModel):
+    """Not a record: the file's statement of the model its supplied vectors come
+    from. Checked against the gateway's provider and the store before any write."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["embedding_model"]
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    dimensions: Annotated[int, Field(ge=1, le=4096)]
+
+
+_DIRECTIVE: TypeAdapter[EmbeddingModelLine] = TypeAdapter(EmbeddingModelLine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +135,7 @@ def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
     """Validate every line; raises :class:`LoadError` listing the bad ones."""
     parsed: list[tuple[int, Any]] = []
     errors: list[LineError] = []
+    declared: EmbeddingModelLine | None = None
     for number, raw in enumerate(lines, start=1):
         text = raw.strip()
         if not text:
@@ -127,9 +150,28 @@ def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
         if not isinstance(data, dict):
             errors.append(LineError(number, None, "a record must be a JSON object"))
             continue
+        if data.get("kind") == EMBEDDING_MODEL:
+            try:
+                line = _DIRECTIVE.validate_json(text)
+            except ValidationError as exc:
+                for err in exc.errors(include_url=False):
+                    field = ".".join(str(part) for part in err["loc"]) or None
+                    errors.append(LineError(number, field, _message(err["msg"])))
+                continue
+            if declared is not None:
+                errors.append(LineError(number, "kind", "the embedding model is named twice"))
+                continue
+            declared = line
+            parsed.append((number, line))
+            continue
         try:
             # JSON-mode validation: timestamps must be strings, not numbers.
-            parsed.append((number, _ADAPTER.validate_json(text)))
+            record = _ADAPTER.validate_json(text)
+            problem = _embedding_problem(getattr(record, "embedding", None), declared)
+            if problem is not None:
+                errors.append(LineError(number, "embedding", problem))
+            else:
+                parsed.append((number, record))
         except ValidationError as exc:
             for err in exc.errors(include_url=False):
                 loc = tuple(err["loc"])
@@ -143,6 +185,26 @@ def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
     if errors:
         raise LoadError(errors, 0, f"{len(errors)} invalid line(s); nothing was written")
     return parsed
+
+
+def _embedding_problem(
+    vector: list[float] | None, declared: EmbeddingModelLine | None
+) -> str | None:
+    if vector is None:
+        return None
+    if declared is None:
+        return (
+            "a supplied vector needs an 'embedding_model' line earlier in the file "
+            "naming the model and dimensions it was made with"
+        )
+    if len(vector) != declared.dimensions:
+        return (
+            f"{len(vector)} numbers; the file's embedding model "
+            f"'{declared.model}' makes {declared.dimensions}"
+        )
+    if not all(math.isfinite(x) for x in vector) or not any(vector):
+        return "the vector must hold finite numbers, not all zero"
+    return None
 
 
 def _kind_message(data: dict[str, Any]) -> str:
@@ -162,15 +224,25 @@ async def load(
     batch_size: int,
     actor: Actor | None = None,
     progress: Callable[[int], None] | None = None,
+    set_based: bool = True,
 ) -> LoadReport:
-    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts."""
+    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
+    ``set_based=False`` keeps every record on the record-at-a-time path (a test
+    compares the two)."""
     actor = actor or Actor.operator()
     report = LoadReport()
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    for line, item in records:
+        if isinstance(item, EmbeddingModelLine):
+            problem = await service.supplied_model_problem(item.model, item.dimensions)
+            if problem is not None:
+                error = LineError(line, "model", problem, "EMBEDDING_MODEL_MISMATCH")
+                raise LoadError([error], 0, f"{error}; nothing was written")
+    records = [r for r in records if not isinstance(r[1], EmbeddingModelLine)]
     for chunk in batches(records, batch_size):
         try:
-            result = await service.apply([r for _, r in chunk], actor)
+            result = await service.apply([r for _, r in chunk], actor, set_based=set_based)
         except RecordError as exc:
             if exc.index >= 0:
                 line = chunk[exc.index][0]

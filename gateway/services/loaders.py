@@ -13,7 +13,7 @@ from uuid import UUID
 
 from aiodataloader import DataLoader
 
-from gateway.services.recall import ReadView
+from gateway.services.recall_types import ReadView
 from gateway.store import recall as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import asyncpg
 
 from gateway.embeddings.base import EmbeddingProvider
-from gateway.embeddings.following import FollowingProvider
 from gateway.errors import EmbeddingMismatch, GatewayError
 from gateway.store import reembed as store
 from gateway.store.database import Database, connect_once
@@ -149,6 +148,13 @@ async def reembed(
                 await store.unlock(conn)
 
 
+async def count_vectors(db: Database) -> int:
+    """Vectors a re-embed would embed (a progress bar's total)."""
+    async with db.admin(readonly=True) as conn:
+        await store.unbounded(conn)
+        return await store.live_vectors(conn)
+
+
 async def read_store_model(db: Database) -> str | None:
     """The model whose vectors the store holds, or None for a store without vectors."""
     async with db.admin(readonly=True) as conn:
@@ -157,7 +163,7 @@ async def read_store_model(db: Database) -> str | None:
 
 
 async def watch_store_model(dsn: str, provider: EmbeddingProvider, interval_s: float) -> None:
-    """Tell a following provider the store's model every ``interval_s`` (runs until cancelled).
+    """Tell a following provider (:class:`gateway.embeddings.FollowingProvider`) the store's model every ``interval_s`` (runs until cancelled).
 
     This is how a serving gateway notices the switch of a re-embed run: within
     one interval it embeds questions with the new model (``auto``) or refuses
@@ -165,7 +171,8 @@ async def watch_store_model(dsn: str, provider: EmbeddingProvider, interval_s: f
     connection of its own, outside the pool: it takes no request's place, and
     the pool's statement counts stay those of the requests.
     """
-    if not isinstance(provider, FollowingProvider):
+    observe = getattr(provider, "observe", None)  # a FollowingProvider, perhaps wrapped
+    if not callable(observe):
         return
     conn: asyncpg.Connection | None = None
     try:
@@ -181,7 +188,7 @@ async def watch_store_model(dsn: str, provider: EmbeddingProvider, interval_s: f
                     conn.terminate()
                 conn = None
                 continue
-            provider.observe(current[0] if current is not None else None)
+            observe(current[0] if current is not None else None)
     finally:
         if conn is not None and not conn.is_closed():
             await conn.close()

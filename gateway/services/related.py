@@ -35,48 +35,28 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from uuid import UUID
 
 import numpy as np
 
 from gateway.errors import DatabaseUnavailable
 from gateway.fusion import fuse_equal
-from gateway.services.recall import (
+from gateway.services.recall_input import RecallRequest
+from gateway.services.recall_types import (
+    CommunityHit,
     Degradation,
+    Handle,
     ListState,
     ReadView,
     SearchState,
     overfetch,
 )
-from gateway.services.recall_input import RecallRequest
 from gateway.store import communities as community_store
 from gateway.store import related as store
-from gateway.store.database import STORE_FAILURES, Database
-from gateway.store.recall import RelationshipRow
+from gateway.store.database import STORE_FAILURES, Unit
 
 log = logging.getLogger("gateway.recall.related")
-
-
-
-@dataclass(frozen=True, slots=True)
-class Handle:
-    """Equivalent relationships of one semantic group, collapsed."""
-
-    group: str
-    representative: RelationshipRow
-    equivalent_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class CommunityHit:
-    id: str
-    summary: str
-    top_entities: tuple[str, ...]
-    top_predicates: tuple[str, ...]
-    relationship_count: int
-    members: tuple[Handle, ...]
-    members_truncated: bool
 
 
 @dataclass
@@ -132,8 +112,10 @@ def direct_fallback(
 
 
 class RelatedFrontiers:
-    def __init__(self, db: Database) -> None:
-        self.db = db
+    """Both frontiers of one recall, read in the recall's unit of work."""
+
+    def __init__(self, unit: Unit) -> None:
+        self.unit = unit
 
     async def recall(
         self,
@@ -246,14 +228,14 @@ class RelatedFrontiers:
     ) -> tuple[store.Discovery, str]:
         """Discovery with the vector list if possible; without it if that is what fails."""
         try:
-            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+            async with self.unit.step() as conn:
                 found = await store.discover(conn, query)
         except STORE_FAILURES as exc:
             if query.vector is None:
                 raise DatabaseUnavailable("relationships could not be searched") from exc
             log.warning("relationship discovery failed (%s); retrying without vectors", exc)
             try:
-                async with self.db.tenant(view.team_id, view.space_ids) as conn:
+                async with self.unit.step() as conn:
                     found = await store.discover(conn, _without_vector(query))
             except STORE_FAILURES as again:
                 raise DatabaseUnavailable("relationships could not be searched") from again
@@ -300,7 +282,7 @@ class RelatedFrontiers:
         def skip(code: str, message: str) -> None:
             self._skip_communities(out, code, message)
         try:
-            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+            async with self.unit.step() as conn:
                 snap = await community_store.snapshot(
                     conn, view.team_id, shared.space_id, anchors
                 )
@@ -353,7 +335,7 @@ class RelatedFrontiers:
         if not groups:
             return {}
         try:
-            async with self.db.tenant(view.team_id, view.space_ids) as conn:
+            async with self.unit.step() as conn:
                 members = await store.eligible_group_members(
                     conn,
                     view.team_id,
@@ -380,6 +362,4 @@ class RelatedFrontiers:
 
 
 def _without_vector(q: store.DiscoveryQuery) -> store.DiscoveryQuery:
-    from dataclasses import replace
-
     return replace(q, vector=None)

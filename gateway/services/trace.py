@@ -30,8 +30,8 @@ from datetime import UTC, datetime
 
 from gateway.errors import DatabaseUnavailable, InvalidInput, NotFound
 from gateway.services.auth import Principal
-from gateway.services.recall import MAX_CONTEXT_CHARS, ReadView
 from gateway.services.recall_input import Bound
+from gateway.services.recall_types import MAX_CONTEXT_CHARS, ReadView
 from gateway.store import recall as read_store
 from gateway.store import trace as store
 from gateway.store.connection import Conn

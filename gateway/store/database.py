@@ -8,11 +8,14 @@ transactions (loader, migrations, token lookup) run as the connecting role.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from uuid import UUID
 
 import asyncpg
+from asyncpg.transaction import Transaction
 from pgvector.asyncpg import register_vector
 
 from gateway import deadline
@@ -27,6 +30,8 @@ _ENTER_TENANT = (
     "set_config('recall.space_ids', $3, true), set_config('lock_timeout', $4, true), "
     "set_config('statement_timeout', $5, true)"
 )
+
+_SET_SPACES = "SELECT set_config('recall.space_ids', $1, true)"
 
 # What asyncpg and the socket raise when the server is away, restarting or
 # refusing connections. Such failures become DATABASE_UNAVAILABLE, fast,
@@ -71,6 +76,19 @@ def _space_literal(space_ids: Sequence[UUID]) -> str:
 _DRIVER_QUERIES = ("pg_catalog.pg_type", "set_config('jit'", "pg_advisory_unlock_all()")
 
 
+class StatementTally:
+    """Statements of one request (the metrics' statements per request)."""
+
+    count = 0
+
+
+REQUEST_STATEMENTS: ContextVar[StatementTally | None] = ContextVar(
+    "request_statements", default=None
+)
+"""Set by the HTTP edge per request. asyncpg calls query loggers with
+``call_soon`` from the task that ran the statement, so they see its context."""
+
+
 class StatementCounter:
     """Counts statements sent on the pool's connections: tests check with it that
     the number of statements of a recall does not grow with its limit."""
@@ -83,6 +101,9 @@ class StatementCounter:
         if any(mark in query for mark in _DRIVER_QUERIES):
             return  # asyncpg's own: type introspection, pool reset
         self.count += 1
+        tally = REQUEST_STATEMENTS.get()
+        if tally is not None:
+            tally.count += 1
 
 
 async def connect_once(dsn: str) -> asyncpg.Connection:
@@ -213,6 +234,22 @@ class Database:
             yield conn
 
     @asynccontextmanager
+    async def unit(
+        self, team_id: str, space_ids: Sequence[UUID], *, readonly: bool = True
+    ) -> AsyncIterator[Unit]:
+        """One connection and one tenant transaction for every statement of one
+        request (a recall): ``BEGIN``, the tenant settings and ``COMMIT`` once,
+        instead of once per statement. See :class:`Unit`."""
+        async with self.acquire() as conn:
+            unit = Unit(self, conn, team_id, space_ids, readonly)
+            try:
+                yield unit
+            except BaseException:
+                await unit.close(commit=False)
+                raise
+            await unit.close(commit=True)
+
+    @asynccontextmanager
     async def admin(
         self, *, isolation: str | None = None, readonly: bool = False
     ) -> AsyncIterator[Conn]:
@@ -225,6 +262,96 @@ class Database:
             conn.transaction(isolation=isolation, readonly=readonly),  # type: ignore[arg-type]
         ):
             yield conn
+
+
+class Unit:
+    """The statements of one request on one connection, in one tenant transaction.
+
+    The transaction opens at the first :meth:`step` (so a caller can start
+    other work, such as the query embedding, before it). A step whose
+    statement fails has aborted the transaction: the unit rolls it back and
+    the next step opens a new one, so a caller that degrades an optional part
+    of its answer (and goes on) still reads in a working transaction, as it
+    did when every statement had its own. The statements of one step see one
+    snapshot; different steps see the database as of their own statements
+    (read committed), which is what the separate transactions gave before:
+    every read takes the view's instants explicitly (gateway/store/recall.py).
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        conn: Conn,
+        team_id: str,
+        space_ids: Sequence[UUID],
+        readonly: bool,
+    ) -> None:
+        self._db = db
+        self._conn = conn
+        self._team_id = team_id
+        self._space_ids = space_ids
+        self._readonly = readonly
+        self._tx: Transaction | None = None
+        self._spaces: tuple[UUID, ...] = ()
+
+    async def _begin(self, space_ids: Sequence[UUID]) -> None:
+        tx = self._conn.transaction(readonly=self._readonly)
+        await tx.start()
+        self._tx = tx
+        budget = str(deadline.remaining_ms(self._db.statement_timeout_ms))
+        await self._conn.execute(
+            _ENTER_TENANT,
+            APP_ROLE,
+            self._team_id,
+            _space_literal(space_ids),
+            self._db.lock_timeout,
+            budget,
+        )
+        self._spaces = tuple(space_ids)
+
+    @asynccontextmanager
+    async def step(self, space_ids: Sequence[UUID] | None = None) -> AsyncIterator[Conn]:
+        """The unit's connection inside its transaction, for one step's statements.
+
+        ``space_ids`` narrows the spaces row-level security lets this step read
+        (a fallback that must not touch a failing branch); by default the unit's
+        own. Narrowing costs one statement, and the next step widens again."""
+        spaces = tuple(self._space_ids if space_ids is None else space_ids)
+        try:
+            if self._tx is None:
+                await self._begin(spaces)
+            elif set(spaces) != set(self._spaces):
+                await self._conn.execute(_SET_SPACES, _space_literal(spaces))
+                self._spaces = spaces
+            yield self._conn
+        except asyncio.CancelledError:
+            self._tx = None  # the pool resets or discards the connection
+            raise
+        except BaseException:
+            await self._abandon()
+            raise
+
+    async def _abandon(self) -> None:
+        tx, self._tx = self._tx, None
+        if tx is None:
+            return
+        try:
+            await tx.rollback()
+        except STORE_FAILURES:
+            pass  # a broken connection: the next step fails, and the pool discards it
+
+    async def commit(self) -> None:
+        """Commit what the steps wrote (a recall's feedback snapshot) now; a later
+        step opens a new transaction."""
+        tx, self._tx = self._tx, None
+        if tx is not None:
+            await tx.commit()
+
+    async def close(self, *, commit: bool) -> None:
+        if commit:
+            await self.commit()
+        else:
+            await self._abandon()
 
 
 async def ping(db: Database) -> None:

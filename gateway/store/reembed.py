@@ -84,13 +84,20 @@ async def start_run(conn: Conn, from_model: str, to_model: str) -> Run:
     return Run(int(run_id), from_model, to_model, resumed=False, abandoned=abandoned)
 
 
+async def live_vectors(conn: Conn) -> int:
+    """Evidence and relationship vectors in the store, every team."""
+    total = await conn.fetchval(
+        "SELECT (SELECT count(*) FROM evidence_embeddings) "
+        "+ (SELECT count(*) FROM relationship_embeddings)"
+    )
+    return int(total)
+
+
 async def counts(conn: Conn, run_id: int) -> tuple[int, int]:
     """(live vectors, of which already staged) over evidence and relationships."""
     row = await conn.fetchrow(
         """
-        SELECT (SELECT count(*) FROM evidence_embeddings)
-             + (SELECT count(*) FROM relationship_embeddings) AS total,
-               (SELECT count(*) FROM evidence_embeddings ee
+        SELECT (SELECT count(*) FROM evidence_embeddings ee
                  WHERE EXISTS (SELECT 1 FROM reembed_evidence n
                                 WHERE n.run_id = $1 AND n.team_id = ee.team_id
                                   AND n.space_id = ee.space_id
@@ -106,7 +113,7 @@ async def counts(conn: Conn, run_id: int) -> tuple[int, int]:
         run_id,
     )
     assert row is not None
-    return int(row["total"]), int(row["done"])
+    return await live_vectors(conn), int(row["done"])
 
 
 async def pending_evidence(conn: Conn, run_id: int, limit: int) -> list[Pending]:

@@ -429,12 +429,23 @@ async def insert_evidence_embeddings(
     rows: Sequence[tuple[str, UUID, str]],
     vectors: np.ndarray,
     model: str,
+    *,
+    copy: bool = False,
 ) -> None:
+    """``copy``: one binary COPY (the owner only: COPY refuses tables under row-level
+    security for the application role), else one pipelined INSERT per row."""
     dims = int(vectors.shape[1])
-    await conn.executemany(
-        "INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions, "
-        "embedding) VALUES ($1, $2, $3, $4, $5, $6)",
-        [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
+    if not copy:
+        await conn.executemany(
+            "INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions, "
+            "embedding) VALUES ($1, $2, $3, $4, $5, $6)",
+            [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
+        )
+        return
+    await conn.copy_records_to_table(
+        "evidence_embeddings",
+        columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
+        records=[(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
     )
 
 
@@ -529,12 +540,31 @@ async def insert_relationship_embeddings(
     rows: Sequence[tuple[str, UUID, str, int]],
     vectors: np.ndarray,
     model: str,
+    *,
+    copy: bool = False,
 ) -> None:
+    """As :func:`insert_evidence_embeddings`."""
     dims = int(vectors.shape[1])
-    await conn.executemany(
-        "INSERT INTO relationship_embeddings (team_id, space_id, relationship_id, "
-        "projection_generation, model, dimensions, embedding) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
+    if not copy:
+        await conn.executemany(
+            "INSERT INTO relationship_embeddings (team_id, space_id, relationship_id, "
+            "projection_generation, model, dimensions, embedding) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
+        )
+        return
+    await conn.copy_records_to_table(
+        "relationship_embeddings",
+        columns=[
+            "team_id",
+            "space_id",
+            "relationship_id",
+            "projection_generation",
+            "model",
+            "dimensions",
+            "embedding",
+        ],
+        records=[(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
     )
 
 
