@@ -56,7 +56,9 @@ class FollowingProvider:
 
     def observe(self, store_model: str | None) -> None:
         """Record the model the store holds now (None: no vectors yet)."""
-        if store_model != self._store_model and self._store_model is not None:
+        # Every change counts, from "no vectors" too: a poll may have missed the
+        # store's first model and seen only the switch away from it.
+        if store_model != self._store_model:
             self.epoch += 1
         self._store_model = store_model
 
