@@ -61,4 +61,14 @@ CREATE TABLE reembed_relationships (
 );
 ALTER TABLE reembed_relationships ALTER COLUMN embedding SET STORAGE PLAIN;
 
--- Operator tables: the gateway's role (recall_app) gets no access to them.
+-- Operator tables: the gateway's role (recall_app) gets no grant on them. They
+-- still get the walls every table with a team_id has, so that a grant added
+-- by mistake later would not open them across teams.
+ALTER TABLE reembed_evidence ENABLE ROW LEVEL SECURITY;
+CREATE POLICY space_wall ON reembed_evidence TO recall_app
+    USING (team_id = recall_current_team() AND space_id = ANY (recall_allowed_spaces()))
+    WITH CHECK (team_id = recall_current_team() AND space_id = ANY (recall_allowed_spaces()));
+ALTER TABLE reembed_relationships ENABLE ROW LEVEL SECURITY;
+CREATE POLICY space_wall ON reembed_relationships TO recall_app
+    USING (team_id = recall_current_team() AND space_id = ANY (recall_allowed_spaces()))
+    WITH CHECK (team_id = recall_current_team() AND space_id = ANY (recall_allowed_spaces()));
