@@ -52,8 +52,14 @@ class Settings(BaseSettings):
 
     embedding_provider: Literal["local", "openai"] = Field(
         default="local",
-        description="`local`: bundled offline MiniLM (ONNX). `openai`: an OpenAI-compatible "
+        description="`local`: a bundled offline model (RECALL_EMBEDDING_MODEL). `openai`: an "
+        "OpenAI-compatible "
         "`/embeddings` endpoint.",
+    )
+    embedding_model: Literal["auto", "minilm", "e5-small"] = Field(
+        default="auto",
+        description="Local model (`local` provider): `auto` follows the model the store holds "
+        "(a new store gets the default, MiniLM); `minilm` or `e5-small` names one.",
     )
     embedding_batch_size: int = Field(
         default=64, ge=1, le=2048, description="Texts per embedding call."
