@@ -246,6 +246,6 @@ def _persisted(
         db,
         settings.persisted_queries,
         max_entries=settings.persisted_query_max_entries,
-        max_tokens=limits.max_tokens,
+        max_bytes=settings.persisted_query_max_bytes,
         manifest=manifest,
     )

@@ -138,7 +138,8 @@ class Settings(BaseSettings):
     persisted_query_manifest: Path | None = Field(
         default=None, description="JSON object {sha256: document} for `allowlist` mode."
     )
-    persisted_query_max_entries: int = Field(default=10_000, ge=10, le=10_000_000)
+    persisted_query_max_entries: int = Field(default=1000, ge=10, le=10_000_000)
+    persisted_query_max_bytes: int = Field(default=32_768, ge=256, le=10_000_000)
 
     mcp_token: SecretStr | None = Field(
         default=None,

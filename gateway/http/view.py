@@ -296,13 +296,48 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
                 raise RequestRejected(
                     415, "UNSUPPORTED_MEDIA_TYPE", f"charset={charset} is not supported: send UTF-8."
                 )
-        parsed = await super().parse_http_body(request)
+        return await super().parse_http_body(request)
+
+    async def execute_operation(
+        self,
+        request: Any,
+        request_adapter: AsyncHTTPRequestAdapter,
+        request_data: GraphQLRequestData | list[GraphQLRequestData],
+        context: Any,
+        root_value: Any,
+        sub_response: Any,
+    ) -> Any:
+        """Resolve persisted queries (they need the caller, known by now: strawberry
+        builds the context before it reads the body), run, then keep the
+        documents that validated."""
         persisted = self.persisted
         if persisted is None:
-            return parsed
-        if isinstance(parsed, list):
-            return [await persisted.resolve(item) for item in parsed]
-        return await persisted.resolve(parsed)
+            return await super().execute_operation(
+                request, request_adapter, request_data, context, root_value, sub_response
+            )
+        principal = getattr(context, "principal", None)
+        items = request_data if isinstance(request_data, list) else [request_data]
+        resolved = [await persisted.resolve(item, principal) for item in items]
+        data = [item for item, _ in resolved]
+        result = await super().execute_operation(
+            request,
+            request_adapter,
+            data if isinstance(request_data, list) else data[0],
+            context,
+            root_value,
+            sub_response,
+        )
+        results = result if isinstance(result, list) else [result]
+        for (_, registration), outcome in zip(resolved, results, strict=False):
+            if registration is None or not isinstance(outcome, ExecutionResult):
+                continue
+            if _is_request_error(outcome):
+                continue  # junk never takes a slot
+            try:
+                await persisted.register(registration)
+            except Exception:  # a cache: the answer stands without it
+                log.warning("persisted query not kept", exc_info=True)
+        return result
 
     async def process_result(self, request: Any, result: ExecutionResult) -> GraphQLHTTPResponse:
         data = await super().process_result(request, result)
