@@ -33,7 +33,7 @@ from typing import Literal
 
 from strawberry.http import GraphQLRequestData
 
-from gateway.errors import ConfigurationError
+from gateway.errors import ConfigurationError, GatewayError
 from gateway.http.errors import REQUEST_ERROR, RequestRejected
 from gateway.services.auth import Principal
 from gateway.store import persisted as store
@@ -122,14 +122,19 @@ class PersistedQueries:
         return given
 
     async def resolve(
-        self, request: GraphQLRequestData, principal: Principal | None
+        self,
+        request: GraphQLRequestData,
+        principal: Principal | None,
+        unavailable: GatewayError | None = None,
     ) -> tuple[GraphQLRequestData, Registration | None]:
         """The request with its document filled in (or a ``RequestRejected``), and
         the registration to make once the document has validated, if any.
 
         Entries belong to the caller's team: a hash is looked up there only, and
         only an authenticated caller registers. An anonymous caller's document
-        runs, and is never stored."""
+        runs, and is never stored. ``unavailable`` is why the caller could not be
+        checked (the database is down): a lookup then fails with it instead of
+        a misleading "not found"."""
         wanted = self._hash_of(request)
         if self.mode == "off":
             if wanted is not None:
@@ -149,6 +154,8 @@ class PersistedQueries:
                 return request, None
             return request, Registration(principal, wanted, request.query)
         if principal is None:
+            if unavailable is not None:
+                raise unavailable
             raise _rejected("PERSISTED_QUERY_NOT_FOUND", "PersistedQueryNotFound")
         key = (principal.team_id, wanted)
         document = self._cache.get(key)

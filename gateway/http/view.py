@@ -34,7 +34,7 @@ from strawberry.schema.exceptions import InvalidOperationTypeError
 from strawberry.types import ExecutionResult
 
 from gateway.deadline import deadline
-from gateway.errors import GatewayError
+from gateway.errors import GatewayError, Unauthenticated
 from gateway.graphiql import GraphiQLPage
 from gateway.http.errors import (
     GRAPHQL_RESPONSE_JSON,
@@ -316,8 +316,10 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
                 request, request_adapter, request_data, context, root_value, sub_response
             )
         principal = getattr(context, "principal", None)
+        auth_error = getattr(context, "auth_error", None)
+        unavailable = None if isinstance(auth_error, Unauthenticated) else auth_error
         items = request_data if isinstance(request_data, list) else [request_data]
-        resolved = [await persisted.resolve(item, principal) for item in items]
+        resolved = [await persisted.resolve(item, principal, unavailable) for item in items]
         data = [item for item, _ in resolved]
         result = await super().execute_operation(
             request,
