@@ -8,6 +8,7 @@ gets its own context with the authenticated caller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
@@ -38,12 +39,16 @@ from gateway.services.auth import authenticate, bearer
 from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService
+from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
 
 log = logging.getLogger("gateway")
+# How often a serving process looks at the store's model: after a re-embed's
+# switch, questions are embedded with the new model within this many seconds.
+STORE_MODEL_POLL_S = 1.0
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 
 
@@ -167,12 +172,18 @@ def create_app(
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
-            embedder = observability.embedder(create_provider(settings))
+            # The store's model decides the local model under RECALL_EMBEDDING_MODEL=auto.
+            embedder = observability.embedder(
+                create_provider(settings, await read_store_model(db))
+            )
             # Load (and checksum) a local model now, so a bad file fails the start,
             # not the first request.
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
+            watcher = asyncio.create_task(
+                watch_store_model(dsn, embedder, STORE_MODEL_POLL_S), name="store-model-watch"
+            )
             feedback = FeedbackService(db, enabled=settings.feedback_enabled)
             writes = WriteService(db, embedder)
             app.state.services = Services(
@@ -192,6 +203,9 @@ def create_app(
             finally:
                 if drain is not None:
                     drain.uninstall()
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
                 # Connections still in use after the grace period are cut: an
                 # idle pool must not keep PostgreSQL's smart shutdown waiting.
                 await db.close(wait_s=grace_s)
@@ -212,7 +226,9 @@ def create_app(
     graphql = GatewayGraphQL(schema, limits)
     app = Starlette(
         routes=[
-            Route("/graphql", graphql, methods=["GET", "POST"]),
+            # every method reaches the view, which answers the others with a
+            # coded 405 (Starlette's own is plain text and lists HEAD)
+            Route("/graphql", graphql),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             *(graphql.ide.routes() if graphql.ide else []),
@@ -255,6 +271,6 @@ def _persisted(
         db,
         settings.persisted_queries,
         max_entries=settings.persisted_query_max_entries,
-        max_tokens=limits.max_tokens,
+        max_bytes=settings.persisted_query_max_bytes,
         manifest=manifest,
     )
