@@ -31,6 +31,7 @@ from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
 from gateway.http.persisted import PersistedQueries, load_manifest
 from gateway.http.view import GraphQLHTTPView
+from gateway.observability import Observability, logs
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
@@ -123,9 +124,15 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
+def create_app(
+    settings: Settings | None = None, observability: Observability | None = None
+) -> Starlette:
     """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL."""
     settings = settings or Settings()
+    logs.configure(settings.log_level, settings.log_format)
+    observability = observability or Observability.from_environment(
+        metrics_enabled=settings.metrics
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -142,7 +149,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
-            embedder = create_provider(settings)
+            embedder = observability.embedder(create_provider(settings))
             # Load (and checksum) a local model now, so a bad file fails the start,
             # not the first request.
             load = getattr(embedder, "load", None)
@@ -155,7 +162,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 db,
                 embedder,
                 writes,
-                RecallService(db, embedder, feedback),
+                observability.recall_service(db, embedder, feedback),
                 feedback,
                 MutationService(writes),
             )
@@ -165,13 +172,14 @@ def create_app(settings: Settings | None = None) -> Starlette:
             finally:
                 await db.close()
                 await embedder.aclose()
+                await observability.shutdown()
         finally:
             if embedded is not None:
                 embedded.stop()
 
     limits = http_limits.resolve(settings)
     schema = build_schema(
-        extensions=http_limits.validation_extensions(limits),
+        extensions=[*http_limits.validation_extensions(limits), *observability.extensions()],
         hide_suggestions=not limits.introspection,
         config=StrawberryConfig(
             batching_config={"max_operations": limits.max_batch_size} if limits.batching else None
@@ -183,9 +191,13 @@ def create_app(settings: Settings | None = None) -> Starlette:
             Route("/graphql", graphql, methods=["GET", "POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *(graphql.ide.routes() if graphql.ide else []),
+            *observability.routes(),
         ],
         lifespan=lifespan,
     )
+    # The MCP server runs its tools through the same view (schema, limits).
+    app.state.graphql = graphql
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
@@ -197,7 +209,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             expose_headers=["x-request-id"],
             max_age=600,
         )
+    observability.install(app)
     app.add_middleware(RequestIdMiddleware)
+    observability.wrap_outermost(app)
     return app
 
 

@@ -1,4 +1,4 @@
-"""``recall-gateway``: serve, migrate, load, demo, tokens, export-schema.
+"""``recall-gateway``: serve, migrate, load, demo, mcp, tokens, export-schema.
 
 Commands that need a database use ``DATABASE_URL`` when set; otherwise they
 start (or attach to) the embedded PostgreSQL under the data directory and stop
@@ -292,19 +292,39 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
     if workers > 1:
         # Worker processes rebuild the app from the environment: hand them the DSN.
         os.environ["RECALL_DATABASE_URL"] = dsn
-        uvicorn.run(
-            "gateway.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=settings.log_level,
-        )
+        with _metrics_dir():
+            uvicorn.run(
+                "gateway.app:create_app",
+                factory=True,
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=settings.log_level,
+                access_log=False,  # the gateway logs one line per request itself
+            )
         return
     from gateway.app import create_app
 
     app = create_app(settings.model_copy(update={"database_url": dsn}))
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
+    uvicorn.run(app, host=host, port=port, log_level=settings.log_level, access_log=False)
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[None]:
+    """Several workers share their Prometheus samples through files in a folder
+    (prometheus-client's multiprocess mode): a fresh one unless the operator set
+    ``PROMETHEUS_MULTIPROC_DIR``. It must be set before the workers start."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="recall-gateway-metrics-") as folder:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -342,7 +362,8 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         url = f"http://{host}:{port}/graphql"
         print(
             f"\nRecall Gateway demo is starting (data loaded in {time.perf_counter() - started:.1f} s)."
-            f"\n  GraphiQL:  {url}"
+            # The fragment never reaches a server: GraphiQL puts it in its headers pane.
+            f"\n  GraphiQL:  {url}#token={token}"
             f"\n  principal: {args.principal} (team {DEMO_TEAM}), token valid 7 days:"
             f"\n  export RECALL_TOKEN={token}"
             f'\n  curl -s {url} -H "Authorization: Bearer $RECALL_TOKEN" '
@@ -352,6 +373,31 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             flush=True,
         )
         _run_server(settings, dsn, host, port, 1)
+    return 0
+
+
+def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.mcp import Gateway, http_app, run_stdio
+
+    with database(settings) as dsn:
+        app = create_app(settings.model_copy(update={"database_url": dsn}))
+        token = settings.mcp_token.get_secret_value() if settings.mcp_token else None
+        gateway = Gateway(app, token)
+        if args.transport == "stdio":
+            if token is None:
+                _err("the stdio transport needs RECALL_MCP_TOKEN (a bearer token)")
+                return 2
+            asyncio.run(run_stdio(gateway))
+            return 0
+        import uvicorn
+
+        host = args.host or settings.host
+        port = args.port if args.port is not None else settings.port
+        print(f"MCP (streamable HTTP): http://{host}:{port}/mcp", file=sys.stderr, flush=True)
+        uvicorn.run(
+            http_app(gateway, host), host=host, port=port, log_level=settings.log_level
+        )
     return 0
 
 
@@ -410,6 +456,20 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=_port)
     demo.add_argument("--principal", default="ines", help="demo principal to issue a token for")
     demo.set_defaults(func=cmd_demo)
+
+    mcp = sub.add_parser(
+        "mcp", help="serve the Model Context Protocol for agents (see docs/mcp.md)"
+    )
+    mcp.add_argument(
+        "--transport",
+        choices=["stdio", "http"],
+        default="stdio",
+        help="stdio (default; token from RECALL_MCP_TOKEN) or streamable HTTP at /mcp "
+        "(token from each request's Authorization header)",
+    )
+    mcp.add_argument("--host", help="HTTP bind address (RECALL_HOST, default 127.0.0.1)")
+    mcp.add_argument("--port", type=_port, help="HTTP port (RECALL_PORT, default 8000)")
+    mcp.set_defaults(func=cmd_mcp)
 
     tok = sub.add_parser("tokens", help="manage bearer tokens")
     tok_sub = tok.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")

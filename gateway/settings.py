@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port `serve` binds to.")
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`json`: one JSON object per log line."
+    )
+    metrics: bool = Field(default=True, description="Serve Prometheus metrics on GET /metrics.")
 
     pool_min_size: int = Field(default=1, ge=0, le=100, description="asyncpg pool minimum.")
     pool_max_size: int = Field(default=10, ge=1, le=200, description="asyncpg pool maximum.")
@@ -127,6 +131,11 @@ class Settings(BaseSettings):
         default=None, description="JSON object {sha256: document} for `allowlist` mode."
     )
     persisted_query_max_entries: int = Field(default=10_000, ge=10, le=10_000_000)
+
+    mcp_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the agent that `recall-gateway mcp` serves over stdio.",
+    )
 
 
 def load_settings(**overrides: object) -> Settings:

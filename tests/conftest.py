@@ -10,6 +10,7 @@ own teams with unique IDs, so tests never see each other's rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -161,3 +162,48 @@ async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=gateway_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
         yield c
+
+
+@dataclass
+class LiveServer:
+    """A gateway served by uvicorn on a loopback port, in a thread of its own."""
+
+    url: str
+    app: Any
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[LiveServer]:
+    """Run ``app`` with uvicorn on 127.0.0.1 (a free port) until the block ends.
+
+    For clients that need a real socket (a browser, streaming HTTP clients);
+    the app opens its own pool in the server's own event loop."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test gateway did not start")
+        time.sleep(0.05)
+    try:
+        yield LiveServer(f"http://127.0.0.1:{port}", app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def live_server(dsn: str) -> Iterator[LiveServer]:
+    with serve_in_thread(app_for(dsn)) as server:
+        yield server

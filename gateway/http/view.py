@@ -32,6 +32,7 @@ from strawberry.types import ExecutionResult
 
 from gateway.deadline import deadline
 from gateway.errors import GatewayError
+from gateway.graphiql import GraphiQLPage
 from gateway.http.errors import (
     GRAPHQL_RESPONSE_JSON,
     JSON,
@@ -101,6 +102,8 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             allow_queries_via_get=True,
         )
         self.limits = limits
+        # The gateway's own GraphiQL page (no CDN); app.py routes its files.
+        self.ide = GraphiQLPage() if limits.graphiql else None
         # Set by the app's lifespan once the database is open.
         self.persisted: PersistedQueries | None = None
 
@@ -156,6 +159,10 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
         if request.query_params.get("extensions") is not None:
             return False
         return super().should_render_graphql_ide(request)
+
+    async def render_graphql_ide(self, request: Request) -> Response:
+        assert self.ide is not None  # strawberry renders the IDE only when it is on
+        return self.ide.render(request.url.path)
 
     async def get_sub_response(self, request: Any) -> Response:
         sub = await super().get_sub_response(request)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from uuid import UUID
 
 import asyncpg
@@ -75,6 +76,19 @@ def _space_literal(space_ids: Sequence[UUID]) -> str:
 _DRIVER_QUERIES = ("pg_catalog.pg_type", "set_config('jit'", "pg_advisory_unlock_all()")
 
 
+class StatementTally:
+    """Statements of one request (the metrics' statements per request)."""
+
+    count = 0
+
+
+REQUEST_STATEMENTS: ContextVar[StatementTally | None] = ContextVar(
+    "request_statements", default=None
+)
+"""Set by the HTTP edge per request. asyncpg calls query loggers with
+``call_soon`` from the task that ran the statement, so they see its context."""
+
+
 class StatementCounter:
     """Counts statements sent on the pool's connections: tests check with it that
     the number of statements of a recall does not grow with its limit."""
@@ -87,6 +101,9 @@ class StatementCounter:
         if any(mark in query for mark in _DRIVER_QUERIES):
             return  # asyncpg's own: type introspection, pool reset
         self.count += 1
+        tally = REQUEST_STATEMENTS.get()
+        if tally is not None:
+            tally.count += 1
 
 
 async def connect_once(dsn: str) -> asyncpg.Connection:
