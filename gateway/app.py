@@ -8,6 +8,7 @@ gets its own context with the authenticated caller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
@@ -38,11 +39,15 @@ from gateway.services.auth import authenticate, bearer
 from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService
+from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
 
 log = logging.getLogger("gateway")
+# How often a serving process looks at the store's model: after a re-embed's
+# switch, questions are embedded with the new model within this many seconds.
+STORE_MODEL_POLL_S = 1.0
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 
 
@@ -149,12 +154,18 @@ def create_app(
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
-            embedder = observability.embedder(create_provider(settings))
+            # The store's model decides the local model under RECALL_EMBEDDING_MODEL=auto.
+            embedder = observability.embedder(
+                create_provider(settings, await read_store_model(db))
+            )
             # Load (and checksum) a local model now, so a bad file fails the start,
             # not the first request.
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
+            watcher = asyncio.create_task(
+                watch_store_model(dsn, embedder, STORE_MODEL_POLL_S), name="store-model-watch"
+            )
             feedback = FeedbackService(db, enabled=settings.feedback_enabled)
             writes = WriteService(db, embedder)
             app.state.services = Services(
@@ -170,6 +181,9 @@ def create_app(
             try:
                 yield
             finally:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
                 await db.close()
                 await embedder.aclose()
                 await observability.shutdown()
@@ -188,7 +202,9 @@ def create_app(
     graphql = GatewayGraphQL(schema, limits)
     app = Starlette(
         routes=[
-            Route("/graphql", graphql, methods=["GET", "POST"]),
+            # every method reaches the view, which answers the others with a
+            # coded 405 (Starlette's own is plain text and lists HEAD)
+            Route("/graphql", graphql),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             *(graphql.ide.routes() if graphql.ide else []),
@@ -230,6 +246,6 @@ def _persisted(
         db,
         settings.persisted_queries,
         max_entries=settings.persisted_query_max_entries,
-        max_tokens=limits.max_tokens,
+        max_bytes=settings.persisted_query_max_bytes,
         manifest=manifest,
     )

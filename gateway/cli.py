@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 from gateway import __version__, tokens
 from gateway.embedded import EmbeddedPostgres
+from gateway.embeddings.catalog import LOCAL_MODELS
 from gateway.errors import GatewayError
 from gateway.services.loader import split_lines
 from gateway.settings import Settings
@@ -67,12 +68,17 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any]) -> Any:
     from gateway.embeddings import create_provider
+    from gateway.services.reembed import read_store_model
     from gateway.services.writes import WriteService
     from gateway.store.database import Database, prepare
 
     await prepare(dsn, migrate=True)
     db = await Database.open(dsn, min_size=1, max_size=2)
-    embedder = create_provider(settings)
+    try:
+        embedder = create_provider(settings, await read_store_model(db))
+    except BaseException:
+        await db.close()
+        raise
     try:
         return await work(WriteService(db, embedder))
     finally:
@@ -272,6 +278,80 @@ def _build_communities(settings: Settings, dsn: str, team: str | None, out: Text
 def cmd_communities_build(settings: Settings, args: argparse.Namespace) -> int:
     with database(settings) as dsn:
         return _build_communities(settings, dsn, args.team, sys.stdout)
+
+
+def _reembed_target(settings: Settings, model: str | None, batch_size: int) -> Any:
+    """The provider to move the store to: ``--model``, else the configured one."""
+    from gateway.embeddings import AUTO, by_key, create_provider
+
+    if model is not None:
+        return by_key(model).make(batch_size)
+    if settings.embedding_provider != "local":
+        return create_provider(settings)
+    if settings.embedding_model == AUTO:
+        raise GatewayError(
+            "name the model to move the store to: reembed --model KEY "
+            f"({', '.join(sorted(LOCAL_MODELS))}); RECALL_EMBEDDING_MODEL=auto follows the store"
+        )
+    return by_key(settings.embedding_model).make(batch_size)
+
+
+def _reembed(settings: Settings, dsn: str, model: str | None, batch_size: int, out: TextIO) -> int:
+    """Re-embed the store with ``model`` (a catalogue key) or the configured provider."""
+    from gateway.progress import report_progress
+    from gateway.services.reembed import count_vectors, reembed
+    from gateway.store.database import Database, prepare
+
+    async def work() -> Any:
+        await prepare(dsn, migrate=True)
+        db = await Database.open(dsn, min_size=1, max_size=2)
+        try:
+            target = _reembed_target(settings, model, batch_size)
+        except BaseException:
+            await db.close()
+            raise
+        try:
+            async with report_progress(
+                await count_vectors(db),
+                sys.stderr,
+                terminal=sys.stderr.isatty(),
+                label=f"re-embedding to {target.model}",
+                interval_s=settings.load_progress_interval_s,
+                unit="vectors",
+            ) as advance:
+                shown = 0
+
+                def report(done: int, total: int) -> None:
+                    nonlocal shown
+                    advance(done - shown)
+                    shown = done
+
+                return await reembed(db, target, batch_size=batch_size, progress=report)
+        finally:
+            await db.close()
+            await target.aclose()
+
+    report = asyncio.run(work())
+    if report.abandoned:
+        print(f"abandoned the unfinished run for model '{report.abandoned}'", file=out)
+    if report.switched:
+        resumed = " (resumed)" if report.resumed else ""
+        print(
+            f"re-embedded {report.embedded} vector(s){resumed} of {report.total}: {report.note}; "
+            "gateways with RECALL_EMBEDDING_MODEL=auto follow within a second, others need "
+            "their setting changed and a restart",
+            file=out,
+        )
+    else:
+        print(report.note, file=out)
+    return 0
+
+
+def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
+    with database(settings) as dsn:
+        return _reembed(
+            settings, dsn, args.model, args.batch_size or settings.embedding_batch_size, sys.stdout
+        )
 
 
 def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
@@ -488,6 +568,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--team", help="only this team (default: every team)")
     build.set_defaults(func=cmd_communities_build)
+
+    reembed = sub.add_parser(
+        "reembed",
+        help="embed every vector of the store again with another model, then switch to it",
+    )
+    reembed.add_argument(
+        "--model",
+        choices=sorted(LOCAL_MODELS),
+        help="local model (default: the configured provider; RECALL_EMBEDDING_MODEL)",
+    )
+    reembed.add_argument(
+        "--batch-size",
+        type=_positive,
+        help="texts per batch (RECALL_EMBEDDING_BATCH_SIZE, default 64)",
+    )
+    reembed.set_defaults(func=cmd_reembed)
 
     export = sub.add_parser("export-schema", help="print or write the GraphQL schema (SDL)")
     export.add_argument("-o", "--output", default="-", help="file to write (default stdout)")

@@ -1,6 +1,6 @@
 """Progress of a long command: a bar on a terminal, a plain line every few seconds elsewhere.
 
-A load run from a script, a container or CI has no terminal; without a line
+A load or a re-embed run from a script, a container or CI has no terminal; without a line
 now and then it is silent for minutes and looks hung. Counts advance when a
 batch commits, so what is shown has been written, never merely read.
 """
@@ -29,18 +29,22 @@ DEFAULT_INTERVAL_S = 5.0
 
 
 class _RateColumn(ProgressColumn):
-    """Records per second over rich's recent window (the bar's ETA uses the same)."""
+    """Items per second over rich's recent window (the bar's ETA uses the same)."""
+
+    def __init__(self, unit: str = "records") -> None:
+        super().__init__()
+        self.unit = unit
 
     def render(self, task: Task) -> Text:
         speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:,.0f} records/s")
+        return Text("" if speed is None else f"{speed:,.0f} {self.unit}/s")
 
 
-def progress_line(done: int, total: int, elapsed: float) -> str:
+def progress_line(done: int, total: int, elapsed: float, unit: str = "records") -> str:
     """``done/total records (p%), rate, time left`` from the average rate so far."""
     rate = done / elapsed if elapsed > 0 else 0.0
     share = done / total if total else 1.0
-    line = f"{done:,}/{total:,} records ({share:.0%}), {rate:,.0f} records/s"
+    line = f"{done:,}/{total:,} {unit} ({share:.0%}), {rate:,.0f} {unit}/s"
     if 0 < done < total and rate > 0:
         line += f", about {_duration((total - done) / rate)} left"
     return line
@@ -65,6 +69,7 @@ async def report_progress(
     terminal: bool,
     label: str = "loading",
     interval_s: float = DEFAULT_INTERVAL_S,
+    unit: str = "records",
 ) -> AsyncIterator[Callable[[int], None]]:
     """Yields ``advance(n)``. On a terminal: a bar with count, rate, elapsed time
     and ETA. Elsewhere: a line on ``out`` every ``interval_s`` seconds while the
@@ -74,7 +79,7 @@ async def report_progress(
             f"[progress.description]{label}",
             BarColumn(),
             MofNCompleteColumn(),
-            _RateColumn(),
+            _RateColumn(unit),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=Console(file=out),
@@ -87,7 +92,7 @@ async def report_progress(
     started = time.monotonic()
 
     def emit() -> None:
-        line = progress_line(done[0], total, time.monotonic() - started)
+        line = progress_line(done[0], total, time.monotonic() - started, unit)
         print(f"{label}: {line}", file=out, flush=True)
 
     async def tick() -> None:

@@ -52,8 +52,14 @@ class Settings(BaseSettings):
 
     embedding_provider: Literal["local", "openai"] = Field(
         default="local",
-        description="`local`: bundled offline MiniLM (ONNX). `openai`: an OpenAI-compatible "
+        description="`local`: a bundled offline model (RECALL_EMBEDDING_MODEL). `openai`: an "
+        "OpenAI-compatible "
         "`/embeddings` endpoint.",
+    )
+    embedding_model: Literal["auto", "minilm", "e5-small"] = Field(
+        default="auto",
+        description="Local model (`local` provider): `auto` follows the model the store holds "
+        "(a new store gets the default, MiniLM); `minilm` or `e5-small` names one.",
     )
     embedding_batch_size: int = Field(
         default=64, ge=1, le=2048, description="Texts per embedding call."
@@ -117,6 +123,8 @@ class Settings(BaseSettings):
     max_aliases: int | None = Field(default=None, ge=0, le=1000)
     max_tokens: int | None = Field(default=None, ge=10, le=1_000_000)
     max_directives: int | None = Field(default=None, ge=0, le=1000)
+    max_selections: int | None = Field(default=None, ge=1, le=100_000)
+    max_repeats: int | None = Field(default=None, ge=1, le=1000)
     max_cost: int | None = Field(default=None, ge=1, le=10_000_000)
     max_body_bytes: int | None = Field(default=None, ge=1024, le=100_000_000)
     batching: bool = Field(default=False, description="Accept a JSON array of operations.")
@@ -130,7 +138,8 @@ class Settings(BaseSettings):
     persisted_query_manifest: Path | None = Field(
         default=None, description="JSON object {sha256: document} for `allowlist` mode."
     )
-    persisted_query_max_entries: int = Field(default=10_000, ge=10, le=10_000_000)
+    persisted_query_max_entries: int = Field(default=1000, ge=10, le=10_000_000)
+    persisted_query_max_bytes: int = Field(default=32_768, ge=256, le=10_000_000)
 
     mcp_token: SecretStr | None = Field(
         default=None,

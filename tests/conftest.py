@@ -78,32 +78,37 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def dsn(pg_server: Server) -> Iterator[str]:
-    """A fresh, migrated database for this test session."""
-    name = "recall_test_" + secrets.token_hex(4)
+def _migrated_database(server: Server, prefix: str) -> Iterator[str]:
+    """Create a database on the server, migrate it, yield its DSN, drop it."""
+    name = prefix + secrets.token_hex(4)
 
-    async def create() -> None:
-        conn = await asyncpg.connect(pg_server.admin_dsn)
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(server.admin_dsn)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(sql)
         finally:
             await conn.close()
 
-    async def drop() -> None:
-        conn = await asyncpg.connect(pg_server.admin_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    url = _with_database(pg_server.admin_dsn, name)
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    url = _with_database(server.admin_dsn, name)
     asyncio.run(prepare(url, migrate=True))
     try:
         yield url
     finally:
-        asyncio.run(drop())
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def dsn(pg_server: Server) -> Iterator[str]:
+    """A fresh, migrated database for this test session."""
+    yield from _migrated_database(pg_server, "recall_test_")
+
+
+@pytest.fixture
+def fresh_dsn(pg_server: Server) -> Iterator[str]:
+    """A database of one test's own, for tests that change the whole store
+    (its embedding model, for instance), which the session database must keep."""
+    yield from _migrated_database(pg_server, "recall_one_")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

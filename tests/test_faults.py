@@ -92,8 +92,11 @@ async def test_database_outage_fails_fast_and_service_resumes(seeded: Any) -> No
         r = await client.get("/readyz")
         assert r.status_code == 503 and r.json()["status"] == "not ready"
         # a persisted-query lookup needs the database before GraphQL even runs
+        # (entries belong to the caller's team: the caller is checked first)
         ext = {"persistedQuery": {"version": 1, "sha256Hash": "ab" * 32}}
-        r = await client.post("/graphql", json={"extensions": ext})
+        r = await client.post(
+            "/graphql", json={"extensions": ext}, headers={"Authorization": f"Bearer {tok}"}
+        )
         assert r.status_code == 503 and _code(r) == "DATABASE_UNAVAILABLE", r.text
 
         server.start()

@@ -13,21 +13,21 @@ from graphql import parse, validate
 from gateway.graphiql import AssetError, GraphiQLPage, vendor
 from gateway.graphiql.assets import VENDOR_DIR, load, read_manifest
 from gateway.graphiql.page import examples
-from gateway.http.cost import cost_rule
-from gateway.http.limits import PROFILES
+from gateway.http import limits as http_limits
 from gateway.schema import build_schema
+from gateway.settings import Settings
 
 from .conftest import app_for
 
 
 def test_the_examples_are_valid_and_cheap_enough_for_production() -> None:
     schema = build_schema()._schema
+    # every production bound (cost, depth, selections, repeats, ...), then the spec's rules
+    production = http_limits.validator(http_limits.resolve(Settings(env="production")))
     found = examples()
     assert [e.name for e in found] == ["1-recall", "2-trace", "3-remember"]
     for example in found:
-        errors = validate(
-            schema, parse(example.query), [cost_rule(PROFILES["production"]["max_cost"])]
-        )
+        errors = production.precheck(schema, parse(example.query))[0]
         errors += validate(schema, parse(example.query))
         assert errors == [], (example.name, errors)
         json.loads(example.variables)

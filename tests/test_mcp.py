@@ -7,6 +7,7 @@ authorisation (another team's IDs look missing), limits and error codes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -194,3 +195,21 @@ async def test_stdio_with_the_sdk_client(dsn: str, writes: WriteService) -> None
     assert not failed, answer
     assert {r["evidenceId"] for r in answer["results"]} == {"ev-owner", "ev-private"}
     assert trace["relationship"]["id"] == "rel-owner"
+
+
+async def test_tool_calls_are_logged_and_counted_like_requests(
+    mcp_server: LiveServer, writes: WriteService, caplog: Any
+) -> None:
+    from prometheus_client import REGISTRY
+
+    team, _ = await two_teams(writes)
+    labels = {"operation": "McpRecall", "outcome": "ok"}
+    before = REGISTRY.get_sample_value("recall_gateway_requests_total", labels) or 0.0
+    with caplog.at_level(logging.INFO, logger="gateway.request"):
+        async with connect(mcp_server, await token(writes, team, "alice")) as client:
+            failed, _ = await call(client, "recall_memory", {"query": "billing"})
+    assert not failed
+    assert REGISTRY.get_sample_value("recall_gateway_requests_total", labels) == before + 1
+    (line,) = [r for r in caplog.records if r.name == "gateway.request"]
+    assert line.method == "MCP" and line.path == "recall_memory"  # type: ignore[attr-defined]
+    assert line.operation == "McpRecall" and line.statements > 0  # type: ignore[attr-defined]

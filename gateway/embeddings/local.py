@@ -15,13 +15,11 @@ model identifier.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.resources
 import importlib.util
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -30,7 +28,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from gateway.embeddings.base import Vectors, check_texts, chunked, empty, validate_vectors
+from gateway.embeddings.base import (
+    InferenceThread,
+    Vectors,
+    check_texts,
+    empty,
+    in_length_batches,
+    validate_vectors,
+)
 from gateway.errors import ConfigurationError, EmbeddingError
 
 if TYPE_CHECKING:
@@ -152,8 +157,7 @@ class LocalEmbeddingProvider:
         self._allow_spinning = allow_spinning
         self._lock = threading.Lock()
         self._loaded: _Loaded | None = None
-        self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embeddings")
+        self._thread = InferenceThread("embeddings", "the local embedding provider")
 
     def load(self) -> None:
         """Verify and load the files now (blocking); later calls return at once.
@@ -167,35 +171,23 @@ class LocalEmbeddingProvider:
         items = check_texts(texts)
         if not items:
             return empty(self.dimensions)
-        # Similar lengths together: a batch is padded to its longest text.
-        order = sorted(range(len(items)), key=lambda i: len(items[i]))
-        out = np.empty((len(items), self.dimensions), dtype=np.float32)
-        loop = asyncio.get_running_loop()
-        for indices in chunked(order, self._batch_size):
-            batch = [items[i] for i in indices]
-            try:
-                vectors = await loop.run_in_executor(self._executor, self._embed_now, batch)
-            except RuntimeError as exc:  # the executor refuses work after aclose()
-                if self._closed:
-                    raise EmbeddingError("the local embedding provider is closed") from exc
-                raise
-            out[list(indices)] = vectors
-        return out
+        return await in_length_batches(
+            items,
+            self.dimensions,
+            self._batch_size,
+            lambda batch: self._thread.run(self._embed_now, batch),
+        )
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._thread.closed:
             return
-        self._closed = True
-        # Queued batches are not cancelled (their callers would see a bare
-        # CancelledError): they find the provider closed and say so.
         self._loaded = None
-        self._executor.shutdown(wait=False)
+        self._thread.close()
 
     # --- in the worker thread -----------------------------------------------------
 
     def _ensure_loaded(self) -> _Loaded:
-        if self._closed:
-            raise EmbeddingError("the local embedding provider is closed")
+        self._thread.check_open()
         loaded = self._loaded
         if loaded is not None:
             return loaded

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +30,7 @@ from gateway import __version__
 from gateway.deadline import deadline
 from gateway.errors import DatabaseUnavailable, Unauthenticated
 from gateway.mcp import operations
+from gateway.observability.requests import finish, observed
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
 
@@ -71,15 +73,8 @@ class Gateway:
                 context.principal = await authenticate(services.db, raw)
             except (Unauthenticated, DatabaseUnavailable) as exc:
                 context.auth_error = exc
-        seconds = view.limits.request_timeout_ms / 1000
         try:
-            with deadline(seconds):
-                async with asyncio.timeout(seconds):
-                    result = await view.schema.execute(
-                        document,
-                        variable_values={k: v for k, v in variables.items() if v is not None},
-                        context_value=context,
-                    )
+            result = await self._run(context, document, variables, field)
         except TimeoutError:
             raise _error(
                 "REQUEST_TIMEOUT", f"The call took longer than {view.limits.request_timeout_ms} ms."
@@ -93,6 +88,37 @@ class Gateway:
             raise _error(str(code), first.message, first.extensions)
         assert result.data is not None
         return operations.answer(field, result.data)
+
+    async def _run(
+        self, context: RequestContext, document: str, variables: dict[str, Any], field: str
+    ) -> Any:
+        view = self.app.state.graphql
+        seconds = view.limits.request_timeout_ms / 1000
+        started = time.perf_counter()
+        with observed() as entry:
+            try:
+                with deadline(seconds):
+                    async with asyncio.timeout(seconds):
+                        result = await view.schema.execute(
+                            document,
+                            variable_values={k: v for k, v in variables.items() if v is not None},
+                            context_value=context,
+                        )
+            finally:
+                # The same request line and metrics as an HTTP request (path: the tool).
+                await finish(
+                    entry,
+                    method="MCP",
+                    path=TOOLS[field],
+                    status=None,
+                    seconds=time.perf_counter() - started,
+                    request_id=context.request_id,
+                    pool=self.app.state.services.db.pool,
+                )
+        return result
+
+
+TOOLS = {"recallMemory": "recall_memory", "traceMemory": "trace_memory", "remember": "remember"}
 
 
 def _error(code: str, message: str, extensions: dict[str, Any] | None = None) -> ToolError:

@@ -11,9 +11,12 @@ and the Prometheus samples.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +41,14 @@ class RequestRecord:
     operation_type: str | None = None
     execution: Any = None  # strawberry's ExecutionContext, read when the request is done
     degradations: list[str] = field(default_factory=list)
-    statements: int = 0
     trace_id: str | None = None
+    tally: StatementTally = field(default_factory=StatementTally)
+
+    @property
+    def statements(self) -> int:
+        """asyncpg calls the statement counter with ``call_soon``: read this after the
+        event loop has had a turn (``finish`` is awaited after one)."""
+        return self.tally.count
 
     def outcome(self) -> str:
         """``ok``, or the first error's code. Read when the request is done: the schema's
@@ -60,6 +69,69 @@ def record() -> RequestRecord | None:
     return CURRENT.get()
 
 
+@contextmanager
+def observed() -> Iterator[RequestRecord]:
+    """A request record (and statement tally) current for the block."""
+    entry = RequestRecord(trace_id=current_trace_id())
+    token = CURRENT.set(entry)
+    tally_token = REQUEST_STATEMENTS.set(entry.tally)
+    try:
+        yield entry
+    finally:
+        CURRENT.reset(token)
+        REQUEST_STATEMENTS.reset(tally_token)
+
+
+async def finish(
+    entry: RequestRecord,
+    *,
+    method: str,
+    path: str,
+    status: int | None,
+    seconds: float,
+    request_id: str | None,
+    pool: Any = None,
+    graphql: bool = True,
+) -> None:
+    """The request's metrics and its one log line."""
+    # Let the statement counter's pending calls run; a cancellation arriving right
+    # here (the client left) must not cost the request its line.
+    with contextlib.suppress(asyncio.CancelledError):
+        await asyncio.sleep(0)
+    operation = entry.operation or ("(none)" if entry.operation_type is None else "(anonymous)")
+    outcome = entry.outcome()
+    if outcome == "ok" and status is not None and status >= 500:
+        outcome = f"http_{status}"
+    if graphql:
+        metrics.REQUESTS.labels(operation, outcome).inc()
+        metrics.REQUEST_SECONDS.labels(operation, outcome).observe(seconds)
+        metrics.STATEMENTS.observe(entry.statements)
+    if pool is not None:
+        metrics.observe_pool(pool)
+    log.info(
+        "%s %s %s %s %s %.1fms",
+        method,
+        path,
+        operation,
+        outcome,
+        status if status is not None else "-",
+        seconds * 1000,
+        extra={
+            "request_id": request_id,
+            "method": method,
+            "path": path,
+            "operation": entry.operation,
+            "operation_type": entry.operation_type,
+            "outcome": outcome,
+            "status": status,
+            "duration_ms": round(seconds * 1000, 2),
+            "degradations": sorted(set(entry.degradations)),
+            "statements": entry.statements,
+            "trace_id": entry.trace_id,
+        },
+    )
+
+
 class RequestObserver:
     """One log line and the request metrics per HTTP request (GraphQL ones get the
     operation's name and outcome; ``/metrics``, ``/healthz`` and the IDE's files are
@@ -74,10 +146,6 @@ class RequestObserver:
         if scope["type"] != "http" or scope["path"].startswith(self.QUIET):
             await self.app(scope, receive, send)
             return
-        entry = RequestRecord(trace_id=current_trace_id())
-        tally = StatementTally()
-        token = CURRENT.set(entry)
-        tally_token = REQUEST_STATEMENTS.set(tally)
         started = time.perf_counter()
         status = 500
 
@@ -88,49 +156,20 @@ class RequestObserver:
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            with observed() as entry:
+                await self.app(scope, receive, send_status)
         finally:
-            CURRENT.reset(token)
-            REQUEST_STATEMENTS.reset(tally_token)
-            entry.statements = tally.count
-            self._done(scope, entry, status, time.perf_counter() - started)
-
-    def _done(self, scope: Scope, entry: RequestRecord, status: int, seconds: float) -> None:
-        operation = entry.operation or ("(none)" if entry.operation_type is None else "(anonymous)")
-        outcome = entry.outcome()
-        if outcome == "ok" and status >= 500:
-            outcome = f"http_{status}"
-        if entry.operation_type is not None or scope["path"].endswith("/graphql"):
-            metrics.REQUESTS.labels(operation, outcome).inc()
-            metrics.REQUEST_SECONDS.labels(operation, outcome).observe(seconds)
-            metrics.STATEMENTS.observe(entry.statements)
-        app = scope.get("app")
-        services = getattr(getattr(app, "state", None), "services", None)
-        if services is not None:
-            metrics.observe_pool(services.db.pool)
-        state = scope.get("state", {})
-        log.info(
-            "%s %s %s %s %d %.1fms",
-            scope["method"],
-            scope["path"],
-            operation,
-            outcome,
-            status,
-            seconds * 1000,
-            extra={
-                "request_id": state.get("request_id"),
-                "method": scope["method"],
-                "path": scope["path"],
-                "operation": entry.operation,
-                "operation_type": entry.operation_type,
-                "outcome": outcome,
-                "status": status,
-                "duration_ms": round(seconds * 1000, 2),
-                "degradations": sorted(set(entry.degradations)),
-                "statements": entry.statements,
-                "trace_id": entry.trace_id,
-            },
-        )
+            services = getattr(getattr(scope.get("app"), "state", None), "services", None)
+            await finish(
+                entry,
+                method=scope["method"],
+                path=scope["path"],
+                status=status,
+                seconds=time.perf_counter() - started,
+                request_id=scope.get("state", {}).get("request_id"),
+                pool=services.db.pool if services is not None else None,
+                graphql=entry.operation_type is not None or scope["path"].endswith("/graphql"),
+            )
 
 
 def observer_extension(tracer: Tracer | None) -> type[SchemaExtension]:

@@ -9,12 +9,12 @@ the embedding latency histogram and the degradations counter.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from opentelemetry.trace import Tracer
 
-from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings import EmbeddingProvider, embed_queries
 from gateway.embeddings.base import Vectors
 from gateway.observability import metrics
 from gateway.observability.requests import record
@@ -29,21 +29,38 @@ class ObservedEmbedder:
     def __init__(self, inner: EmbeddingProvider, tracer: Tracer | None) -> None:
         self.inner = inner
         self.tracer = tracer
-        self.model = inner.model
-        self.dimensions = inner.dimensions
 
-    def __getattr__(self, name: str) -> Any:  # load() and the like
+    # Asked of the inner provider each time: a provider that follows the store
+    # changes its model when the store moves to another one (reembed).
+    @property
+    def model(self) -> str:
+        return self.inner.model
+
+    @property
+    def dimensions(self) -> int:
+        return self.inner.dimensions
+
+    def __getattr__(self, name: str) -> Any:  # load(), observe(), epoch and the like
         return getattr(self.inner, name)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
+        return await self._timed(texts, self.inner.embed)
+
+    async def embed_queries(self, texts: Sequence[str]) -> Vectors:
+        """Recall's side of an asymmetric model, timed like every embedding."""
+        return await self._timed(texts, lambda t: embed_queries(self.inner, t))
+
+    async def _timed(
+        self, texts: Sequence[str], run: Callable[[Sequence[str]], Awaitable[Vectors]]
+    ) -> Vectors:
         started = time.perf_counter()
         try:
             if self.tracer is None:
-                return await self.inner.embed(texts)
+                return await run(texts)
             with self.tracer.start_as_current_span("embed") as span:
                 span.set_attribute("embedding.texts", len(texts))
                 span.set_attribute("embedding.model", self.model)
-                return await self.inner.embed(texts)
+                return await run(texts)
         finally:
             metrics.EMBEDDING_SECONDS.observe(time.perf_counter() - started)
 
