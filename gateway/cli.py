@@ -13,9 +13,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -86,22 +88,43 @@ async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any
         await embedder.aclose()
 
 
-def _read_input(path: str) -> list[str]:
+LineSource = Callable[[], Iterable[str | bytes]]
+
+
+@contextlib.contextmanager
+def _input(path: str) -> Iterator[LineSource]:
+    """A way to read the input's lines twice (check, then load) without holding
+    them: a file is opened again; standard input is first spooled to a
+    temporary file. Lines are split on line feeds only, as bytes (decoded per
+    line, so that a bad byte is reported with its line)."""
     if path == "-":
-        return split_lines(sys.stdin.read())
+        with tempfile.TemporaryFile() as spool:
+            shutil.copyfileobj(sys.stdin.buffer, spool)
+
+            def spooled() -> Iterator[bytes]:
+                spool.seek(0)
+                yield from spool
+
+            yield spooled
+        return
     file = Path(path)
     if not file.is_file():
         raise GatewayError(f"no such file: {path}")
-    return split_lines(file.read_text(encoding="utf-8"))
+
+    def reopened() -> Iterator[bytes]:
+        with file.open("rb") as f:
+            yield from f
+
+    yield reopened
 
 
 def _load_lines(
-    settings: Settings, dsn: str, lines: list[str], batch_size: int, out: TextIO
+    settings: Settings, dsn: str, lines: LineSource, batch_size: int, out: TextIO
 ) -> int:
     from gateway.services import loader
 
     try:
-        records = loader.parse(lines)
+        checked = loader.check(lines())
     except loader.LoadError as exc:
         for error in exc.errors:
             _err(str(error))
@@ -111,14 +134,17 @@ def _load_lines(
     async def work(service: Any) -> loader.LoadReport:
         from gateway.progress import report_progress
 
-        total = sum(1 for _, r in records if not isinstance(r, loader.EmbeddingModelLine))
+        if checked.embedding_model is not None:
+            await loader.check_embedding_model(service, *checked.embedding_model)
         async with report_progress(
-            total,
+            checked.records,
             sys.stderr,
             terminal=sys.stderr.isatty(),
             interval_s=settings.load_progress_interval_s,
         ) as advance:
-            return await loader.load(service, records, batch_size=batch_size, progress=advance)
+            return await loader.load(
+                service, loader.stream(lines()), batch_size=batch_size, progress=advance
+            )
 
     started = time.perf_counter()
     try:
@@ -143,8 +169,7 @@ def _load_lines(
 
 
 def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
-    lines = _read_input(args.file)
-    with database(settings) as dsn:
+    with _input(args.file) as lines, database(settings) as dsn:
         return _load_lines(
             settings, dsn, lines, args.batch_size or settings.load_batch_size, sys.stdout
         )
@@ -476,7 +501,10 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else settings.port
     started = time.perf_counter()
     with database(settings) as dsn:
-        status = _load_lines(settings, dsn, demo_dataset(), settings.load_batch_size, sys.stderr)
+        demo_lines = demo_dataset()
+        status = _load_lines(
+            settings, dsn, lambda: demo_lines, settings.load_batch_size, sys.stderr
+        )
         if status:
             return status
         # A run that is too large or failed is reported and recorded; recall then

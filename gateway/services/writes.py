@@ -9,9 +9,11 @@ failure rolls the whole batch back and names the record and field at fault.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
@@ -156,6 +158,8 @@ class _Batch:
         self.relationship_texts: list[tuple[str, UUID, str, str]] = []
         # Vectors supplied by a loader file, by (kind, team, id): not embedded again.
         self.supplied: dict[tuple[str, str, str], Sequence[float]] = {}
+        # Texts being embedded while the checks and inserts run (see WriteService).
+        self.prefetch: tuple[list[str], asyncio.Task[np.ndarray]] | None = None
 
     # --- checks shared by several kinds -------------------------------------------
 
@@ -638,6 +642,13 @@ class _Batch:
         texts = [t[3] for t in self.evidence_texts] + [t[3] for t in self.relationship_texts]
         missing = [k for k, key in enumerate(keys) if key not in self.supplied]
         out = np.empty((len(keys), dims), dtype=np.float32)
+        ready: dict[str, np.ndarray] = {}
+        if self.prefetch is not None:
+            ahead, task = self.prefetch
+            ready = dict(zip(ahead, await task, strict=True))
+        for k in [k for k in missing if texts[k] in ready]:
+            out[k] = ready[texts[k]]
+        missing = [k for k in missing if texts[k] not in ready]
         if missing:
             out[missing] = await self.embedder.embed([texts[k] for k in missing])
         given = [k for k, key in enumerate(keys) if key in self.supplied]
@@ -713,8 +724,9 @@ class WriteService:
                 cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
             )
         )
-        async with transaction as conn:
+        async with self._prefetched(records, actor) as prefetch, transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
+            batch.prefetch = prefetch
             index = 0
             while index < len(records):
                 if set_based and bulk_writes.eligible(records[index]):
@@ -757,6 +769,32 @@ class WriteService:
                     -1, None, DatabaseUnavailable("the database was too busy to store vectors")
                 ) from exc
         return result
+
+    @asynccontextmanager
+    async def _prefetched(
+        self, records: Sequence[Any], actor: Actor
+    ) -> AsyncIterator[tuple[list[str], asyncio.Task[np.ndarray]] | None]:
+        """A principal's evidence texts start embedding at once, in the provider's
+        thread, while the transaction's checks and inserts wait on the database:
+        a ``remember`` then costs about the longer of the two, not their sum. Not
+        for the loader: a re-run would embed texts that are already stored."""
+        texts = sorted(
+            {
+                r.content
+                for r in records
+                if r.kind == "evidence" and getattr(r, "embedding", None) is None
+            }
+        )
+        if actor.is_operator or not texts:
+            yield None
+            return
+        task = asyncio.create_task(self.embedder.embed(texts))
+        try:
+            yield texts, task
+        finally:
+            # unused after a refusal: stop it, and never leave its failure unretrieved
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.cancel()
 
     async def _apply_run(self, batch: _Batch, run: Sequence[Any], result: BatchResult) -> None:
         """A run of creation records, set-based; any doubt raises ``Fallback``."""

@@ -16,6 +16,7 @@ from uuid import UUID
 
 import numpy as np
 
+from gateway.store.bulk_writes import copy_rows
 from gateway.store.connection import Conn
 
 # --- idempotency -------------------------------------------------------------
@@ -442,10 +443,10 @@ async def insert_evidence_embeddings(
             [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
         )
         return
-    await conn.copy_records_to_table(
+    await copy_rows(
+        conn,
         "evidence_embeddings",
-        columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
-        records=[(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
+        [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
     )
 
 
@@ -553,18 +554,10 @@ async def insert_relationship_embeddings(
             [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
         )
         return
-    await conn.copy_records_to_table(
+    await copy_rows(
+        conn,
         "relationship_embeddings",
-        columns=[
-            "team_id",
-            "space_id",
-            "relationship_id",
-            "projection_generation",
-            "model",
-            "dimensions",
-            "embedding",
-        ],
-        records=[(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
+        [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
     )
 
 
