@@ -8,8 +8,16 @@ a free loopback port, warms it up, then sends exactly ``--requests``
 ``recallMemory`` requests over ``--concurrency`` keep-alive connections, and
 stops the gateway. Prints the number of failed requests (HTTP status other
 than 200, or any GraphQL error: must be 0), p50/p95/max latency, throughput,
-and the gateway process's resident memory (VmRSS, PostgreSQL not included)
-before and after the load.
+the gateway process's resident memory (VmRSS, PostgreSQL not included) when
+ready, before the load and at its peak during the load (sampled every 100 ms),
+and where the CPU went during the load: the gateway process against every
+PostgreSQL process of its embedded server (user + system time, in CPU seconds
+and as a share of the run's wall time on the machine's cores).
+
+``--serve`` runs ``recall-gateway serve`` on a database loaded beforehand by
+``load`` and ``tokens issue`` in other processes, so that the gateway's RSS
+holds only what serving needs (``demo`` loads and embeds the demo data in the
+serving process itself, whose allocator keeps some of that).
 
 The client is a minimal HTTP/1.1 client on asyncio streams: httpx tops out
 around 600 requests/s here, which would measure the client, not the server.
@@ -28,8 +36,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERIES = [
@@ -59,6 +70,45 @@ def rss_kib(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     match = re.search(r"^VmRSS:\s+(\d+) kB", status, re.MULTILINE)
     return int(match.group(1)) if match else -1
+
+
+class PeakRss:
+    """The highest VmRSS of a process, sampled every 100 ms in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak = pid, rss_kib(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.1):
+            self.peak = max(self.peak, rss_kib(self.pid))
+
+    def __enter__(self) -> PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def postgres_processes(data_dir: Path) -> list[psutil.Process]:
+    """The embedded server's postmaster and its children (backends, walwriter...)."""
+    pid = int((data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()[0])
+    postmaster = psutil.Process(pid)
+    return [postmaster, *postmaster.children(recursive=True)]
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in processes:
+        try:
+            times = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 class Connection:
@@ -135,20 +185,38 @@ async def run_load(
     }
 
 
-def start_gateway(folder: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
-    """``recall-gateway demo`` on ``port``; its output goes to a file we read the token from."""
+def start_gateway(folder: Path, port: int, serve: bool) -> tuple[subprocess.Popen[bytes], str]:
+    """The gateway on ``port`` (``demo``, or ``serve`` after ``load`` + ``tokens issue``)
+    and a token: from the demo's output, or from ``tokens issue``."""
     env = {**os.environ, "RECALL_DATA_DIR": str(folder / "db"), "RECALL_LOG_LEVEL": "warning"}
     env.pop("DATABASE_URL", None)
     env.pop("RECALL_DATABASE_URL", None)
+    cli = str(Path(sys.executable).parent / "recall-gateway")
+    token = None
+    if serve:
+        demo = folder / "demo.jsonl"
+        demo.write_bytes((ROOT / "gateway" / "demo" / "demo.jsonl").read_bytes())
+        for args in (["load", str(demo)], ["communities", "build"]):
+            subprocess.run([cli, *args], env=env, check=True, capture_output=True)  # noqa: S603
+        issued = subprocess.run(  # noqa: S603
+            [cli, "tokens", "issue", "--team", "northwind", "--principal", "ines"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        token = issued.stdout.strip()
     output = folder / "gateway.log"
     with output.open("wb") as sink:
         proc = subprocess.Popen(  # noqa: S603 - our own console script
-            [str(Path(sys.executable).parent / "recall-gateway"), "demo", "--port", str(port)],
+            [cli, "serve" if serve else "demo", "--port", str(port)],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=ROOT,
         )
+    if token is not None:
+        return proc, token
     for _ in range(600):
         found = re.search(r"RECALL_TOKEN=(\S+)", output.read_text(errors="replace"))
         if found:
@@ -178,26 +246,44 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--operation", choices=sorted(DOCUMENTS), default="recall")
+    parser.add_argument(
+        "--serve", action="store_true", help="load with the CLI first, then run `serve`"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="recall-load-") as tmp:
         port = free_port()
-        proc, token = start_gateway(Path(tmp), port)
+        proc, token = start_gateway(Path(tmp), port, args.serve)
         try:
             wait_ready(port)
+            ready = rss_kib(proc.pid)
             document = DOCUMENTS[args.operation]
             asyncio.run(run_load(port, token, args.warmup, min(args.concurrency, 4), document))
             before = rss_kib(proc.pid)
-            result = asyncio.run(run_load(port, token, args.requests, args.concurrency, document))
+            gateway = [psutil.Process(proc.pid)]
+            postgres = postgres_processes(Path(tmp) / "db")
+            gw_cpu, pg_cpu = cpu_seconds(gateway), cpu_seconds(postgres)
+            with PeakRss(proc.pid) as peak:
+                result = asyncio.run(
+                    run_load(port, token, args.requests, args.concurrency, document)
+                )
+            # backends that started during the load count too
+            postgres = postgres_processes(Path(tmp) / "db")
+            gw_cpu, pg_cpu = cpu_seconds(gateway) - gw_cpu, cpu_seconds(postgres) - pg_cpu
             after = rss_kib(proc.pid)
         finally:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signal.SIGINT)
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 proc.kill()
     failures = result["failures"]
     assert isinstance(failures, list)
+    elapsed = result["elapsed_s"]
+    assert isinstance(elapsed, float)
+    cores = os.cpu_count() or 1
+    count = max(int(result["requests"]), 1)  # type: ignore[call-overload]
+    load1, _, _ = os.getloadavg()
     print(f"requests:      {result['requests']} {args.operation} at concurrency {args.concurrency}")
     print(f"errors:        {len(failures)}")
     for f in failures[:5]:
@@ -207,13 +293,20 @@ def main() -> None:
         f"max {result['max_ms']:.1f} ms"
     )
     print(
-        f"throughput:    {result['requests'] / result['elapsed_s']:.0f} requests/s "  # type: ignore[operator]
-        f"({result['elapsed_s']:.1f} s)"
+        f"throughput:    {result['requests'] / elapsed:.1f} requests/s "  # type: ignore[operator]
+        f"({elapsed:.1f} s)"
     )
     print(
-        f"gateway RSS:   {before / 1024:.1f} MiB before, {after / 1024:.1f} MiB after "
-        f"({(after - before) / 1024:+.1f} MiB)"
+        f"gateway RSS:   {ready / 1024:.1f} MiB when ready, {before / 1024:.1f} MiB after warm-up, "
+        f"{peak.peak / 1024:.1f} MiB peak under load, {after / 1024:.1f} MiB after"
     )
+    print(
+        f"CPU:           gateway {gw_cpu:.1f} s ({gw_cpu / elapsed / cores:.0%} of {cores} cores), "
+        f"PostgreSQL {pg_cpu:.1f} s ({pg_cpu / elapsed / cores:.0%}); "
+        f"gateway share {gw_cpu / max(gw_cpu + pg_cpu, 1e-9):.0%}; per request "
+        f"gateway {gw_cpu / count * 1000:.1f} ms, PostgreSQL {pg_cpu / count * 1000:.1f} ms"
+    )
+    print(f"load average:  {load1:.2f} (1 min, at the end)")
     sys.exit(1 if failures else 0)
 
 

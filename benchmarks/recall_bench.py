@@ -529,14 +529,14 @@ def stop(server: Any) -> None:
     _threads.clear()
 
 
-def serve(dsn: str, port: int) -> tuple[Any, Any]:
+def serve(dsn: str, port: int, observability: Any = None) -> tuple[Any, Any]:
     """The gateway on loopback in a thread; returns (uvicorn server, app)."""
     import uvicorn
 
     from gateway.app import create_app
     from gateway.settings import Settings
 
-    app = create_app(Settings(database_url=dsn, migrate_on_start=False))
+    app = create_app(Settings(database_url=dsn, migrate_on_start=False), observability)
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)

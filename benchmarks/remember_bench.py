@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import statistics
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -115,24 +117,35 @@ def remember_input(i: int, with_relationship: bool) -> dict[str, Any]:
     return data
 
 
+@contextlib.asynccontextmanager
+async def _no_prefetch(self: Any, records: Any, actor: Any) -> AsyncIterator[None]:
+    yield None
+
+
 def measure(
     port: int, token: str, calls: int, first: int, app: Any
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
-    """Both kinds of call, interleaved, so that both see the same machine load;
-    latencies and SQL statements per call."""
+    """The kinds of call, interleaved, so that all see the same machine load;
+    latencies and SQL statements per call. ``serial`` is ``full`` with the
+    embedding of the evidence not started ahead of the SQL (the path before
+    that change), for an A/B in one run."""
     counter = app.state.services.db.counter
-    latencies: dict[str, list[float]] = {"full": [], "bare": []}
-    statements: dict[str, list[int]] = {"full": [], "bare": []}
+    kinds = ("full", "serial", "bare")
+    latencies: dict[str, list[float]] = {k: [] for k in kinds}
+    statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
+    ahead = WriteService._prefetched
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
-            for name in ("full", "bare"):
-                n = 2 * i + (name == "bare")
-                data = remember_input(n, with_relationship=name == "full")
+            for k, name in enumerate(kinds):
+                n = 3 * i + k
+                data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
+                WriteService._prefetched = _no_prefetch if name == "serial" else ahead  # type: ignore[assignment,method-assign]
                 before = counter.count
                 started = time.perf_counter()
                 r = client.post("/graphql", json=body, headers=headers)
+                WriteService._prefetched = ahead  # type: ignore[method-assign]
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -191,6 +204,7 @@ def main() -> None:
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
+        ("  same, embedding not started ahead", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
     ):

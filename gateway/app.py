@@ -8,6 +8,7 @@ gets its own context with the authenticated caller.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
@@ -31,17 +32,23 @@ from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
 from gateway.http.persisted import PersistedQueries, load_manifest
 from gateway.http.view import GraphQLHTTPView
+from gateway.observability import Observability, logs
 from gateway.schema import build_schema
 from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
 from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService
+from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.writes import WriteService
+from gateway.serving import Drain
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
 
 log = logging.getLogger("gateway")
+# How often a serving process looks at the store's model: after a re-embed's
+# switch, questions are embedded with the new model within this many seconds.
+STORE_MODEL_POLL_S = 1.0
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{8,64}$")
 
 
@@ -106,6 +113,10 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
+    drain: Drain | None = request.app.state.drain
+    if drain is not None and drain.draining:
+        # SIGTERM: out of the load balancer at once, before anything else is asked.
+        return JSONResponse({"status": "not ready", "reason": "shutting down"}, 503)
     services: Services = request.app.state.services
     try:
         await ping(services.db)
@@ -123,9 +134,28 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-def create_app(settings: Settings | None = None) -> Starlette:
-    """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL."""
+def create_served_app() -> Starlette:
+    """The app of ``serve`` worker processes (uvicorn's factory): settings from the
+    environment, SIGTERM drained."""
+    return create_app(handle_sigterm=True)
+
+
+def create_app(
+    settings: Settings | None = None,
+    observability: Observability | None = None,
+    *,
+    handle_sigterm: bool = False,
+) -> Starlette:
+    """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL.
+
+    ``handle_sigterm``: the process is a server whose SIGTERM should drain it
+    (gateway/serving.py); off for an app embedded elsewhere, tests included."""
     settings = settings or Settings()
+    grace_s = settings.shutdown_grace_ms / 1000
+    logs.configure(settings.log_level, settings.log_format)
+    observability = observability or Observability.from_environment(
+        metrics_enabled=settings.metrics
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -142,12 +172,18 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
-            embedder = create_provider(settings)
+            # The store's model decides the local model under RECALL_EMBEDDING_MODEL=auto.
+            embedder = observability.embedder(
+                create_provider(settings, await read_store_model(db))
+            )
             # Load (and checksum) a local model now, so a bad file fails the start,
             # not the first request.
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
+            watcher = asyncio.create_task(
+                watch_store_model(dsn, embedder, STORE_MODEL_POLL_S), name="store-model-watch"
+            )
             feedback = FeedbackService(db, enabled=settings.feedback_enabled)
             writes = WriteService(db, embedder)
             app.state.services = Services(
@@ -155,23 +191,33 @@ def create_app(settings: Settings | None = None) -> Starlette:
                 db,
                 embedder,
                 writes,
-                RecallService(db, embedder, feedback),
+                observability.recall_service(db, embedder, feedback),
                 feedback,
                 MutationService(writes),
             )
             graphql.persisted = _persisted(settings, limits, db)
+            drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None
+            app.state.drain = drain if drain is not None and drain.install() else None
             try:
                 yield
             finally:
-                await db.close()
+                if drain is not None:
+                    drain.uninstall()
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
+                # Connections still in use after the grace period are cut: an
+                # idle pool must not keep PostgreSQL's smart shutdown waiting.
+                await db.close(wait_s=grace_s)
                 await embedder.aclose()
+                await observability.shutdown()
         finally:
             if embedded is not None:
                 embedded.stop()
 
     limits = http_limits.resolve(settings)
     schema = build_schema(
-        extensions=http_limits.validation_extensions(limits),
+        extensions=[*http_limits.validation_extensions(limits), *observability.extensions()],
         hide_suggestions=not limits.introspection,
         config=StrawberryConfig(
             batching_config={"max_operations": limits.max_batch_size} if limits.batching else None
@@ -180,12 +226,19 @@ def create_app(settings: Settings | None = None) -> Starlette:
     graphql = GatewayGraphQL(schema, limits)
     app = Starlette(
         routes=[
-            Route("/graphql", graphql, methods=["GET", "POST"]),
+            # every method reaches the view, which answers the others with a
+            # coded 405 (Starlette's own is plain text and lists HEAD)
+            Route("/graphql", graphql),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
+            *(graphql.ide.routes() if graphql.ide else []),
+            *observability.routes(),
         ],
         lifespan=lifespan,
     )
+    app.state.drain = None
+    # The MCP server runs its tools through the same view (schema, limits).
+    app.state.graphql = graphql
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
     origins = [o.strip() for o in settings.cors_origins.split(",") if o.strip()]
     if origins:
@@ -197,7 +250,9 @@ def create_app(settings: Settings | None = None) -> Starlette:
             expose_headers=["x-request-id"],
             max_age=600,
         )
+    observability.install(app)
     app.add_middleware(RequestIdMiddleware)
+    observability.wrap_outermost(app)
     return app
 
 
@@ -216,6 +271,6 @@ def _persisted(
         db,
         settings.persisted_queries,
         max_entries=settings.persisted_query_max_entries,
-        max_tokens=limits.max_tokens,
+        max_bytes=settings.persisted_query_max_bytes,
         manifest=manifest,
     )

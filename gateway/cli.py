@@ -1,4 +1,4 @@
-"""``recall-gateway``: serve, migrate, load, demo, tokens, export-schema.
+"""``recall-gateway``: serve, migrate, load, demo, mcp, tokens, export-schema.
 
 Commands that need a database use ``DATABASE_URL`` when set; otherwise they
 start (or attach to) the embedded PostgreSQL under the data directory and stop
@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
@@ -21,6 +25,7 @@ from typing import Any, TextIO
 
 from gateway import __version__, tokens
 from gateway.embedded import EmbeddedPostgres
+from gateway.embeddings.catalog import LOCAL_MODELS
 from gateway.errors import GatewayError
 from gateway.services.loader import split_lines
 from gateway.settings import Settings
@@ -65,12 +70,17 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
 
 async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any]) -> Any:
     from gateway.embeddings import create_provider
+    from gateway.services.reembed import read_store_model
     from gateway.services.writes import WriteService
     from gateway.store.database import Database, prepare
 
     await prepare(dsn, migrate=True)
     db = await Database.open(dsn, min_size=1, max_size=2)
-    embedder = create_provider(settings)
+    try:
+        embedder = create_provider(settings, await read_store_model(db))
+    except BaseException:
+        await db.close()
+        raise
     try:
         return await work(WriteService(db, embedder))
     finally:
@@ -78,49 +88,62 @@ async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any
         await embedder.aclose()
 
 
-def _read_input(path: str) -> list[str]:
+LineSource = Callable[[], Iterable[str | bytes]]
+
+
+@contextlib.contextmanager
+def _input(path: str) -> Iterator[LineSource]:
+    """A way to read the input's lines twice (check, then load) without holding
+    them: a file is opened again; standard input is first spooled to a
+    temporary file. Lines are split on line feeds only, as bytes (decoded per
+    line, so that a bad byte is reported with its line)."""
     if path == "-":
-        return split_lines(sys.stdin.read())
+        with tempfile.TemporaryFile() as spool:
+            shutil.copyfileobj(sys.stdin.buffer, spool)
+
+            def spooled() -> Iterator[bytes]:
+                spool.seek(0)
+                yield from spool
+
+            yield spooled
+        return
     file = Path(path)
     if not file.is_file():
         raise GatewayError(f"no such file: {path}")
-    return split_lines(file.read_text(encoding="utf-8"))
+
+    def reopened() -> Iterator[bytes]:
+        with file.open("rb") as f:
+            yield from f
+
+    yield reopened
 
 
 def _load_lines(
-    settings: Settings, dsn: str, lines: list[str], batch_size: int, out: TextIO
+    settings: Settings, dsn: str, lines: LineSource, batch_size: int, out: TextIO
 ) -> int:
     from gateway.services import loader
 
     try:
-        records = loader.parse(lines)
+        checked = loader.check(lines())
     except loader.LoadError as exc:
         for error in exc.errors:
             _err(str(error))
         _err(exc.message)
         return 1
-    show_bar = sys.stderr.isatty()
 
     async def work(service: Any) -> loader.LoadReport:
-        if not show_bar:
-            return await loader.load(service, records, batch_size=batch_size)
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+        from gateway.progress import report_progress
 
-        with Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        ) as bar:
-            task = bar.add_task("loading", total=len(records))
+        if checked.embedding_model is not None:
+            await loader.check_embedding_model(service, *checked.embedding_model)
+        async with report_progress(
+            checked.records,
+            sys.stderr,
+            terminal=sys.stderr.isatty(),
+            interval_s=settings.load_progress_interval_s,
+        ) as advance:
             return await loader.load(
-                service,
-                records,
-                batch_size=batch_size,
-                progress=lambda n: bar.advance(task, n),
+                service, loader.stream(lines()), batch_size=batch_size, progress=advance
             )
 
     started = time.perf_counter()
@@ -146,8 +169,7 @@ def _load_lines(
 
 
 def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
-    lines = _read_input(args.file)
-    with database(settings) as dsn:
+    with _input(args.file) as lines, database(settings) as dsn:
         return _load_lines(
             settings, dsn, lines, args.batch_size or settings.load_batch_size, sys.stdout
         )
@@ -192,6 +214,69 @@ def cmd_tokens_issue(settings: Settings, args: argparse.Namespace) -> int:
             dsn, settings, args.team, args.principal, args.binding, args.label, args.expires_in_days
         )
     print(token)
+    return 0
+
+
+def _token_id(text: str) -> str:
+    """A token's ID, also from a whole token (``rgt_<id>_<secret>``) pasted by mistake."""
+    parsed = tokens.parse_token(text)
+    return parsed.token_id if parsed is not None else text
+
+
+def cmd_tokens_list(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.services.auth import list_tokens
+    from gateway.store.database import Database, prepare
+
+    async def work() -> list[Any]:
+        await prepare(dsn, migrate=settings.migrate_on_start)
+        db = await Database.open(dsn, min_size=1, max_size=1)
+        try:
+            return await list_tokens(db, args.team, args.principal)
+        finally:
+            await db.close()
+
+    with database(settings) as dsn:
+        listed = asyncio.run(work())
+    now = datetime.now(UTC)
+    print(
+        f"{'TOKEN':20} {'TEAM':20} {'PRINCIPAL':20} {'BINDING':12} {'STATE':8} "
+        f"{'ISSUED':20} {'EXPIRES':20} LABEL"
+    )
+    for t in listed:
+        if t.revoked_at is not None:
+            state = "revoked"
+        elif t.expires_at is not None and t.expires_at <= now:
+            state = "expired"
+        else:
+            state = "active"
+        print(
+            f"{t.id:20} {t.team_id:20} {t.principal_id:20} {t.binding:12} {state:8} "
+            f"{_when(t.recorded_at):20} {_when(t.expires_at):20} {t.label or ''}"
+        )
+    return 0
+
+
+def _when(moment: datetime | None) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if moment else "-"
+
+
+def cmd_tokens_revoke(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.services.auth import revoke
+    from gateway.store.database import Database, prepare
+
+    token_id = _token_id(args.token)
+
+    async def work() -> datetime:
+        await prepare(dsn, migrate=settings.migrate_on_start)
+        db = await Database.open(dsn, min_size=1, max_size=1)
+        try:
+            return await revoke(db, token_id)
+        finally:
+            await db.close()
+
+    with database(settings) as dsn:
+        revoked = asyncio.run(work())
+    print(f"token {token_id} revoked at {_when(revoked)}; every worker refuses it from now on")
     return 0
 
 
@@ -242,7 +327,11 @@ def _build_communities(settings: Settings, dsn: str, team: str | None, out: Text
 
     reports = asyncio.run(work())
     for r in reports:
-        detail = f"{r.communities} communities, {r.members} members" if r.status == "succeeded" else r.error
+        detail = (
+            f"{r.communities} communities, {r.members} members"
+            if r.status == "succeeded"
+            else r.error
+        )
         print(
             f"communities of team {r.team}: {r.status} ({r.node_count} groups, "
             f"{r.edge_count} edges; {detail})",
@@ -254,6 +343,80 @@ def _build_communities(settings: Settings, dsn: str, team: str | None, out: Text
 def cmd_communities_build(settings: Settings, args: argparse.Namespace) -> int:
     with database(settings) as dsn:
         return _build_communities(settings, dsn, args.team, sys.stdout)
+
+
+def _reembed_target(settings: Settings, model: str | None, batch_size: int) -> Any:
+    """The provider to move the store to: ``--model``, else the configured one."""
+    from gateway.embeddings import AUTO, by_key, create_provider
+
+    if model is not None:
+        return by_key(model).make(batch_size)
+    if settings.embedding_provider != "local":
+        return create_provider(settings)
+    if settings.embedding_model == AUTO:
+        raise GatewayError(
+            "name the model to move the store to: reembed --model KEY "
+            f"({', '.join(sorted(LOCAL_MODELS))}); RECALL_EMBEDDING_MODEL=auto follows the store"
+        )
+    return by_key(settings.embedding_model).make(batch_size)
+
+
+def _reembed(settings: Settings, dsn: str, model: str | None, batch_size: int, out: TextIO) -> int:
+    """Re-embed the store with ``model`` (a catalogue key) or the configured provider."""
+    from gateway.progress import report_progress
+    from gateway.services.reembed import count_vectors, reembed
+    from gateway.store.database import Database, prepare
+
+    async def work() -> Any:
+        await prepare(dsn, migrate=True)
+        db = await Database.open(dsn, min_size=1, max_size=2)
+        try:
+            target = _reembed_target(settings, model, batch_size)
+        except BaseException:
+            await db.close()
+            raise
+        try:
+            async with report_progress(
+                await count_vectors(db),
+                sys.stderr,
+                terminal=sys.stderr.isatty(),
+                label=f"re-embedding to {target.model}",
+                interval_s=settings.load_progress_interval_s,
+                unit="vectors",
+            ) as advance:
+                shown = 0
+
+                def report(done: int, total: int) -> None:
+                    nonlocal shown
+                    advance(done - shown)
+                    shown = done
+
+                return await reembed(db, target, batch_size=batch_size, progress=report)
+        finally:
+            await db.close()
+            await target.aclose()
+
+    report = asyncio.run(work())
+    if report.abandoned:
+        print(f"abandoned the unfinished run for model '{report.abandoned}'", file=out)
+    if report.switched:
+        resumed = " (resumed)" if report.resumed else ""
+        print(
+            f"re-embedded {report.embedded} vector(s){resumed} of {report.total}: {report.note}; "
+            "gateways with RECALL_EMBEDDING_MODEL=auto follow within a second, others need "
+            "their setting changed and a restart",
+            file=out,
+        )
+    else:
+        print(report.note, file=out)
+    return 0
+
+
+def cmd_reembed(settings: Settings, args: argparse.Namespace) -> int:
+    with database(settings) as dsn:
+        return _reembed(
+            settings, dsn, args.model, args.batch_size or settings.embedding_batch_size, sys.stdout
+        )
 
 
 def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
@@ -269,24 +432,51 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
+    """uvicorn with the read timeouts and the SIGTERM drain of gateway/serving.py;
+    in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over."""
     import uvicorn
 
+    common: dict[str, Any] = {
+        "host": host,
+        "port": port,
+        "log_level": settings.log_level,
+        "http": "gateway.serving:TimedHttpToolsProtocol",
+        "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_ms / 1000)),
+    }
     if workers > 1:
         # Worker processes rebuild the app from the environment: hand them the DSN.
         os.environ["RECALL_DATABASE_URL"] = dsn
-        uvicorn.run(
-            "gateway.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=settings.log_level,
-        )
+        with _metrics_dir():
+            uvicorn.run(
+                "gateway.app:create_served_app",
+                factory=True,
+                workers=workers,
+                access_log=False,  # the gateway logs one line per request itself
+                **common,
+            )
         return
     from gateway.app import create_app
 
-    app = create_app(settings.model_copy(update={"database_url": dsn}))
-    uvicorn.run(app, host=host, port=port, log_level=settings.log_level)
+    app = create_app(settings.model_copy(update={"database_url": dsn}), handle_sigterm=True)
+    uvicorn.run(app, access_log=False, **common)
+
+
+@contextlib.contextmanager
+def _metrics_dir() -> Iterator[None]:
+    """Several workers share their Prometheus samples through files in a folder
+    (prometheus-client's multiprocess mode): a fresh one unless the operator set
+    ``PROMETHEUS_MULTIPROC_DIR``. It must be set before the workers start."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="recall-gateway-metrics-") as folder:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
@@ -311,7 +501,10 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else settings.port
     started = time.perf_counter()
     with database(settings) as dsn:
-        status = _load_lines(settings, dsn, demo_dataset(), settings.load_batch_size, sys.stderr)
+        demo_lines = demo_dataset()
+        status = _load_lines(
+            settings, dsn, lambda: demo_lines, settings.load_batch_size, sys.stderr
+        )
         if status:
             return status
         # A run that is too large or failed is reported and recorded; recall then
@@ -321,7 +514,8 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
         url = f"http://{host}:{port}/graphql"
         print(
             f"\nRecall Gateway demo is starting (data loaded in {time.perf_counter() - started:.1f} s)."
-            f"\n  GraphiQL:  {url}"
+            # The fragment never reaches a server: GraphiQL puts it in its headers pane.
+            f"\n  GraphiQL:  {url}#token={token}"
             f"\n  principal: {args.principal} (team {DEMO_TEAM}), token valid 7 days:"
             f"\n  export RECALL_TOKEN={token}"
             f'\n  curl -s {url} -H "Authorization: Bearer $RECALL_TOKEN" '
@@ -330,7 +524,48 @@ def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
             "\nPress Ctrl-C to stop.\n",
             flush=True,
         )
+        _return_freed_memory()
         _run_server(settings, dsn, host, port, 1)
+    return 0
+
+
+def _return_freed_memory() -> None:
+    """Give the heap freed by the demo's loading back to the system before serving.
+
+    The loader's model session is freed when loading ends, but glibc keeps most
+    of it in its heap, and the server then loads a session of its own on top:
+    measured, a closed session left 297 MB resident (145 MB after
+    ``malloc_trim``), and the demo process served at 466 MB instead of about
+    330. Only glibc has ``malloc_trim``; elsewhere this does nothing."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
+    from gateway.app import create_app
+    from gateway.mcp import Gateway, http_app, run_stdio
+
+    with database(settings) as dsn:
+        app = create_app(settings.model_copy(update={"database_url": dsn}))
+        token = settings.mcp_token.get_secret_value() if settings.mcp_token else None
+        gateway = Gateway(app, token)
+        if args.transport == "stdio":
+            if token is None:
+                _err("the stdio transport needs RECALL_MCP_TOKEN (a bearer token)")
+                return 2
+            asyncio.run(run_stdio(gateway))
+            return 0
+        import uvicorn
+
+        host = args.host or settings.host
+        port = args.port if args.port is not None else settings.port
+        print(f"MCP (streamable HTTP): http://{host}:{port}/mcp", file=sys.stderr, flush=True)
+        uvicorn.run(
+            http_app(gateway, host), host=host, port=port, log_level=settings.log_level
+        )
     return 0
 
 
@@ -390,6 +625,20 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--principal", default="ines", help="demo principal to issue a token for")
     demo.set_defaults(func=cmd_demo)
 
+    mcp = sub.add_parser(
+        "mcp", help="serve the Model Context Protocol for agents (see docs/mcp.md)"
+    )
+    mcp.add_argument(
+        "--transport",
+        choices=["stdio", "http"],
+        default="stdio",
+        help="stdio (default; token from RECALL_MCP_TOKEN) or streamable HTTP at /mcp "
+        "(token from each request's Authorization header)",
+    )
+    mcp.add_argument("--host", help="HTTP bind address (RECALL_HOST, default 127.0.0.1)")
+    mcp.add_argument("--port", type=_port, help="HTTP port (RECALL_PORT, default 8000)")
+    mcp.set_defaults(func=cmd_mcp)
+
     tok = sub.add_parser("tokens", help="manage bearer tokens")
     tok_sub = tok.add_subparsers(dest="tokens_command", required=True, metavar="ACTION")
     issue = tok_sub.add_parser("issue", help="issue a token and print it (shown once)")
@@ -399,6 +648,15 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--label")
     issue.add_argument("--expires-in-days", type=float)
     issue.set_defaults(func=cmd_tokens_issue)
+    listing = tok_sub.add_parser("list", help="list tokens (IDs, owners, state; never secrets)")
+    listing.add_argument("--team", help="only this team's tokens")
+    listing.add_argument("--principal", help="only this principal's tokens")
+    listing.set_defaults(func=cmd_tokens_list)
+    revoke = tok_sub.add_parser(
+        "revoke", help="revoke a token at once (every worker refuses it from the next request)"
+    )
+    revoke.add_argument("token", help="the token's ID (t-...), or the whole token")
+    revoke.set_defaults(func=cmd_tokens_revoke)
 
     com = sub.add_parser("communities", help="community snapshots of the shared graph")
     com_sub = com.add_subparsers(dest="communities_command", required=True, metavar="ACTION")
@@ -407,6 +665,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--team", help="only this team (default: every team)")
     build.set_defaults(func=cmd_communities_build)
+
+    reembed = sub.add_parser(
+        "reembed",
+        help="embed every vector of the store again with another model, then switch to it",
+    )
+    reembed.add_argument(
+        "--model",
+        choices=sorted(LOCAL_MODELS),
+        help="local model (default: the configured provider; RECALL_EMBEDDING_MODEL)",
+    )
+    reembed.add_argument(
+        "--batch-size",
+        type=_positive,
+        help="texts per batch (RECALL_EMBEDDING_BATCH_SIZE, default 64)",
+    )
+    reembed.set_defaults(func=cmd_reembed)
 
     export = sub.add_parser("export-schema", help="print or write the GraphQL schema (SDL)")
     export.add_argument("-o", "--output", default="-", help="file to write (default stdout)")

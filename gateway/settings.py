@@ -39,6 +39,36 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=0, le=65535, description="Port `serve` binds to.")
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`json`: one JSON object per log line."
+    )
+    metrics: bool = Field(default=True, description="Serve Prometheus metrics on GET /metrics.")
+    # --- serving and shutdown (gateway/serving.py, docs/security.md)
+    header_timeout_ms: int = Field(
+        default=10_000,
+        ge=100,
+        le=600_000,
+        description="A request's headers must be complete within this (408, then close).",
+    )
+    body_timeout_ms: int = Field(
+        default=15_000,
+        ge=100,
+        le=600_000,
+        description="A request's body must be complete within this after its headers.",
+    )
+    shutdown_drain_ms: int = Field(
+        default=5_000,
+        ge=0,
+        le=600_000,
+        description="On SIGTERM, /readyz answers 503 and requests are still served this long.",
+    )
+    shutdown_grace_ms: int = Field(
+        default=10_000,
+        ge=0,
+        le=600_000,
+        description="After the drain, in-flight requests get this long before they are "
+        "cancelled; closing the pool gets as long again.",
+    )
 
     pool_min_size: int = Field(default=1, ge=0, le=100, description="asyncpg pool minimum.")
     pool_max_size: int = Field(default=10, ge=1, le=200, description="asyncpg pool maximum.")
@@ -48,8 +78,14 @@ class Settings(BaseSettings):
 
     embedding_provider: Literal["local", "openai"] = Field(
         default="local",
-        description="`local`: bundled offline MiniLM (ONNX). `openai`: an OpenAI-compatible "
+        description="`local`: a bundled offline model (RECALL_EMBEDDING_MODEL). `openai`: an "
+        "OpenAI-compatible "
         "`/embeddings` endpoint.",
+    )
+    embedding_model: Literal["auto", "minilm", "e5-small"] = Field(
+        default="auto",
+        description="Local model (`local` provider): `auto` follows the model the store holds "
+        "(a new store gets the default, MiniLM); `minilm` or `e5-small` names one.",
     )
     embedding_batch_size: int = Field(
         default=64, ge=1, le=2048, description="Texts per embedding call."
@@ -76,6 +112,13 @@ class Settings(BaseSettings):
 
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
+    )
+    load_progress_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="Seconds between the loader's progress lines when standard error "
+        "is not a terminal.",
     )
 
     community_max_nodes: int = Field(
@@ -106,6 +149,8 @@ class Settings(BaseSettings):
     max_aliases: int | None = Field(default=None, ge=0, le=1000)
     max_tokens: int | None = Field(default=None, ge=10, le=1_000_000)
     max_directives: int | None = Field(default=None, ge=0, le=1000)
+    max_selections: int | None = Field(default=None, ge=1, le=100_000)
+    max_repeats: int | None = Field(default=None, ge=1, le=1000)
     max_cost: int | None = Field(default=None, ge=1, le=10_000_000)
     max_body_bytes: int | None = Field(default=None, ge=1024, le=100_000_000)
     batching: bool = Field(default=False, description="Accept a JSON array of operations.")
@@ -119,7 +164,13 @@ class Settings(BaseSettings):
     persisted_query_manifest: Path | None = Field(
         default=None, description="JSON object {sha256: document} for `allowlist` mode."
     )
-    persisted_query_max_entries: int = Field(default=10_000, ge=10, le=10_000_000)
+    persisted_query_max_entries: int = Field(default=1000, ge=10, le=10_000_000)
+    persisted_query_max_bytes: int = Field(default=32_768, ge=256, le=10_000_000)
+
+    mcp_token: SecretStr | None = Field(
+        default=None,
+        description="Bearer token of the agent that `recall-gateway mcp` serves over stdio.",
+    )
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -10,6 +10,7 @@ own teams with unique IDs, so tests never see each other's rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -77,32 +78,37 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def dsn(pg_server: Server) -> Iterator[str]:
-    """A fresh, migrated database for this test session."""
-    name = "recall_test_" + secrets.token_hex(4)
+def _migrated_database(server: Server, prefix: str) -> Iterator[str]:
+    """Create a database on the server, migrate it, yield its DSN, drop it."""
+    name = prefix + secrets.token_hex(4)
 
-    async def create() -> None:
-        conn = await asyncpg.connect(pg_server.admin_dsn)
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(server.admin_dsn)
         try:
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(sql)
         finally:
             await conn.close()
 
-    async def drop() -> None:
-        conn = await asyncpg.connect(pg_server.admin_dsn)
-        try:
-            await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    url = _with_database(pg_server.admin_dsn, name)
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    url = _with_database(server.admin_dsn, name)
     asyncio.run(prepare(url, migrate=True))
     try:
         yield url
     finally:
-        asyncio.run(drop())
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture(scope="session")
+def dsn(pg_server: Server) -> Iterator[str]:
+    """A fresh, migrated database for this test session."""
+    yield from _migrated_database(pg_server, "recall_test_")
+
+
+@pytest.fixture
+def fresh_dsn(pg_server: Server) -> Iterator[str]:
+    """A database of one test's own, for tests that change the whole store
+    (its embedding model, for instance), which the session database must keep."""
+    yield from _migrated_database(pg_server, "recall_one_")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -161,3 +167,48 @@ async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=gateway_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
         yield c
+
+
+@dataclass
+class LiveServer:
+    """A gateway served by uvicorn on a loopback port, in a thread of its own."""
+
+    url: str
+    app: Any
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Any) -> Iterator[LiveServer]:
+    """Run ``app`` with uvicorn on 127.0.0.1 (a free port) until the block ends.
+
+    For clients that need a real socket (a browser, streaming HTTP clients);
+    the app opens its own pool in the server's own event loop."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the test gateway did not start")
+        time.sleep(0.05)
+    try:
+        yield LiveServer(f"http://127.0.0.1:{port}", app)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def live_server(dsn: str) -> Iterator[LiveServer]:
+    with serve_in_thread(app_for(dsn)) as server:
+        yield server

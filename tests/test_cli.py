@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from .conftest import REPO, unique
@@ -52,6 +53,18 @@ def test_load_file_then_again_then_stdin(dsn: str, tmp_path: Path) -> None:
     again = run(["load", "-"], dsn, stdin=path.read_text())
     assert again.returncode == 0, again.stderr
     assert " 0 written" in again.stdout
+
+
+def test_load_reports_progress_without_a_terminal(dsn: str, tmp_path: Path) -> None:
+    team = unique("cliprog")
+    path = tmp_path / "memory.jsonl"
+    path.write_text(jsonl(team_records(team)))
+    result = run(["load", str(path)], dsn, RECALL_LOAD_PROGRESS_INTERVAL_S="0.05")
+    assert result.returncode == 0, result.stderr
+    total = len(team_records(team))
+    lines = [x for x in result.stderr.splitlines() if x.startswith("loading: ")]
+    assert lines, result.stderr
+    assert re.fullmatch(rf"loading: {total}/{total} records \(100%\), [\d,]+ records/s", lines[-1])
 
 
 def test_bad_line_names_line_and_field(dsn: str, tmp_path: Path) -> None:
@@ -141,6 +154,10 @@ def test_demo_serves_viewer_and_stops_its_database(
                 }
             }
         }
+        # One worker serving, after loading and embedding the demo in the same
+        # process: within the 400 MB a worker may take (docs/benchmarks.md).
+        rss_mib = psutil.Process(proc.pid).memory_info().rss / 2**20
+        assert rss_mib <= 400, f"the demo process holds {rss_mib:.0f} MiB"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)

@@ -26,6 +26,7 @@ from pydantic import SecretStr
 
 from gateway.embeddings import (
     EmbeddingProvider,
+    FollowingProvider,
     LocalEmbeddingProvider,
     OpenAIEmbeddingProvider,
     create_provider,
@@ -183,7 +184,10 @@ async def test_create_provider_picks_by_settings() -> None:
         Settings(embedding_provider="openai", openai_model="m1", openai_dimensions=384)
     )
     try:
-        assert isinstance(local, LocalEmbeddingProvider)
+        # The local provider follows the store's model (gateway.embeddings.following).
+        assert isinstance(local, FollowingProvider)
+        assert isinstance(local.current, LocalEmbeddingProvider)
+        assert isinstance(local, EmbeddingProvider)
         assert isinstance(remote, OpenAIEmbeddingProvider)
         assert remote.model == "openai:m1"
         assert remote.dimensions == 384

@@ -536,3 +536,57 @@ async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writ
     )
     assert error_of(wrong)["extensions"]["code"] == "BAD_USER_INPUT"
     assert await feedback_rows(db, team) == (1, len(refs))
+
+
+async def test_an_event_is_citable_only_by_a_binding_that_reads_its_spaces(
+    client, writes, db
+) -> None:
+    """A shared-only token of the principal whose private-bound token made the
+    event must not learn which private IDs it returned: for that token the
+    event is missing, worded like a made-up one, whatever it cites."""
+    team = unique("fbbind")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    private = await token(writes, team, "alice")
+    private_again = await token(writes, team, "alice")  # another private-bound token
+    shared = await token(writes, team, "alice", "shared_only")
+    made_private = await ask(client, private, "who owns the billing service", limit=1)
+    assert ids(made_private) == ["ev-private"]
+    event = made_private["recallEventId"]
+    made_up = "00000000-0000-4000-8000-000000000000"
+
+    def cite(evidence: str) -> list[dict[str, str]]:
+        return [{"frontier": "EVIDENCE", "id": evidence}]
+
+    answers = [
+        error_of(await submit(client, shared, feedbackId=fid, recallEventId=rid, used=True, **extra))
+        for fid, rid, extra in (
+            ("b1", event, {"irrelevantResults": cite("ev-private")}),  # returned, private
+            ("b2", event, {"irrelevantResults": cite("ev-owner")}),  # not returned
+            ("b3", event, {}),
+            ("b4", made_up, {"irrelevantResults": cite("ev-private")}),
+        )
+    ]
+    for answer, rid in zip(answers, (event, event, event, made_up), strict=True):
+        assert answer == {
+            "message": f"no recall event '{rid}'",
+            "locations": answer["locations"],
+            "path": ["submitRecallSessionFeedback"],
+            "extensions": {"code": "NOT_FOUND"},
+        }
+    assert await feedback_rows(db, team) == (0, 0)
+
+    # another private-bound token reads every space the event read: citable
+    ok = await submit(
+        client, private_again, feedbackId="b5", recallEventId=event, used=True,
+        irrelevantResults=cite("ev-private"),
+    )
+    assert ok["data"]["submitRecallSessionFeedback"]["created"] is True, ok
+    # an event of the shared-only token read the shared space only: both cite it
+    made_shared = await ask(client, shared, "who owns the billing service", limit=1)
+    assert ids(made_shared) == ["ev-owner"]
+    for fid, tok in (("b6", shared), ("b7", private)):
+        body = await submit(
+            client, tok, feedbackId=fid, recallEventId=made_shared["recallEventId"], used=True,
+            irrelevantResults=cite("ev-owner"),
+        )
+        assert body["data"]["submitRecallSessionFeedback"]["created"] is True, body

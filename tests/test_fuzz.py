@@ -206,3 +206,73 @@ async def test_no_document_or_variables_break_the_gateway(
         code = error["extensions"]["code"]
         assert code in DOCUMENTED, (code, r.text)
         assert code != "INTERNAL", r.text
+
+
+@st.composite
+def fragment_documents(draw: st.DrawFn) -> str:
+    """Fragments spreading one another at random: unknown, cyclic, doubling, deep."""
+    count = draw(st.integers(1, 30))
+    names = [f"F{i}" for i in range(count)]
+    parts = [f"query {{ ...{draw(st.sampled_from([*names, 'Nope']))} }}"]
+    for name in names:
+        spreads = draw(st.lists(st.sampled_from([*names, "Nope"]), max_size=3))
+        leaves = draw(
+            st.lists(st.sampled_from(["__typename", "viewer { principalId }"]), max_size=3)
+        )
+        body = " ".join([*(f"...{s}" for s in spreads), *leaves])
+        parts.append(f"fragment {name} on Query {{ {body} }}")
+    return " ".join(parts)
+
+
+def _nested(n: int) -> bytes:
+    return b'{"query": "{ __typename }", "variables": {"x": ' + b"[" * n + b"]" * n + b"}}"
+
+
+raw_bodies = st.one_of(
+    st.binary(max_size=80),
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.integers(1, 1500).map(_nested),
+    st.text(alphabet=st.characters(min_codepoint=0xD7F0, max_codepoint=0xE010), max_size=8).map(
+        lambda t: json.dumps({"query": "{ __typename }", "variables": {"q": t}}).encode()
+    ),
+    fragment_documents().map(lambda d: json.dumps({"query": d}).encode()),
+)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    derandomize=os.environ.get("CI") == "true",
+)
+@given(
+    body=raw_bodies,
+    content_type=st.sampled_from(
+        [
+            "application/json",
+            "application/json; charset=utf-8",
+            "application/json; charset=latin-1",
+            "application/json; charset=utf-16",
+            "text/plain",
+        ]
+    ),
+    method=st.sampled_from(["POST", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]),
+)
+async def test_no_body_breaks_the_gateway(fuzz_client, caplog, body, content_type, method) -> None:
+    """Raw bodies: bytes, JSON of any shape, deep nesting, lone surrogates, hostile
+    fragments, under any content type and method: a coded 4xx (or an answer),
+    and nothing logged at ERROR level."""
+    client, _ = fuzz_client
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        r = await client.request(
+            method, "/graphql", content=body, headers={"content-type": content_type}
+        )
+    assert r.status_code < 500, r.text
+    for marker in INTERNALS:
+        assert marker not in r.text, (marker, r.text)
+    for error in r.json().get("errors") or []:
+        code = error["extensions"]["code"]
+        assert code in DOCUMENTED and code != "INTERNAL", (code, r.text)
+    assert not [rec for rec in caplog.records if rec.levelname == "ERROR" or rec.exc_info]

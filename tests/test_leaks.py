@@ -647,12 +647,15 @@ async def test_recall_never_leaks(client: httpx.AsyncClient, writes, db, world, 
         if answer["recallEventId"]:
             events.append((caller, tok, answer["recallEventId"]))
     # Feedback on each recall event, by the next caller of the plan: only the
-    # principal who recalled may refer to its event; for anybody else it is
-    # NOT_FOUND, worded exactly like an event that does not exist.
+    # principal who recalled may refer to its event, and only with a token that
+    # reads every space the event read (a shared-only token may not cite the
+    # event of a private-bound one); for anybody else it is NOT_FOUND, worded
+    # exactly like an event that does not exist.
     for i, (owner, _tok, event_id) in enumerate(events):
         submitter, sub_tok, _ = events[(i + 1) % len(events)]
         body = await _feedback(client, sub_tok, event_id)
-        if submitter.team is owner.team and submitter.principal == owner.principal:
+        same_principal = submitter.team is owner.team and submitter.principal == owner.principal
+        if same_principal and (submitter.private or not owner.private):
             assert not body.get("errors"), body
             assert body["data"]["submitRecallSessionFeedback"]["recallEventId"] == event_id
             continue

@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
-from graphql import parse, validate
+from graphql import parse
 
 from gateway.app import create_app
+from gateway.http import cost as http_cost
 from gateway.http import limits as http_limits
-from gateway.http.cost import cost_rule
 from gateway.schema import build_schema
 from gateway.settings import Settings
 
@@ -78,7 +78,7 @@ def test_cost_counts_list_limits_and_variables_at_their_maximum() -> None:
     schema = build_schema()._schema
 
     def cost(document: str) -> int:
-        errors = validate(schema, parse(document), [cost_rule(0)])
+        errors = http_cost.check(schema, parse(document), 0)
         return int(errors[0].extensions["cost"]) if errors else 0  # type: ignore[index]
 
     small = cost('{ recallMemory(query: "x", limit: 1) { results { evidenceId } } }')
@@ -103,24 +103,24 @@ def test_cost_counts_list_limits_and_variables_at_their_maximum() -> None:
 
 def test_production_admits_one_maximal_recall_and_not_two() -> None:
     prod = http_limits.resolve(Settings(env="production"))
+    validator = http_limits.validator(prod)
     schema = build_schema()._schema
     one = maximal_recall(schema, arguments=MAX_ARGS)
-    assert validate(schema, parse(one), [cost_rule(prod.max_cost)]) == []
-    # and fits the other production limits too
+    # within every production bound (cost, depth, selections, repeats, ...)
     document = parse(one, max_tokens=prod.max_tokens)
-    assert validate(schema, document, [http_limits.depth_rule(prod.max_depth)]) == []
+    assert validator.precheck(schema, document)[0] == []
     body = one[1:-1]
     two = "{ a: " + body.strip() + " b: " + body.strip() + " }"
-    errors = validate(schema, parse(two), [cost_rule(prod.max_cost)])
+    errors = http_cost.check(schema, parse(two), prod.max_cost)
     assert errors and errors[0].extensions["code"] == "QUERY_TOO_COSTLY"  # type: ignore[index]
     # a trace with every field at its default bounds passes; at its maxima it does not
     trace_type = schema.get_type("MemoryTrace")
     assert trace_type is not None
     every = selection(schema, trace_type, 6)
     trace = '{ traceMemory(relationshipId: "r") { ' + every + " } }"
-    assert validate(schema, parse(trace), [cost_rule(prod.max_cost)]) == []
+    assert validator.precheck(schema, parse(trace))[0] == []
     big = '{ traceMemory(relationshipId: "r", maxEdges: 200, maxEvents: 1000) { ' + every + " } }"
-    assert validate(schema, parse(big), [cost_rule(prod.max_cost)])
+    assert http_cost.check(schema, parse(big), prod.max_cost)
 
 
 async def test_each_limit_is_refused_before_execution_with_its_code(make_client) -> None:
@@ -259,3 +259,400 @@ def test_media_type_negotiation() -> None:
     assert negotiate(f"application/json, {GRJ};q=0.5") == "application/json"
     assert negotiate(f"{GRJ};q=0, application/json") == "application/json"
     assert negotiate(f"{GRJ};q=0.9") == GRJ
+
+
+# --- hostile documents that cost the validator, not the executor (issue: hardening 2)
+
+
+def doubling_fragments(levels: int) -> str:
+    """Each fragment spreads the previous one twice: 2^(levels-1) selections
+    once written out, from a text linear in ``levels``."""
+    parts = [f"query {{ ...F{levels - 1} }}", "fragment F0 on Query { __typename }"]
+    parts += [f"fragment F{i} on Query {{ ...F{i - 1} ...F{i - 1} }}" for i in range(1, levels)]
+    return " ".join(parts)
+
+
+REPEATED_VIEWER = "{ " + " ".join(["viewer { principalId }"] * 490) + " }"
+
+
+class CountingValidation:
+    """Counts what reaches graphql-core's rules (the expensive pass)."""
+
+    def __init__(self, monkeypatch: Any) -> None:
+        from gateway.http import validation
+
+        self.calls = 0
+        real = validation.validate_document
+
+        def counted(*args: Any) -> Any:
+            self.calls += 1
+            return real(*args)
+
+        monkeypatch.setattr(validation, "validate_document", counted)
+
+
+async def test_exponential_fragments_are_refused_in_linear_time(make_client, monkeypatch) -> None:
+    document = doubling_fragments(22)
+    assert len(document) <= 900  # the attack: 878 bytes, four million selections
+    counting = CountingValidation(monkeypatch)
+    for env in ("development", "production"):
+        client = await make_client(env=env)
+        r = await post(client, document)  # no token needed for the attack
+        assert r.status_code == 200 and code(r) == "TOO_MANY_SELECTIONS", r.text
+        # 2^21 fields and the spreads that reach them, counted without expanding one
+        assert "has 6291455 selections" in r.text
+        r = await post(client, document, accept=GRJ)
+        assert r.status_code == 400 and code(r) == "TOO_MANY_SELECTIONS"
+        # the server is free and well afterwards
+        assert (await client.get("/healthz")).status_code == 200
+    assert counting.calls == 0  # refused before graphql-core's rules ran at all
+
+
+def test_each_fragment_is_measured_once(monkeypatch) -> None:
+    from gateway.http import shape
+
+    calls = 0
+    real = shape._Summariser.selection_set
+
+    def counted(self: Any, node: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(self, node)
+
+    monkeypatch.setattr(shape._Summariser, "selection_set", counted)
+    limits = shape.ShapeLimits(10, 10, 1000, 50, 10)
+    # 200 levels would be 2^199 selections: only a linear walk ends at all
+    report = shape.check(parse(doubling_fragments(200), max_tokens=10_000), limits)
+    assert [e.extensions["code"] for e in report.errors] == ["TOO_MANY_SELECTIONS"]  # type: ignore[index]
+    assert calls == 200 + 1  # each fragment's selection set once, and the operation's
+
+
+def fragment_chain(length: int) -> str:
+    chain = ["query { ...C0 }"]
+    chain += [f"fragment C{i} on Query {{ ...C{i + 1} }}" for i in range(length - 1)]
+    chain.append(f"fragment C{length - 1} on Query {{ __typename }}")
+    return " ".join(chain)
+
+
+async def test_long_fragment_chains_and_deep_fragments(make_client, caplog) -> None:
+    client = await make_client()
+    r = await post(client, fragment_chain(100))
+    assert r.json() == {"data": {"__typename": "Query"}}, r.text[:300]
+    # 600 fragments spreading one another: deeper than Python's recursion allows;
+    # the linear checks pass it, graphql-core's rules give up with a coded error
+    with caplog.at_level("DEBUG"):
+        r = await post(client, fragment_chain(600))
+    assert r.status_code == 200 and code(r) == "GRAPHQL_VALIDATION_FAILED", r.text[:300]
+    assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
+    # depth and aliases still count through fragments
+    deep_client = await make_client(max_depth=3, max_aliases=2)
+    deep = (
+        '{ recallMemory(query: "x") { ...R } } fragment R on RecallResult '
+        "{ results { supportingRelationships { subject { id } } } }"
+    )
+    assert code(await post(deep_client, deep)) == "QUERY_TOO_DEEP"
+    aliased = "{ ...A ...A } fragment A on Query { a: __typename b: __typename }"
+    r = await post(deep_client, aliased)
+    assert code(r) == "TOO_MANY_ALIASES" and "4 aliases" in r.text
+
+
+async def test_repeated_selections_are_refused_before_the_overlap_rule(
+    make_client, monkeypatch
+) -> None:
+    assert len(REPEATED_VIEWER) > 10_000
+    counting = CountingValidation(monkeypatch)
+    for env in ("development", "production"):
+        client = await make_client(env=env)
+        r = await post(client, REPEATED_VIEWER)
+        assert code(r) == "TOO_MANY_REPEATS", r.text
+        error = r.json()["errors"][0]
+        assert "'viewer' 490 times" in error["message"]
+        assert error["extensions"]["maxRepeats"] == (100 if env == "development" else 50)
+    assert counting.calls == 0
+    # repeats through fragments count too, and a few are fine
+    client = await make_client(max_repeats=3)
+    ok = "{ viewer { principalId } ...V } fragment V on Query { viewer { principalId } }"
+    assert code(await post(client, ok)) == "UNAUTHENTICATED"  # valid: it ran
+    many = "{ ...V ...V ...V } fragment V on Query { viewer { principalId } }"
+    assert code(await post(client, many)) == "TOO_MANY_REPEATS"
+
+
+async def test_the_event_loop_answers_while_a_document_validates(make_client, monkeypatch) -> None:
+    import asyncio
+    import threading
+
+    from gateway.http import validation
+
+    release = threading.Event()
+    started = threading.Event()
+    real = validation.validate_document
+
+    def held(*args: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():  # off the loop
+            started.set()
+            assert release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(validation, "validate_document", held)
+    client = await make_client()
+    schema = build_schema()._schema
+    big = maximal_recall(schema, arguments=MAX_ARGS)  # large enough to validate off the loop
+    pending = asyncio.create_task(post(client, big))
+    # the thread signals a threading.Event; wait for it without holding the loop
+    assert await asyncio.to_thread(started.wait, 30)
+    try:
+        # validation is still under way, and the loop answers others
+        assert (await client.get("/healthz")).json() == {"status": "ok"}
+        assert (await post(client, "{ __typename }")).json() == {"data": {"__typename": "Query"}}
+        assert not pending.done()
+    finally:
+        release.set()
+    r = await pending
+    assert code(r) == "UNAUTHENTICATED"  # validated, then ran (no token)
+
+
+async def test_unknown_fragment_is_a_validation_error_without_a_trace(make_client, caplog) -> None:
+    client = await make_client()
+    with caplog.at_level("DEBUG"):
+        r = await post(client, "{ ...Nope }")
+    assert r.status_code == 200 and code(r) == "GRAPHQL_VALIDATION_FAILED", r.text
+    assert "Nope" in r.json()["errors"][0]["message"]
+    assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
+
+
+async def test_an_out_of_range_literal_is_the_same_error_as_the_variable(
+    make_client, writes
+) -> None:
+    from .conftest import load_jsonl, unique
+    from .factories import jsonl, team_records
+    from .test_recall import token
+
+    team = unique("bounds")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    auth = {"Authorization": f"Bearer {await token(writes, team, 'alice')}"}
+    client = await make_client(env="production")
+    inline = '{ recallMemory(query: "x", limit: 100000) { recallId } }'
+    variable = 'query($n: Int) { recallMemory(query: "x", limit: $n) { recallId } }'
+    r = await client.post("/graphql", json={"query": inline}, headers=auth)
+    inline_error = r.json()["errors"][0]
+    r = await client.post(
+        "/graphql", json={"query": variable, "variables": {"n": 100000}}, headers=auth
+    )
+    variable_error = r.json()["errors"][0]
+    for error in (inline_error, variable_error):
+        assert error["extensions"]["code"] == "BAD_USER_INPUT", error
+        assert error["extensions"]["field"] == "limit"
+    assert inline_error["message"] == variable_error["message"]
+    assert "between 1 and 50" in inline_error["message"]
+    # without a token too (refused before execution), and for the trace's bounds
+    r = await post(client, inline)
+    assert code(r) == "BAD_USER_INPUT" and r.json()["errors"][0]["extensions"]["field"] == "limit"
+    r = await post(client, '{ traceMemory(relationshipId: "r", maxEdges: 0) { __typename } }')
+    error = r.json()["errors"][0]
+    assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": "maxEdges"}, error
+    # in range, a literal is costed as written
+    r = await post(client, '{ recallMemory(query: "x", limit: 50) { recallId } }')
+    assert code(r) == "UNAUTHENTICATED"
+
+
+async def test_an_unparseable_datetime_names_its_argument_inline_and_as_a_variable(
+    make_client,
+) -> None:
+    client = await make_client()
+    for bad in ("yesterday", "2025-13-45T00:00:00Z"):
+        inline = f'{{ recallMemory(query: "x", validAt: "{bad}") {{ recallId }} }}'
+        variable = 'query($t: DateTime) { recallMemory(query: "x", validAt: $t) { recallId } }'
+        for r in (
+            await post(client, inline, accept=GRJ),
+            await post(client, variable, accept=GRJ, variables={"t": bad}),
+        ):
+            assert r.status_code == 400, r.text
+            error = r.json()["errors"][0]
+            assert error["extensions"]["code"] == "BAD_USER_INPUT", error
+            assert error["extensions"]["field"] == "validAt", error
+            assert bad in error["message"]
+    # a variable names the argument it feeds, here inside traceMemory
+    r = await post(
+        client,
+        'query($k: DateTime) { traceMemory(relationshipId: "r", knownAt: $k) { __typename } }',
+        variables={"k": 42},
+    )
+    error = r.json()["errors"][0]
+    assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": "knownAt"}, error
+    # other variable coercion errors name their argument too
+    r = await post(
+        client,
+        'query($n: Int) { recallMemory(query: "x", limit: $n) { recallId } }',
+        variables={"n": "many"},
+    )
+    assert r.json()["errors"][0]["extensions"] == {"code": "BAD_USER_INPUT", "field": "limit"}
+    # a well-formed time still parses (and, without a token, meets authentication)
+    ok = '{ recallMemory(query: "x", validAt: "2025-01-31T12:00:00Z") { recallId } }'
+    assert code(await post(client, ok)) == "UNAUTHENTICATED"
+
+
+async def raw_post(
+    client: httpx.AsyncClient, body: bytes, content_type: str = "application/json"
+) -> httpx.Response:
+    return await client.post("/graphql", content=body, headers={"content-type": content_type})
+
+
+async def test_malformed_requests_are_coded_4xx_without_a_trace(make_client, caplog) -> None:
+    client = await make_client(persisted_queries="apq")
+    deep = b"[" * 1100 + b"]" * 1100
+    surrogate_doc = "{ __typename } # \\ud800"
+    cases: list[tuple[bytes, str, int, str]] = [
+        # JSON nested ~1,100 levels anywhere (Python's parser raised RecursionError)
+        (b'{"query": "{ __typename }", "variables": {"x": ' + deep + b"}}", "", 400, "BAD_REQUEST"),
+        (deep, "", 400, "BAD_REQUEST"),
+        # deeper than the bound, shallower than Python's limit
+        (
+            b'{"query": "{ __typename }", "extensions": ' + b'{"a":' * 100 + b"1" + b"}" * 101,
+            "",
+            400,
+            "BAD_REQUEST",
+        ),
+        # valid JSON, not an object
+        (b'"x"', "", 400, "BAD_REQUEST"),
+        (b"42", "", 400, "BAD_REQUEST"),
+        (b"null", "", 400, "BAD_REQUEST"),
+        (b"[1, 2]", "", 400, "BAD_REQUEST"),
+        # not UTF-8, or declared as another charset
+        (b'{"query": "{ __typename \xff }"}', "", 400, "BAD_REQUEST"),
+        ('{"query": "{ __typename }"}'.encode("utf-16"), "", 400, "BAD_REQUEST"),
+        (
+            b'{"query": "{ __typename }"}',
+            "application/json; charset=latin-1",
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        ),
+        # a lone surrogate in an APQ document, and in a variable
+        (
+            json.dumps(
+                {
+                    "query": surrogate_doc,
+                    "extensions": {"persistedQuery": {"version": 1, "sha256Hash": "a" * 64}},
+                }
+            )
+            .replace("\\\\ud800", "\\ud800")
+            .encode(),
+            "",
+            400,
+            "BAD_REQUEST",
+        ),
+        (
+            b'{"query": "query($q: String) { recallMemory(query: $q) { recallId } }", '
+            b'"variables": {"q": "turbine \\udc00 alarm"}}',
+            "",
+            400,
+            "BAD_REQUEST",
+        ),
+    ]
+    with caplog.at_level("DEBUG"):
+        for body, content_type, status, expected in cases:
+            r = await raw_post(client, body, content_type or "application/json")
+            assert r.status_code == status and code(r) == expected, (body[:60], r.text)
+            assert r.headers["content-type"].startswith("application/json")
+        # the lone surrogate is named where it is
+        r = await raw_post(client, cases[-1][0])
+        assert r.json()["errors"][0]["extensions"]["field"] == "variables.q"
+        r = await client.get(
+            "/graphql", params={"query": "{ __typename }", "variables": '{"q": "\\ud800"}'}
+        )
+        assert r.status_code == 400 and code(r) == "BAD_REQUEST"
+        r = await client.post(
+            "/graphql",
+            content=b'{"query": "{ __typename }"}',
+            headers={"content-type": "application/json; charset=UTF-8"},
+        )
+        assert r.json() == {"data": {"__typename": "Query"}}
+    assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
+
+
+async def test_nul_in_the_recall_query_is_bad_input(make_client, writes) -> None:
+    from .conftest import load_jsonl, unique
+    from .factories import jsonl, team_records
+    from .test_recall import token
+
+    team = unique("nul")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    auth = {"Authorization": f"Bearer {await token(writes, team, 'alice')}"}
+    client = await make_client()
+    for query, variables in [
+        ("query($q: String) { recallMemory(query: $q) { recallId } }", {"q": "turbine\x00alarm"}),
+        ('{ recallMemory(query: "turbine\\u0000alarm") { recallId } }', {}),
+    ]:
+        r = await client.post(
+            "/graphql", json={"query": query, "variables": variables}, headers=auth
+        )
+        error = r.json()["errors"][0]
+        assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": "query"}, error
+        assert "NUL" in error["message"]
+
+
+async def test_http_methods_and_headers(make_client) -> None:
+    client = await make_client()
+    r = await client.get(
+        "/graphql",
+        params={
+            "query": 'mutation { remember(input: {sourceId: "s", evidence: []}) { receipts { id } } }'
+        },
+    )
+    assert r.status_code == 405 and code(r) == "METHOD_NOT_ALLOWED", r.text
+    assert r.headers["allow"] == "POST"
+    for method in ("PUT", "DELETE", "OPTIONS", "PATCH"):
+        r = await client.request(method, "/graphql", json={"query": "{ __typename }"})
+        assert r.status_code == 405 and code(r) == "METHOD_NOT_ALLOWED", (method, r.text)
+        assert r.headers["allow"] == "GET, POST"
+        assert r.headers["content-type"].startswith("application/json")
+    r = await client.head("/graphql", params={"query": "{ __typename }"})
+    assert r.status_code == 405 and r.headers["allow"] == "GET, POST"  # not served, not listed
+    # two operations and no operationName: an error, not a guess
+    r = await post(client, "query A { a: __typename } query B { b: __typename }", accept=GRJ)
+    assert r.status_code == 400 and "errors" in r.json(), r.text
+    r = await post(client, "query A { a: __typename } query B { b: __typename }", operationName="B")
+    assert r.json() == {"data": {"b": "Query"}}
+    # GraphQL answers are neither cached nor sniffed: success, errors, refusals
+    small = await make_client(max_body_bytes=1024)
+    for r in (
+        await post(client, "{ __typename }"),
+        await post(client, "{ nope }"),
+        await raw_post(client, b"{not json"),
+        await small.get("/graphql", params={"query": "{ __typename }", "x": "y" * 2000}),
+    ):
+        assert r.headers["x-content-type-options"] == "nosniff", r.text
+        assert r.headers["cache-control"] == "no-store"
+    r = await small.get("/graphql", params={"query": "{ __typename }", "x": "y" * 2000})
+    assert r.status_code == 413 and code(r) == "REQUEST_TOO_LARGE"
+    r = await client.get("/graphql", params={"query": "{ __typename }", "x": "y" * 60_000})
+    assert r.json() == {"data": {"__typename": "Query"}}
+
+
+async def test_a_get_query_string_over_64_kib_is_a_coded_413() -> None:
+    """Even below a larger body limit: the HTTP server's own parser refuses request
+    lines of about 80 KB in plain text, so the coded answer must come first.
+    (Sent as a raw ASGI request: httpx itself refuses URLs over 64 KiB.)"""
+    from gateway.http.body import RequestBodyMiddleware
+
+    async def app(*_args: Any) -> None:
+        raise AssertionError("refused before the app")
+
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/graphql",
+        "headers": [],
+        "query_string": b"query=%7B__typename%7D&x=" + b"y" * 70_000,
+    }
+    await RequestBodyMiddleware(app, max_bytes=1_048_576)(scope, receive, send)
+    assert sent[0]["status"] == 413
+    error = json.loads(sent[1]["body"])["errors"][0]
+    assert error["extensions"] == {"code": "REQUEST_TOO_LARGE", "maxBytes": 65_536}

@@ -6,26 +6,68 @@ a vector is recorded through ``provider.model``, never inferred.
 
 from __future__ import annotations
 
-from gateway.embeddings.base import EmbeddingProvider, Vectors, validate_vectors
+from gateway.embeddings.base import (
+    EmbeddingProvider,
+    Vectors,
+    embed_queries,
+    embedding_epoch,
+    validate_vectors,
+)
+from gateway.embeddings.catalog import (
+    AUTO,
+    DEFAULT_LOCAL_MODEL,
+    LOCAL_MODELS,
+    LocalModel,
+    by_key,
+    by_model_id,
+    choose,
+)
+from gateway.embeddings.e5 import E5EmbeddingProvider
+from gateway.embeddings.following import FollowingProvider
 from gateway.embeddings.local import LocalEmbeddingProvider
 from gateway.embeddings.openai import OpenAIEmbeddingProvider
 from gateway.errors import ConfigurationError
 from gateway.settings import Settings
 
 __all__ = [
+    "AUTO",
+    "DEFAULT_LOCAL_MODEL",
+    "LOCAL_MODELS",
+    "E5EmbeddingProvider",
     "EmbeddingProvider",
+    "FollowingProvider",
     "LocalEmbeddingProvider",
+    "LocalModel",
     "OpenAIEmbeddingProvider",
     "Vectors",
+    "by_key",
+    "by_model_id",
+    "choose",
     "create_provider",
+    "embed_queries",
+    "embedding_epoch",
     "validate_vectors",
 ]
 
 
-def create_provider(settings: Settings) -> EmbeddingProvider:
-    """The configured provider, not yet loaded or connected: construction is cheap and offline."""
+def create_provider(settings: Settings, store_model: str | None = None) -> EmbeddingProvider:
+    """The configured provider, not yet loaded or connected: construction is cheap and offline.
+
+    ``store_model`` is the model the store holds vectors of (None for a new
+    store): with ``RECALL_EMBEDDING_MODEL=auto`` the local provider is that
+    model's, so a store keeps working when the default model changes.
+    """
     if settings.embedding_provider == "local":
-        return LocalEmbeddingProvider(batch_size=settings.embedding_batch_size)
+        model = choose(settings.embedding_model, store_model)
+        provider = model.make(settings.embedding_batch_size)
+        following = FollowingProvider(
+            model,
+            provider,
+            follow=settings.embedding_model == AUTO,
+            batch_size=settings.embedding_batch_size,
+        )
+        following.observe(store_model)
+        return following
     if settings.embedding_provider == "openai":
         return OpenAIEmbeddingProvider(
             model_name=settings.openai_model,

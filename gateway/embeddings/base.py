@@ -8,13 +8,15 @@ through :func:`validate_vectors` so that nothing else ever has to doubt a vector
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Protocol, TypeAlias, TypeVar, runtime_checkable
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
-from gateway.errors import EmbeddingMalformed
+from gateway.errors import EmbeddingError, EmbeddingMalformed
 
 T = TypeVar("T")
 
@@ -34,10 +36,17 @@ class EmbeddingProvider(Protocol):
     provider needs no import from here to fit.
     """
 
-    model: str
-    """Stable identifier stored next to every vector; a change means a new vector space."""
+    @property
+    def model(self) -> str:
+        """Stable identifier stored next to every vector; a change means a new vector space.
 
-    dimensions: int
+        Read-only in the Protocol: a wrapper may answer with the model it
+        delegates to now (it may change when the store moves to another model).
+        """
+        ...
+
+    @property
+    def dimensions(self) -> int: ...
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         """One unit-length float32 row per text, in input order; ``(0, dimensions)`` for none."""
@@ -46,6 +55,31 @@ class EmbeddingProvider(Protocol):
     async def aclose(self) -> None:
         """Release threads, sessions and connections; the provider is unusable after."""
         ...
+
+
+async def embed_queries(provider: EmbeddingProvider, texts: Sequence[str]) -> Vectors:
+    """Vectors of search questions, for recall.
+
+    Asymmetric models (E5) embed a question differently from a document; such
+    a provider has an ``embed_queries`` method. Every other provider embeds
+    both sides alike, so the Protocol stays as small as it was.
+    """
+    queries = getattr(provider, "embed_queries", None)
+    if callable(queries):
+        vectors: Vectors = await queries(texts)
+        return vectors
+    return await provider.embed(texts)
+
+
+def embedding_epoch(provider: EmbeddingProvider) -> int:
+    """Changes whenever the vectors a provider makes may have changed space.
+
+    A cache of vectors (recall keeps its queries') keys on it: a provider that
+    follows the store's model bumps it when the store moves to another model,
+    every other provider stays at 0.
+    """
+    epoch = getattr(provider, "epoch", 0)
+    return epoch if isinstance(epoch, int) else 0
 
 
 def check_texts(texts: Sequence[str]) -> list[str]:
@@ -69,6 +103,57 @@ def chunked(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
         raise ValueError("batch size must be at least 1")
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+async def in_length_batches(
+    items: Sequence[str],
+    dimensions: int,
+    batch_size: int,
+    run: Callable[[list[str]], Awaitable[Vectors]],
+) -> Vectors:
+    """``run`` over batches of texts of similar length, rows back in input order.
+
+    A batch is padded to its longest text, so sorting by length first saves
+    the local models most of their padding work.
+    """
+    order = sorted(range(len(items)), key=lambda i: len(items[i]))
+    out = np.empty((len(items), dimensions), dtype=np.float32)
+    for indices in chunked(order, batch_size):
+        out[list(indices)] = await run([items[i] for i in indices])
+    return out
+
+
+class InferenceThread:
+    """The one worker thread a local model runs in.
+
+    One thread, because each run already uses the cores it is given:
+    concurrent requests queue rather than oversubscribe them, and a large
+    input goes in one batch at a time so that a query can slip in between the
+    batches of a bulk load.
+    """
+
+    def __init__(self, name: str, what: str) -> None:
+        self.what = what
+        self.closed = False
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    async def run(self, fn: Callable[..., Vectors], *args: Any) -> Vectors:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        except RuntimeError as exc:  # the executor refuses work after close()
+            if self.closed:
+                raise EmbeddingError(f"{self.what} is closed") from exc
+            raise
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise EmbeddingError(f"{self.what} is closed")
+
+    def close(self) -> None:
+        # Queued batches are not cancelled (their callers would see a bare
+        # CancelledError): they find the provider closed and say so.
+        self.closed = True
+        self._executor.shutdown(wait=False)
 
 
 def empty(dimensions: int) -> Vectors:

@@ -15,13 +15,11 @@ model identifier.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import importlib.resources
 import importlib.util
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -30,7 +28,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from gateway.embeddings.base import Vectors, check_texts, chunked, empty, validate_vectors
+from gateway.embeddings.base import (
+    InferenceThread,
+    Vectors,
+    check_texts,
+    empty,
+    in_length_batches,
+    validate_vectors,
+)
 from gateway.errors import ConfigurationError, EmbeddingError
 
 if TYPE_CHECKING:
@@ -126,6 +131,10 @@ class LocalEmbeddingProvider:
     oversubscribe them, and a large input is submitted one batch at a time so
     a query can slip in between the batches of a bulk load.
 
+    Memory: the session holds the model's weights dequantised by onnxruntime's
+    constant folding (about 165 MB over the 23 MB file; keeping them int8
+    made a query 8x slower), and no arena (see ``_load``).
+
     ``allow_spinning`` is off by default: onnxruntime's spinning worker threads
     cut a single query's latency by a few milliseconds but keep a core busy
     between runs, which on a small host takes it from PostgreSQL and the
@@ -152,8 +161,7 @@ class LocalEmbeddingProvider:
         self._allow_spinning = allow_spinning
         self._lock = threading.Lock()
         self._loaded: _Loaded | None = None
-        self._closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embeddings")
+        self._thread = InferenceThread("embeddings", "the local embedding provider")
 
     def load(self) -> None:
         """Verify and load the files now (blocking); later calls return at once.
@@ -167,35 +175,23 @@ class LocalEmbeddingProvider:
         items = check_texts(texts)
         if not items:
             return empty(self.dimensions)
-        # Similar lengths together: a batch is padded to its longest text.
-        order = sorted(range(len(items)), key=lambda i: len(items[i]))
-        out = np.empty((len(items), self.dimensions), dtype=np.float32)
-        loop = asyncio.get_running_loop()
-        for indices in chunked(order, self._batch_size):
-            batch = [items[i] for i in indices]
-            try:
-                vectors = await loop.run_in_executor(self._executor, self._embed_now, batch)
-            except RuntimeError as exc:  # the executor refuses work after aclose()
-                if self._closed:
-                    raise EmbeddingError("the local embedding provider is closed") from exc
-                raise
-            out[list(indices)] = vectors
-        return out
+        return await in_length_batches(
+            items,
+            self.dimensions,
+            self._batch_size,
+            lambda batch: self._thread.run(self._embed_now, batch),
+        )
 
     async def aclose(self) -> None:
-        if self._closed:
+        if self._thread.closed:
             return
-        self._closed = True
-        # Queued batches are not cancelled (their callers would see a bare
-        # CancelledError): they find the provider closed and say so.
         self._loaded = None
-        self._executor.shutdown(wait=False)
+        self._thread.close()
 
     # --- in the worker thread -----------------------------------------------------
 
     def _ensure_loaded(self) -> _Loaded:
-        if self._closed:
-            raise EmbeddingError("the local embedding provider is closed")
+        self._thread.check_open()
         loaded = self._loaded
         if loaded is not None:
             return loaded
@@ -226,6 +222,13 @@ class LocalEmbeddingProvider:
         options.intra_op_num_threads = self._threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # No CPU memory arena: the arena keeps its high-water mark for the
+        # process's life, and one batch of 64 texts of 256 tokens (the write
+        # path) took a worker from 280 MB to 1.6 GB RSS, never given back.
+        # Without it the large buffers are plain allocations (mmap-backed) that
+        # go back to the system after the run; query latency was the same in an
+        # interleaved A/B (docs/benchmarks.md).
+        options.enable_cpu_mem_arena = False
         options.log_severity_level = 3
         options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if self._allow_spinning else "0"

@@ -1,8 +1,8 @@
 """The request body: read once, bounded, and the client's going away seen.
 
-The body (and a GET's query string) is refused with 413 and the code
-``REQUEST_TOO_LARGE`` past ``RECALL_MAX_BODY_BYTES``, before anything parses
-it. Once it is read, this middleware owns the client's channel: when the
+The body is refused with 413 and the code ``REQUEST_TOO_LARGE`` past
+``RECALL_MAX_BODY_BYTES``, and a GET's query string past that or 64 KiB,
+whichever is smaller, before anything parses them. Once it is read, this middleware owns the client's channel: when the
 client disconnects before the answer is ready, the request's work is
 cancelled (its database statements with it: asyncpg cancels a query whose
 task is cancelled) instead of running on for nobody.
@@ -18,6 +18,11 @@ import logging
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger("gateway.http")
+
+MAX_QUERY_STRING_BYTES = 65_536
+"""A GET's query string is bounded below the body limit: uvicorn's HTTP parser
+(httptools) refuses request lines of about 80 KB itself, with a plain-text 400
+before the gateway sees them, so the gateway's own coded 413 must come first."""
 
 
 def _too_large(limit: int) -> bytes:
@@ -40,8 +45,8 @@ class RequestBodyMiddleware:
         self.app = app
         self.max_bytes = max_bytes
 
-    async def _refuse(self, send: Send) -> None:
-        body = _too_large(self.max_bytes)
+    async def _refuse(self, send: Send, limit: int | None = None) -> None:
+        body = _too_large(self.max_bytes if limit is None else limit)
         await send(
             {
                 "type": "http.response.start",
@@ -49,6 +54,8 @@ class RequestBodyMiddleware:
                 "headers": [
                     (b"content-type", b"application/json"),
                     (b"content-length", str(len(body)).encode()),
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"cache-control", b"no-store"),
                 ],
             }
         )
@@ -58,8 +65,9 @@ class RequestBodyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if len(scope.get("query_string", b"")) > self.max_bytes:
-            await self._refuse(send)
+        query_limit = min(self.max_bytes, MAX_QUERY_STRING_BYTES)
+        if len(scope.get("query_string", b"")) > query_limit:
+            await self._refuse(send, query_limit)
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:

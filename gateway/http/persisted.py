@@ -2,14 +2,18 @@
 
 APQ (the protocol of Apollo clients): a request may carry
 ``extensions.persistedQuery = {"version": 1, "sha256Hash": H}``. With the
-document, the gateway checks that H is its SHA-256 and keeps it; without it,
-the gateway runs the document it kept under H, or answers
-``PERSISTED_QUERY_NOT_FOUND`` so that the client sends it again with the
-document. Works over GET too, so that a CDN can cache by URL.
+document, the gateway checks that H is its SHA-256 and, once the document has
+validated and if the caller is authenticated, keeps it for the caller's team;
+without it, the gateway runs the document the caller's team kept under H, or
+answers ``PERSISTED_QUERY_NOT_FOUND`` so that the client sends it again with
+the document. Works over GET too.
 
 The store is the ``persisted_queries`` table, so every worker and every
-replica shares it, bounded to ``RECALL_PERSISTED_QUERY_MAX_ENTRIES`` (least
-recently used out), with a small per-process cache in front.
+replica shares it, bounded per team to ``RECALL_PERSISTED_QUERY_MAX_ENTRIES``
+(least recently used out; a team only ever pushes out its own entries),
+documents up to ``RECALL_PERSISTED_QUERY_MAX_BYTES``, with a small
+per-process cache in front. Anonymous callers never write to it: their
+documents run, and are not kept.
 
 Allow-list mode runs only the operations of a manifest (a JSON object
 ``{sha256: document}`` built from the clients' code), by hash or by document:
@@ -23,15 +27,15 @@ import hashlib
 import json
 import re
 from collections import OrderedDict
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from graphql import GraphQLError, parse
 from strawberry.http import GraphQLRequestData
 
-from gateway.errors import ConfigurationError
+from gateway.errors import ConfigurationError, GatewayError
 from gateway.http.errors import REQUEST_ERROR, RequestRejected
+from gateway.services.auth import Principal
 from gateway.store import persisted as store
 from gateway.store.database import Database
 
@@ -63,6 +67,15 @@ def load_manifest(path: Path) -> dict[str, str]:
     return manifest
 
 
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A document to keep for ``principal``'s team once it has validated."""
+
+    principal: Principal
+    sha256: str
+    document: str
+
+
 def _rejected(code: str, message: str) -> RequestRejected:
     return RequestRejected(REQUEST_ERROR, code, message)
 
@@ -76,7 +89,7 @@ class PersistedQueries:
         mode: Mode,
         *,
         max_entries: int,
-        max_tokens: int,
+        max_bytes: int = 32_768,
         manifest: dict[str, str] | None = None,
     ) -> None:
         if mode == "allowlist" and manifest is None:
@@ -86,11 +99,11 @@ class PersistedQueries:
         self.db = db
         self.mode = mode
         self.max_entries = max_entries
-        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self.manifest = manifest or {}
-        self._cache: OrderedDict[str, str] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], str] = OrderedDict()
 
-    def _remember(self, key: str, document: str) -> None:
+    def _remember(self, key: tuple[str, str], document: str) -> None:
         self._cache[key] = document
         self._cache.move_to_end(key)
         while len(self._cache) > _LOCAL_CACHE:
@@ -108,35 +121,65 @@ class PersistedQueries:
             raise _rejected("PERSISTED_QUERY_INVALID", "sha256Hash must be 64 lowercase hex digits")
         return given
 
-    async def resolve(self, request: GraphQLRequestData) -> GraphQLRequestData:
-        """The request with its document filled in, or a ``RequestRejected``."""
+    async def resolve(
+        self,
+        request: GraphQLRequestData,
+        principal: Principal | None,
+        unavailable: GatewayError | None = None,
+    ) -> tuple[GraphQLRequestData, Registration | None]:
+        """The request with its document filled in (or a ``RequestRejected``), and
+        the registration to make once the document has validated, if any.
+
+        Entries belong to the caller's team: a hash is looked up there only, and
+        only an authenticated caller registers. An anonymous caller's document
+        runs, and is never stored. ``unavailable`` is why the caller could not be
+        checked (the database is down): a lookup then fails with it instead of
+        a misleading "not found"."""
         wanted = self._hash_of(request)
         if self.mode == "off":
             if wanted is not None:
                 raise _rejected("PERSISTED_QUERY_NOT_SUPPORTED", "PersistedQueryNotSupported")
-            return request
+            return request, None
         if self.mode == "allowlist":
-            return self._allowed(request, wanted)
+            return self._allowed(request, wanted), None
         if wanted is None:
-            return request
+            return request, None
         if request.query is not None:
             if sha256(request.query) != wanted:
                 raise _rejected(
                     "PERSISTED_QUERY_HASH_MISMATCH", "sha256Hash is not the hash of the query"
                 )
-            if wanted not in self._cache and self._parses(request.query):
-                async with self.db.admin() as conn:
-                    await store.put(conn, wanted, request.query, max_entries=self.max_entries)
-                self._remember(wanted, request.query)
-            return request
-        document = self._cache.get(wanted)
+            fits = len(request.query.encode()) <= self.max_bytes
+            if principal is None or not fits or (principal.team_id, wanted) in self._cache:
+                return request, None
+            return request, Registration(principal, wanted, request.query)
+        if principal is None:
+            if unavailable is not None:
+                raise unavailable
+            raise _rejected("PERSISTED_QUERY_NOT_FOUND", "PersistedQueryNotFound")
+        key = (principal.team_id, wanted)
+        document = self._cache.get(key)
         if document is None:
             async with self.db.admin() as conn:
-                document = await store.get(conn, wanted)
+                document = await store.get(conn, principal.team_id, wanted)
             if document is None:
                 raise _rejected("PERSISTED_QUERY_NOT_FOUND", "PersistedQueryNotFound")
-            self._remember(wanted, document)
-        return replace(request, query=document)
+            self._remember(key, document)
+        return replace(request, query=document), None
+
+    async def register(self, registration: Registration) -> None:
+        """Keep a document that validated, for its caller's team (bounded per team)."""
+        principal = registration.principal
+        async with self.db.admin() as conn:
+            await store.put(
+                conn,
+                principal.team_id,
+                principal.principal_id,
+                registration.sha256,
+                registration.document,
+                max_entries=self.max_entries,
+            )
+        self._remember((principal.team_id, registration.sha256), registration.document)
 
     def _allowed(self, request: GraphQLRequestData, wanted: str | None) -> GraphQLRequestData:
         key = (
@@ -152,11 +195,3 @@ class PersistedQueries:
                 403, "PERSISTED_QUERY_NOT_ALLOWED", "only registered operations may run"
             )
         return replace(request, query=document)
-
-    def _parses(self, document: str) -> bool:
-        """Keep only documents that parse: junk never takes a slot of the store."""
-        try:
-            parse(document, max_tokens=self.max_tokens)
-        except GraphQLError:
-            return False
-        return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import strawberry
@@ -13,6 +14,7 @@ from gateway.schema.errors import ErrorCodes
 from gateway.schema.mutations import Mutation
 from gateway.schema.query import Query
 from gateway.schema.recall_types import EvidenceConflict, RelationshipConflict
+from gateway.schema.scalars import DATETIME
 
 
 class _Schema(strawberry.Schema):
@@ -37,6 +39,7 @@ def build_schema(
         types=[RelationshipConflict, EvidenceConflict],
         extensions=[lambda: ErrorCodes(hide_suggestions=hide_suggestions), *extensions],
         config=config,
+        scalar_overrides={datetime: DATETIME},
     )
 
 

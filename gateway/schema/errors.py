@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+from graphql import (
+    ArgumentNode,
+    DocumentNode,
+    ListValueNode,
+    ObjectValueNode,
+    ValueNode,
+    VariableNode,
+    visit,
+)
 from graphql.error import GraphQLError, GraphQLSyntaxError
+from graphql.language import Visitor
 from strawberry.extensions import SchemaExtension
 
 from gateway.errors import GatewayError
@@ -23,8 +33,6 @@ log = logging.getLogger("gateway.errors")
 # apart by their (library-owned) messages; tests/test_limits.py pins each one.
 _LIBRARY_CODES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Document contains more than \d+ tokens"), "TOO_MANY_TOKENS"),
-    (re.compile(r"exceeds maximum operation depth of \d+"), "QUERY_TOO_DEEP"),
-    (re.compile(r"^\d+ aliases found\. Allowed: \d+"), "TOO_MANY_ALIASES"),
     (re.compile(r"^GraphQL introspection has been disabled"), "INTROSPECTION_DISABLED"),
     (re.compile(r"^Variable '\$[^']+' (has invalid value|got invalid value|of required type|of non-null type)"),
      "BAD_USER_INPUT"),
@@ -58,6 +66,62 @@ def _coded(
     )
 
 
+_VARIABLE = re.compile(r"^Variable '\$([_A-Za-z][_0-9A-Za-z]*)'")
+
+
+class _Arguments(Visitor):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[ArgumentNode] = []
+
+    def enter_argument(self, node: ArgumentNode, *_args: object) -> None:
+        self.found.append(node)
+
+
+def argument_of(document: DocumentNode, wanted: Callable[[ValueNode], bool]) -> str | None:
+    """The argument (and the path inside it) whose value holds a node ``wanted``
+    accepts: ``validAt``, ``input.evidence[0].observedAt``."""
+    arguments = _Arguments()
+    visit(document, arguments)
+    for argument in arguments.found:
+        pending: list[tuple[ValueNode, str]] = [(argument.value, argument.name.value)]
+        while pending:
+            value, path = pending.pop()
+            if wanted(value):
+                return path
+            if isinstance(value, ObjectValueNode):
+                pending.extend((f.value, f"{path}.{f.name.value}") for f in value.fields)
+            elif isinstance(value, ListValueNode):
+                pending.extend((v, f"{path}[{i}]") for i, v in enumerate(value.values))
+    return None
+
+
+def _named(coded: GraphQLError, raw: GraphQLError, document: DocumentNode | None) -> GraphQLError:
+    """A bad input refused before execution, with ``extensions.field`` naming the
+    argument it was given for, as the resolvers' own input errors do: a bad
+    variable names the argument the variable feeds, a bad literal its own."""
+    extensions = coded.extensions or {}
+    if document is None or extensions.get("code") != "BAD_USER_INPUT" or "field" in extensions:
+        return coded
+    if raw.path is not None:
+        return coded
+    variable = _VARIABLE.match(raw.message)
+    if variable is not None:
+        name = variable[1]
+        field = argument_of(
+            document, lambda v: isinstance(v, VariableNode) and v.name.value == name
+        )
+    elif raw.nodes:
+        target = raw.nodes[0]
+        field = argument_of(document, lambda v: v is target)
+    else:
+        field = None
+    if field is None:
+        return coded
+    coded.extensions = {**extensions, "field": field}
+    return coded
+
+
 class ErrorCodes(SchemaExtension):
     """Give every error its code; ``hide_suggestions`` drops "Did you mean" hints."""
 
@@ -71,7 +135,11 @@ class ErrorCodes(SchemaExtension):
             return
         ctx = self.execution_context.context
         request_id = getattr(ctx, "request_id", None)
-        result.errors = [self._code(e, request_id, self.hide_suggestions) for e in result.errors]
+        document = self.execution_context.graphql_document
+        result.errors = [
+            _named(self._code(e, request_id, self.hide_suggestions), e, document)
+            for e in result.errors
+        ]
 
     @staticmethod
     def _code(

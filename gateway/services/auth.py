@@ -1,7 +1,9 @@
 """Who is calling: a bearer token becomes a :class:`Principal` with its readable spaces.
 
 Every refusal has the same message and code, so a caller learns nothing about
-which part of a token was wrong.
+which part of a token was wrong. Tokens are looked up on every request, with
+no cache in the process: a revoked token is refused by every worker from the
+next request on (``recall-gateway tokens revoke``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from datetime import UTC, datetime
 from uuid import UUID
 
 from gateway import tokens
-from gateway.errors import Unauthenticated
+from gateway.errors import NotFound, Unauthenticated
 from gateway.store import auth as store
 from gateway.store.database import Database
 
@@ -76,3 +78,20 @@ async def authenticate(db: Database, raw: str) -> Principal:
         shared_space_id=row.shared_space_id,
         private_space_id=private,
     )
+
+
+async def list_tokens(
+    db: Database, team: str | None = None, principal: str | None = None
+) -> list[store.TokenListing]:
+    """Every token (of a team, of a principal), without secrets: for operators."""
+    async with db.admin(readonly=True) as conn:
+        return await store.list_tokens(conn, team, principal)
+
+
+async def revoke(db: Database, token_id: str) -> datetime:
+    """Revoke a token at once; revoking it again is a no-op returning the first time."""
+    async with db.admin() as conn:
+        revoked = await store.revoke_token(conn, token_id)
+    if revoked is None:
+        raise NotFound(f"no token '{token_id}'")
+    return revoked

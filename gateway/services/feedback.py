@@ -170,7 +170,8 @@ class FeedbackService:
     # --- submitRecallSessionFeedback ---------------------------------------------------
 
     async def submit(self, principal: Principal, fb: SessionFeedback) -> FeedbackReceipt:
-        """Record feedback on the caller's own recall event; idempotent by feedback ID."""
+        """Record feedback on the caller's own recall event (made by this token, or
+        by one that read no space this token cannot); idempotent by feedback ID."""
         event_id = fb.validated_event_id()
         items = fb.validated_items()
         digest = fb.payload_sha256(principal)
@@ -181,7 +182,12 @@ class FeedbackService:
             if earlier is not None:
                 return _replay(fb, earlier, digest)
             returned = await store.event_items(
-                conn, principal.team_id, event_id, principal.principal_id
+                conn,
+                principal.team_id,
+                event_id,
+                principal.principal_id,
+                principal.token_id,
+                principal.space_kinds,
             )
             if returned is None:
                 raise NotFound(f"no recall event '{fb.recall_event_id}'")

@@ -11,12 +11,20 @@ is safe: records already applied are skipped by their IDs.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+)
 
 from gateway.errors import GatewayError
 from gateway.services.records import Record
@@ -24,6 +32,20 @@ from gateway.services.writes import Actor, RecordError, WriteService
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
 MAX_REPORTED_ERRORS = 20
+EMBEDDING_MODEL = "embedding_model"
+
+
+class EmbeddingModelLine(BaseModel):
+    """Not a record: the file's statement of the model its supplied vectors come
+    from. Checked against the gateway's provider and the store before any write."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["embedding_model"]
+    model: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    dimensions: Annotated[int, Field(ge=1, le=4096)]
+
+
+_DIRECTIVE: TypeAdapter[EmbeddingModelLine] = TypeAdapter(EmbeddingModelLine)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,29 +113,83 @@ CHANGE_KINDS = frozenset(
 )
 
 
-def batches(records: list[tuple[int, Any]], batch_size: int) -> list[list[tuple[int, Any]]]:
+def batches(records: Iterable[tuple[int, Any]], batch_size: int) -> Iterator[list[tuple[int, Any]]]:
     """Cut records into transactions of at most ``batch_size``, and before a change
-    that follows creations (see :data:`CHANGE_KINDS`)."""
-    out: list[list[tuple[int, Any]]] = []
+    that follows creations (see :data:`CHANGE_KINDS`). Lazy: a streamed file is
+    read one batch ahead, never whole. ``embedding_model`` lines are skipped."""
     current: list[tuple[int, Any]] = []
     creates = False
     for item in records:
+        if isinstance(item[1], EmbeddingModelLine):
+            continue
         is_change = item[1].kind in CHANGE_KINDS
         if current and (len(current) >= batch_size or (is_change and creates)):
-            out.append(current)
+            yield current
             current, creates = [], False
         current.append(item)
         creates = creates or not is_change
     if current:
-        out.append(current)
-    return out
+        yield current
 
 
-def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What a validated file holds: its records, and the model its vectors name."""
+
+    records: int
+    embedding_model: tuple[int, EmbeddingModelLine] | None
+
+
+def parse(lines: Iterable[str | bytes]) -> list[tuple[int, Any]]:
     """Validate every line; raises :class:`LoadError` listing the bad ones."""
-    parsed: list[tuple[int, Any]] = []
     errors: list[LineError] = []
+    parsed = list(_parse(lines, errors))
+    if errors:
+        raise LoadError(errors, 0, f"{len(errors)} invalid line(s); nothing was written")
+    return parsed
+
+
+def check(lines: Iterable[str | bytes]) -> Checked:
+    """Validate every line keeping none of them: the first pass over a file that is
+    then streamed (:func:`stream`), so that memory does not grow with the file while
+    a bad line anywhere still stops the load before anything is written."""
+    errors: list[LineError] = []
+    count, model = 0, None
+    for number, item in _parse(lines, errors):
+        if isinstance(item, EmbeddingModelLine):
+            model = (number, item)
+        else:
+            count += 1
+    if errors:
+        raise LoadError(errors, 0, f"{len(errors)} invalid line(s); nothing was written")
+    return Checked(count, model)
+
+
+def stream(lines: Iterable[str | bytes]) -> Iterator[tuple[int, Any]]:
+    """The records of a file that :func:`check` accepted, parsed as they are read.
+    A line that fails now means the file changed since: the load stops there."""
+    errors: list[LineError] = []
+    for item in _parse(lines, errors):
+        if errors:
+            break
+        yield item
+    if errors:
+        raise LoadError(errors, 0, f"{errors[0]}: the input changed while it was loaded")
+
+
+def _parse(lines: Iterable[str | bytes], errors: list[LineError]) -> Iterator[tuple[int, Any]]:
+    """The valid lines as (line number, record); the invalid ones go to ``errors``
+    (at most :data:`MAX_REPORTED_ERRORS`, then it stops)."""
+    declared: EmbeddingModelLine | None = None
     for number, raw in enumerate(lines, start=1):
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                errors.append(LineError(number, None, f"not valid UTF-8 (byte {exc.start + 1})"))
+                if len(errors) >= MAX_REPORTED_ERRORS:
+                    return
+                continue
         text = raw.strip()
         if not text:
             continue
@@ -123,26 +199,62 @@ def parse(lines: Iterable[str]) -> list[tuple[int, Any]]:
             errors.append(
                 LineError(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})")
             )
-            continue
-        if not isinstance(data, dict):
+            data = None
+        if data is not None and not isinstance(data, dict):
             errors.append(LineError(number, None, "a record must be a JSON object"))
-            continue
-        try:
-            # JSON-mode validation: timestamps must be strings, not numbers.
-            parsed.append((number, _ADAPTER.validate_json(text)))
-        except ValidationError as exc:
-            for err in exc.errors(include_url=False):
-                loc = tuple(err["loc"])
-                if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
-                    errors.append(LineError(number, "kind", _kind_message(data)))
+        elif isinstance(data, dict) and data.get("kind") == EMBEDDING_MODEL:
+            try:
+                line = _DIRECTIVE.validate_json(text)
+            except ValidationError as exc:
+                for err in exc.errors(include_url=False):
+                    field = ".".join(str(part) for part in err["loc"]) or None
+                    errors.append(LineError(number, field, _message(err["msg"])))
+            else:
+                if declared is not None:
+                    errors.append(LineError(number, "kind", "the embedding model is named twice"))
                 else:
-                    # the discriminator's tag is the first element of loc
-                    errors.append(LineError(number, _loc(loc), _message(err["msg"])))
+                    declared = line
+                    yield number, line
+        elif isinstance(data, dict):
+            try:
+                # JSON-mode validation: timestamps must be strings, not numbers.
+                record = _ADAPTER.validate_json(text)
+            except ValidationError as exc:
+                for err in exc.errors(include_url=False):
+                    loc = tuple(err["loc"])
+                    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+                        errors.append(LineError(number, "kind", _kind_message(data)))
+                    else:
+                        # the discriminator's tag is the first element of loc
+                        errors.append(LineError(number, _loc(loc), _message(err["msg"])))
+            else:
+                problem = _embedding_problem(getattr(record, "embedding", None), declared)
+                if problem is not None:
+                    errors.append(LineError(number, "embedding", problem))
+                else:
+                    yield number, record
         if len(errors) >= MAX_REPORTED_ERRORS:
-            break
-    if errors:
-        raise LoadError(errors, 0, f"{len(errors)} invalid line(s); nothing was written")
-    return parsed
+            return
+
+
+def _embedding_problem(
+    vector: list[float] | None, declared: EmbeddingModelLine | None
+) -> str | None:
+    if vector is None:
+        return None
+    if declared is None:
+        return (
+            "a supplied vector needs an 'embedding_model' line earlier in the file "
+            "naming the model and dimensions it was made with"
+        )
+    if len(vector) != declared.dimensions:
+        return (
+            f"{len(vector)} numbers; the file's embedding model "
+            f"'{declared.model}' makes {declared.dimensions}"
+        )
+    if not all(math.isfinite(x) for x in vector) or not any(vector):
+        return "the vector must hold finite numbers, not all zero"
+    return None
 
 
 def _kind_message(data: dict[str, Any]) -> str:
@@ -155,22 +267,39 @@ def _kind_message(data: dict[str, Any]) -> str:
     return f"unknown kind {kind!r}; one of: {known}"
 
 
+async def check_embedding_model(service: WriteService, line: int, item: EmbeddingModelLine) -> None:
+    """Refuse a file whose supplied vectors are not of the gateway's and store's model."""
+    problem = await service.supplied_model_problem(item.model, item.dimensions)
+    if problem is not None:
+        error = LineError(line, "model", problem, "EMBEDDING_MODEL_MISMATCH")
+        raise LoadError([error], 0, f"{error}; nothing was written")
+
+
 async def load(
     service: WriteService,
-    records: list[tuple[int, Any]],
+    records: Iterable[tuple[int, Any]],
     *,
     batch_size: int,
     actor: Actor | None = None,
     progress: Callable[[int], None] | None = None,
+    set_based: bool = True,
 ) -> LoadReport:
-    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts."""
+    """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
+    A list's ``embedding_model`` line is checked first; a stream's must have been
+    checked by the caller (:func:`check`, then :func:`check_embedding_model`).
+    ``set_based=False`` keeps every record on the record-at-a-time path (a test
+    compares the two)."""
     actor = actor or Actor.operator()
     report = LoadReport()
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    if isinstance(records, list):
+        for line, item in records:
+            if isinstance(item, EmbeddingModelLine):
+                await check_embedding_model(service, line, item)
     for chunk in batches(records, batch_size):
         try:
-            result = await service.apply([r for _, r in chunk], actor)
+            result = await service.apply([r for _, r in chunk], actor, set_based=set_based)
         except RecordError as exc:
             if exc.index >= 0:
                 line = chunk[exc.index][0]

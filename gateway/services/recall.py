@@ -31,7 +31,7 @@ from typing import Final
 
 import numpy as np
 
-from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings import EmbeddingProvider, embed_queries, embedding_epoch
 from gateway.errors import EmbeddingError, EmbeddingMalformed
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
@@ -71,17 +71,20 @@ class QueryEmbeddings:
     def __init__(self, embedder: EmbeddingProvider, size: int = QUERY_EMBEDDING_CACHE) -> None:
         self.embedder = embedder
         self.size = size
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         if query is None:
             return None
-        cached = self._cache.get(query)
+        # The provider's epoch changes when the store moves to another model
+        # (reembed): vectors cached before then belong to the old model.
+        key = (embedding_epoch(self.embedder), query)
+        cached = self._cache.get(key)
         if cached is not None:
-            self._cache.move_to_end(query)
+            self._cache.move_to_end(key)
             return cached
         try:
-            vectors = await self.embedder.embed([query])
+            vectors = await embed_queries(self.embedder, [query])
         except EmbeddingError as exc:
             malformed = isinstance(exc, EmbeddingMalformed)
             code = "query_embedding_malformed" if malformed else "query_embedding_unavailable"
@@ -105,7 +108,7 @@ class QueryEmbeddings:
             return None
         vector = np.array(vectors[0], dtype=np.float32)
         vector.setflags(write=False)
-        self._cache[query] = vector
+        self._cache[key] = vector
         if len(self._cache) > self.size:
             self._cache.popitem(last=False)
         return vector

@@ -111,6 +111,8 @@ def validate(
             raise InvalidInput(f"query is longer than {MAX_QUERY_CHARS} characters", field="query")
         if not query.strip():
             raise InvalidInput("query is blank; leave it out or give words", field="query")
+        if "\x00" in query:
+            raise InvalidInput("query contains a NUL character", field="query")
     entities = _ids("expandFromEntityIds", expand_from_entity_ids, MAX_EXPAND_ENTITIES)
     if query is None and not entities:
         raise InvalidInput("give a query, expandFromEntityIds, or both", field="query")

@@ -57,9 +57,18 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
 
     def payload_sha256(self) -> bytes:
-        """Hash of the record's canonical JSON: what idempotency compares."""
-        body = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Hash of the record's canonical JSON: what idempotency compares. A supplied
+        ``embedding`` is derived from the content, not content: it is left out, so
+        a record hashes as it did before vectors could be supplied."""
+        data = self.model_dump(mode="json", exclude={"embedding"})
+        body = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(body.encode()).digest()
+
+
+# A vector computed elsewhere by the store's model (docs/loading.md, "Supplied
+# embeddings"): its length and the model are checked against the file's
+# embedding_model line and the store when the file is loaded.
+SuppliedEmbedding = Annotated[list[float], Field(min_length=1, max_length=4096)]
 
 
 class _TeamRecord(_Record):
@@ -157,6 +166,7 @@ class EvidenceRecord(_TeamRecord):
     observed_at: Instant | None = None
     occurrences: Annotated[list[Occurrence], Field(max_length=200)] = []
     mentions: Annotated[list[Mention], Field(max_length=200)] = []
+    embedding: SuppliedEmbedding | None = None
 
     @model_validator(mode="after")
     def _spans_inside(self) -> EvidenceRecord:
@@ -222,6 +232,7 @@ class RelationshipRecord(_TeamRecord):
     owner: ClientId | None = None
     semantic_group: Annotated[str, StringConstraints(min_length=1, max_length=300)] | None = None
     supports: Annotated[list[SupportSpec], Field(max_length=200)] = []
+    embedding: SuppliedEmbedding | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> RelationshipRecord:
@@ -245,6 +256,17 @@ class RelationshipRecord(_TeamRecord):
         )
         basis = f"{self.subject}|{self.predicate}|{obj}|{self.polarity}"
         return "sg:" + hashlib.sha256(basis.encode()).hexdigest()[:32]
+
+
+def render_statement(
+    subject: str, predicate: str, obj: str, unit: str | None, polarity: str
+) -> str:
+    """A readable sentence for a relationship; its search text and vector come from it."""
+    verb = predicate.replace("_", " ")
+    tail = f"{obj} {unit}" if unit else obj
+    if polarity == "negative":
+        return f"not: {subject} {verb} {tail}"
+    return f"{subject} {verb} {tail}"
 
 
 def _fold(value: str) -> str:

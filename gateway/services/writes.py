@@ -9,17 +9,20 @@ failure rolls the whole batch back and names the record and field at fault.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
 
 import asyncpg
+import numpy as np
 
-from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings import EmbeddingProvider, validate_vectors
 from gateway.errors import (
     DatabaseUnavailable,
     EmbeddingMismatch,
@@ -29,7 +32,9 @@ from gateway.errors import (
     InvalidInput,
     NotFound,
 )
+from gateway.services import bulk_writes
 from gateway.services import records as rec
+from gateway.services.records import render_statement
 from gateway.store import writes as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
@@ -142,17 +147,6 @@ _HYPOTHESIS_STATUS = {
 HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
 
 
-def render_statement(
-    subject: str, predicate: str, obj: str, unit: str | None, polarity: str
-) -> str:
-    """A readable sentence for a relationship; its search text and vector come from it."""
-    verb = predicate.replace("_", " ")
-    tail = f"{obj} {unit}" if unit else obj
-    if polarity == "negative":
-        return f"not: {subject} {verb} {tail}"
-    return f"{subject} {verb} {tail}"
-
-
 class _Batch:
     """State of one batch inside its transaction."""
 
@@ -162,6 +156,10 @@ class _Batch:
         self.embedder = embedder
         self.evidence_texts: list[tuple[str, UUID, str, str]] = []
         self.relationship_texts: list[tuple[str, UUID, str, str]] = []
+        # Vectors supplied by a loader file, by (kind, team, id): not embedded again.
+        self.supplied: dict[tuple[str, str, str], Sequence[float]] = {}
+        # Texts being embedded while the checks and inserts run (see WriteService).
+        self.prefetch: tuple[list[str], asyncio.Task[np.ndarray]] | None = None
 
     # --- checks shared by several kinds -------------------------------------------
 
@@ -292,6 +290,8 @@ class _Batch:
             self.actor.label,
         )
         self.evidence_texts.append((r.team, source.space_id, r.id, r.content))
+        if r.embedding is not None:
+            self.supplied[("evidence", r.team, r.id)] = r.embedding
 
     async def relationship(self, r: rec.RelationshipRecord) -> None:
         space = await self.space(r.team, r.space)
@@ -343,6 +343,8 @@ class _Batch:
         for i, spec in enumerate(r.supports):
             await self._support(r.team, spec, r.id, space.id, f"supports[{i}]")
         self.relationship_texts.append((r.team, space.id, r.id, statement))
+        if r.embedding is not None:
+            self.supplied[("relationship", r.team, r.id)] = r.embedding
 
     async def _support(
         self, team: str, spec: rec.SupportSpec, relationship_id: str, space_id: UUID, prefix: str
@@ -609,12 +611,15 @@ class _Batch:
                 f"the store holds vectors of model '{registered[0]}' ({registered[1]} dimensions); "
                 f"the configured provider makes '{model}' ({dims}): refusing to mix them"
             )
-        texts = [t[3] for t in self.evidence_texts] + [t[3] for t in self.relationship_texts]
-        vectors = await self.embedder.embed(texts)
+        vectors = await self._vectors(dims)
         n = len(self.evidence_texts)
         if self.evidence_texts:
             await store.insert_evidence_embeddings(
-                self.conn, [t[:3] for t in self.evidence_texts], vectors[:n], model
+                self.conn,
+                [t[:3] for t in self.evidence_texts],
+                vectors[:n],
+                model,
+                copy=self.actor.is_operator,
             )
         if self.relationship_texts:
             generations: dict[str, int] = {}
@@ -625,7 +630,31 @@ class _Batch:
                 [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
                 vectors[n:],
                 model,
+                copy=self.actor.is_operator,
             )
+
+    async def _vectors(self, dims: int) -> np.ndarray:
+        """Rows for the batch's evidence then relationships: supplied ones as given
+        (checked and normalised like a provider's), the rest from the provider."""
+        keys = [("evidence", t, i) for t, _, i, _ in self.evidence_texts] + [
+            ("relationship", t, i) for t, _, i, _ in self.relationship_texts
+        ]
+        texts = [t[3] for t in self.evidence_texts] + [t[3] for t in self.relationship_texts]
+        missing = [k for k, key in enumerate(keys) if key not in self.supplied]
+        out = np.empty((len(keys), dims), dtype=np.float32)
+        ready: dict[str, np.ndarray] = {}
+        if self.prefetch is not None:
+            ahead, task = self.prefetch
+            ready = dict(zip(ahead, await task, strict=True))
+        for k in [k for k in missing if texts[k] in ready]:
+            out[k] = ready[texts[k]]
+        missing = [k for k in missing if texts[k] not in ready]
+        if missing:
+            out[missing] = await self.embedder.embed([texts[k] for k in missing])
+        given = [k for k, key in enumerate(keys) if key in self.supplied]
+        if given:
+            out[given] = validate_vectors([self.supplied[keys[k]] for k in given], len(given), dims)
+        return out
 
 
 # Refusals that say nothing about the record: a lock or statement timeout, a
@@ -649,8 +678,41 @@ class WriteService:
         self.db = db
         self.embedder = embedder
 
-    async def apply(self, records: Sequence[Any], actor: Actor) -> BatchResult:
-        """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal."""
+    async def supplied_model_problem(self, model: str, dimensions: int) -> str | None:
+        """Why vectors of ``model`` cannot be stored as given, or None: they must be
+        the configured provider's (recall embeds queries with it) and the store's."""
+        mine = (self.embedder.model, self.embedder.dimensions)
+        if (model, dimensions) != mine:
+            return (
+                f"the file's vectors are of model '{model}' ({dimensions} dimensions); "
+                f"this gateway embeds with '{mine[0]}' ({mine[1]}): refusing to mix them"
+            )
+        async with self.db.admin(readonly=True) as conn:
+            held = await store.store_embedding_model(conn)
+        if held is not None and held != (model, dimensions):
+            return (
+                f"the store holds vectors of model '{held[0]}' ({held[1]} dimensions); "
+                f"the file's are of '{model}' ({dimensions}): refusing to mix them"
+            )
+        return None
+
+    async def apply(
+        self, records: Sequence[Any], actor: Actor, *, set_based: bool = True
+    ) -> BatchResult:
+        """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal.
+
+        The operator's runs of creation records go through the set-based path
+        (:mod:`gateway.services.bulk_writes`) unless ``set_based`` is off; when
+        that path cannot accept a run, the batch is applied again record by
+        record, which reports the refusal exactly as it always has."""
+        if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
+            try:
+                return await self._apply(records, actor, set_based=True)
+            except bulk_writes.Fallback:
+                pass  # rolled back; the record-at-a-time path finds the refusal
+        return await self._apply(records, actor, set_based=False)
+
+    async def _apply(self, records: Sequence[Any], actor: Actor, *, set_based: bool) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
         # embeddings: bounded by the statement timeout, like the loader's own writes,
@@ -662,9 +724,19 @@ class WriteService:
                 cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
             )
         )
-        async with transaction as conn:
+        async with self._prefetched(records, actor) as prefetch, transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
-            for index, record in enumerate(records):
+            batch.prefetch = prefetch
+            index = 0
+            while index < len(records):
+                if set_based and bulk_writes.eligible(records[index]):
+                    end = index
+                    while end < len(records) and bulk_writes.eligible(records[end]):
+                        end += 1
+                    await self._apply_run(batch, records[index:end], result)
+                    index = end
+                    continue
+                record = records[index]
                 try:
                     created, recorded_at = await self._apply_one(batch, record)
                     if created:
@@ -687,6 +759,7 @@ class WriteService:
                     raise RecordError(
                         index, _field_of(exc), InvalidInput(_db_message(exc))
                     ) from exc
+                index += 1
             try:
                 await batch.embed_pending()
             except GatewayError as exc:
@@ -697,6 +770,50 @@ class WriteService:
                 ) from exc
         return result
 
+    @asynccontextmanager
+    async def _prefetched(
+        self, records: Sequence[Any], actor: Actor
+    ) -> AsyncIterator[tuple[list[str], asyncio.Task[np.ndarray]] | None]:
+        """A principal's evidence texts start embedding at once, in the provider's
+        thread, while the transaction's checks and inserts wait on the database:
+        a ``remember`` then costs about the longer of the two, not their sum. Not
+        for the loader: a re-run would embed texts that are already stored."""
+        texts = sorted(
+            {
+                r.content
+                for r in records
+                if r.kind == "evidence" and getattr(r, "embedding", None) is None
+            }
+        )
+        if actor.is_operator or not texts:
+            yield None
+            return
+        task = asyncio.create_task(self.embedder.embed(texts))
+        try:
+            yield texts, task
+        finally:
+            # unused after a refusal: stop it, and never leave its failure unretrieved
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.cancel()
+
+    async def _apply_run(self, batch: _Batch, run: Sequence[Any], result: BatchResult) -> None:
+        """A run of creation records, set-based; any doubt raises ``Fallback``."""
+        try:
+            outcome = await bulk_writes.apply_run(
+                batch.conn,
+                run,
+                batch.actor.label,
+                statement_timeout_ms=self.db.statement_timeout_ms,
+            )
+        except asyncpg.PostgresError as exc:
+            raise bulk_writes.Fallback from exc
+        for record, (created, recorded_at) in zip(run, outcome.receipts, strict=True):
+            (result.created if created else result.unchanged)[record.kind] += 1
+            result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
+        batch.evidence_texts.extend(outcome.evidence_texts)
+        batch.relationship_texts.extend(outcome.relationship_texts)
+        batch.supplied.update(outcome.supplied)
+
     async def _apply_one(self, batch: _Batch, record: Any) -> tuple[bool, datetime]:
         team = rec.record_team(record)
         if record.kind == "team":
@@ -704,6 +821,8 @@ class WriteService:
                 raise _fail("kind", Forbidden("only the operator creates teams"))
         else:
             batch._check_team(team)
+        if getattr(record, "embedding", None) is not None and not batch.actor.is_operator:
+            raise _fail("embedding", Forbidden("only the loader supplies vectors"))
         if record.kind in _OPERATOR_ONLY and not batch.actor.is_operator:
             raise _fail("kind", Forbidden(f"only the operator writes '{record.kind}' records"))
         claim, recorded_at = await store.claim_write(

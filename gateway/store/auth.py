@@ -43,8 +43,42 @@ async def find_token(conn: Conn, token_id: str) -> TokenRow | None:
     return TokenRow(**dict(row)) if row else None
 
 
-async def revoke_token(conn: Conn, token_id: str) -> bool:
-    status = await conn.execute(
-        "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL", token_id
+async def revoke_token(conn: Conn, token_id: str) -> datetime | None:
+    """Revoke a token; its revocation time (the earlier one when it already was
+    revoked), or None when there is no such token."""
+    revoked: datetime | None = await conn.fetchval(
+        "WITH now_revoked AS (UPDATE api_tokens SET revoked_at = now() "
+        "WHERE id = $1 AND revoked_at IS NULL RETURNING revoked_at) "
+        "SELECT revoked_at FROM now_revoked "
+        "UNION ALL SELECT revoked_at FROM api_tokens WHERE id = $1 AND revoked_at IS NOT NULL",
+        token_id,
     )
-    return bool(status.endswith(" 1"))
+    return revoked
+
+
+@dataclass(frozen=True, slots=True)
+class TokenListing:
+    """What an operator may see of a token: never its secret nor its hash."""
+
+    id: str
+    team_id: str
+    principal_id: str
+    binding: str
+    label: str | None
+    recorded_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+async def list_tokens(
+    conn: Conn, team: str | None = None, principal: str | None = None
+) -> list[TokenListing]:
+    rows = await conn.fetch(
+        "SELECT id, team_id, principal_id, binding, label, recorded_at, expires_at, revoked_at "
+        "FROM api_tokens WHERE ($1::text IS NULL OR team_id = $1) "
+        "AND ($2::text IS NULL OR principal_id = $2) "
+        "ORDER BY team_id, principal_id, recorded_at, id",
+        team,
+        principal,
+    )
+    return [TokenListing(**dict(r)) for r in rows]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from uuid import UUID
 
 import asyncpg
@@ -41,13 +42,19 @@ _SET_SPACES = "SELECT set_config('recall.space_ids', $1, true)"
 STORE_FAILURES: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     OSError,
     TimeoutError,
 )
 
+# Connection-level failures. ``InternalClientError`` is asyncpg's protocol state
+# machine giving up, seen when the server stops in the middle of a statement
+# (2 of 3 fast stops during token lookup): it is the connection that failed,
+# not the request, so it is DATABASE_UNAVAILABLE like a reset socket.
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.TooManyConnectionsError,
@@ -75,6 +82,19 @@ def _space_literal(space_ids: Sequence[UUID]) -> str:
 _DRIVER_QUERIES = ("pg_catalog.pg_type", "set_config('jit'", "pg_advisory_unlock_all()")
 
 
+class StatementTally:
+    """Statements of one request (the metrics' statements per request)."""
+
+    count = 0
+
+
+REQUEST_STATEMENTS: ContextVar[StatementTally | None] = ContextVar(
+    "request_statements", default=None
+)
+"""Set by the HTTP edge per request. asyncpg calls query loggers with
+``call_soon`` from the task that ran the statement, so they see its context."""
+
+
 class StatementCounter:
     """Counts statements sent on the pool's connections: tests check with it that
     the number of statements of a recall does not grow with its limit."""
@@ -92,6 +112,9 @@ class StatementCounter:
             return  # asyncpg's own: type introspection, pool reset
         self.count += 1
         self.seconds += float(getattr(record, "elapsed", 0.0) or 0.0)
+        tally = REQUEST_STATEMENTS.get()
+        if tally is not None:
+            tally.count += 1
 
 
 async def connect_once(dsn: str) -> asyncpg.Connection:
@@ -176,8 +199,13 @@ class Database:
             raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
         return cls(pool, counter, statement_timeout_ms)
 
-    async def close(self) -> None:
-        await self.pool.close()
+    async def close(self, wait_s: float | None = None) -> None:
+        """Close the pool, waiting at most ``wait_s`` seconds for connections in
+        use; past it they are terminated, so a shutdown never hangs on one."""
+        try:
+            await asyncio.wait_for(self.pool.close(), wait_s)
+        except TimeoutError:
+            self.pool.terminate()
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Conn]:
@@ -190,7 +218,7 @@ class Database:
             if deadline.remaining() is None:
                 raise DatabaseUnavailable("the database did not answer in time") from exc
             raise RequestTimeout("the request took longer than its deadline") from exc
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except STORE_FAILURES as exc:
             translated = translate(exc)
             if translated is exc:
                 raise

@@ -75,16 +75,30 @@ SELECT e.id,
 FROM recall_events e
 LEFT JOIN recall_event_items i ON i.team_id = e.team_id AND i.recall_event_id = e.id
 WHERE e.team_id = $1 AND e.id = $2 AND e.principal_id = $3
+  AND (e.token_id = $4 OR e.space_kinds <@ $5::text[])
 GROUP BY e.id
 """
 
 
 async def event_items(
-    conn: Conn, team: str, event_id: UUID, principal: str
+    conn: Conn,
+    team: str,
+    event_id: UUID,
+    principal: str,
+    token: str,
+    readable_kinds: Sequence[str],
 ) -> set[tuple[str, str]] | None:
     """What the caller's own event returned, as (frontier, item ID); None when the
-    event is missing or not the caller's (the two look alike)."""
-    row = await conn.fetchrow(_EVENT_ITEMS, team, event_id, principal)
+    event is missing, not the caller's, or read spaces the caller's token cannot
+    (the three look alike).
+
+    The binding matters because the event's items are what its spaces held: a
+    shared-only token of the principal whose private-bound token made the event
+    would otherwise learn which private IDs it returned. So the event is citable
+    by the token that made it, or by one that reads every kind of space it read."""
+    row = await conn.fetchrow(
+        _EVENT_ITEMS, team, event_id, principal, token, list(readable_kinds)
+    )
     if row is None:
         return None
     return set(zip(row["frontiers"], row["item_ids"], strict=True))

@@ -1,4 +1,5 @@
-"""SQL of the persisted-query store (db/0008_persisted_queries.sql)."""
+"""SQL of the persisted-query store (db/0008_persisted_queries.sql, per team since
+db/0020_persisted_queries_per_team.sql)."""
 
 from __future__ import annotations
 
@@ -8,38 +9,49 @@ from gateway.store.connection import Conn
 # write on every request; the bound is least-recently-used at that grain.
 _GET = """
 WITH hit AS (
-    SELECT sha256, document, last_used_at FROM persisted_queries WHERE sha256 = $1
+    SELECT team_id, sha256, document, last_used_at FROM persisted_queries
+    WHERE team_id = $1 AND sha256 = $2
 ), touched AS (
     UPDATE persisted_queries p SET last_used_at = clock_timestamp()
-    FROM hit WHERE p.sha256 = hit.sha256
+    FROM hit WHERE p.team_id = hit.team_id AND p.sha256 = hit.sha256
       AND hit.last_used_at < clock_timestamp() - interval '1 minute'
 )
 SELECT document FROM hit
 """
 
 _PUT = """
-INSERT INTO persisted_queries (sha256, document) VALUES ($1, $2)
-ON CONFLICT (sha256) DO UPDATE SET last_used_at = clock_timestamp()
+INSERT INTO persisted_queries (team_id, sha256, document, principal_id) VALUES ($1, $2, $3, $4)
+ON CONFLICT (team_id, sha256) DO UPDATE SET last_used_at = clock_timestamp()
 """
 
+# Only the registering team's own entries are trimmed: no team, and no
+# anonymous caller (who never registers), can push out another team's.
 _TRIM = """
-DELETE FROM persisted_queries WHERE sha256 IN (
-    SELECT sha256 FROM persisted_queries ORDER BY last_used_at DESC, sha256 OFFSET $1
+DELETE FROM persisted_queries WHERE team_id = $1 AND sha256 IN (
+    SELECT sha256 FROM persisted_queries WHERE team_id = $1
+    ORDER BY last_used_at DESC, sha256 OFFSET $2
 )
 """
 
 
-async def get(conn: Conn, sha256: str) -> str | None:
-    document: str | None = await conn.fetchval(_GET, sha256)
+async def get(conn: Conn, team_id: str, sha256: str) -> str | None:
+    document: str | None = await conn.fetchval(_GET, team_id, sha256)
     return document
 
 
-async def put(conn: Conn, sha256: str, document: str, *, max_entries: int) -> None:
-    """Store an operation, then drop the least recently used past ``max_entries``."""
-    await conn.execute(_PUT, sha256, document)
-    await conn.execute(_TRIM, max_entries)
+async def put(
+    conn: Conn, team_id: str, principal_id: str, sha256: str, document: str, *, max_entries: int
+) -> None:
+    """Store a team's operation, then drop the team's least recently used past
+    ``max_entries``."""
+    async with conn.transaction():
+        await conn.execute(_PUT, team_id, sha256, document, principal_id)
+        await conn.execute(_TRIM, team_id, max_entries)
 
 
-async def count(conn: Conn) -> int:
-    n: int = await conn.fetchval("SELECT count(*) FROM persisted_queries")
+async def count(conn: Conn, team_id: str | None = None) -> int:
+    if team_id is None:
+        n: int = await conn.fetchval("SELECT count(*) FROM persisted_queries")
+    else:
+        n = await conn.fetchval("SELECT count(*) FROM persisted_queries WHERE team_id = $1", team_id)
     return n

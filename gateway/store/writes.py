@@ -16,6 +16,7 @@ from uuid import UUID
 
 import numpy as np
 
+from gateway.store.bulk_writes import copy_rows
 from gateway.store.connection import Conn
 
 # --- idempotency -------------------------------------------------------------
@@ -429,11 +430,22 @@ async def insert_evidence_embeddings(
     rows: Sequence[tuple[str, UUID, str]],
     vectors: np.ndarray,
     model: str,
+    *,
+    copy: bool = False,
 ) -> None:
+    """``copy``: one binary COPY (the owner only: COPY refuses tables under row-level
+    security for the application role), else one pipelined INSERT per row."""
     dims = int(vectors.shape[1])
-    await conn.executemany(
-        "INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions, "
-        "embedding) VALUES ($1, $2, $3, $4, $5, $6)",
+    if not copy:
+        await conn.executemany(
+            "INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions, "
+            "embedding) VALUES ($1, $2, $3, $4, $5, $6)",
+            [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
+        )
+        return
+    await copy_rows(
+        conn,
+        "evidence_embeddings",
         [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
     )
 
@@ -529,11 +541,22 @@ async def insert_relationship_embeddings(
     rows: Sequence[tuple[str, UUID, str, int]],
     vectors: np.ndarray,
     model: str,
+    *,
+    copy: bool = False,
 ) -> None:
+    """As :func:`insert_evidence_embeddings`."""
     dims = int(vectors.shape[1])
-    await conn.executemany(
-        "INSERT INTO relationship_embeddings (team_id, space_id, relationship_id, "
-        "projection_generation, model, dimensions, embedding) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    if not copy:
+        await conn.executemany(
+            "INSERT INTO relationship_embeddings (team_id, space_id, relationship_id, "
+            "projection_generation, model, dimensions, embedding) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
+        )
+        return
+    await copy_rows(
+        conn,
+        "relationship_embeddings",
         [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
     )
 

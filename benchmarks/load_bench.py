@@ -1,0 +1,359 @@
+"""Load benchmark: the loader's throughput on SciFact-shaped records, on a fresh store.
+
+A measuring script, not a test. Per document it writes what
+``beir_quality.py`` writes for SciFact: one source, one entity, one evidence
+(the document's text) and one relationship about the entity that the evidence
+supports, in the shared space of one team: four records per document. The
+documents are generated (``--docs N``, abstracts of about 200 words drawn from
+a fixed vocabulary, seeded) or read from a BEIR-layout folder
+(``--beir FOLDER``, its ``corpus.jsonl``; the first ``--docs`` documents when
+given).
+
+    python benchmarks/load_bench.py --docs 500
+    python benchmarks/load_bench.py --beir PATH_TO_SCIFACT --embedder local
+    python benchmarks/load_bench.py --docs 2000 --embedder hash --profile load.prof
+
+The file is written to a temporary folder as JSON Lines and loaded through the
+loader (parse, then batches through ``WriteService``) on a fresh embedded
+PostgreSQL (or a scratch database on ``--database-url``/``DATABASE_URL``).
+Printed: records/s and evidence/s end to end (both passes included), the share of
+the time spent inside the embedding provider, the peak RSS of this process
+(the loader; the database server's processes are not counted), and the
+statements sent per 1,000 records.
+
+``--embedder local`` uses the configured local model (what a user gets);
+``--embedder supplied`` puts a vector in every evidence and relationship line
+(after an ``embedding_model`` line naming the configured model), so the model
+never runs.
+``--embedder hash`` is a stand-in that makes a unit vector from a hash of the
+text in microseconds: it isolates the cost of the write path itself, and is
+what a file with embeddings supplied costs when the loader cannot take them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import hashlib
+import json
+import os
+import random
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from beir_eval import scratch_database, server  # noqa: E402
+
+from gateway.embeddings import EmbeddingProvider, Vectors, create_provider  # noqa: E402
+from gateway.services import loader  # noqa: E402
+from gateway.services.writes import Actor, WriteService  # noqa: E402
+from gateway.settings import Settings  # noqa: E402
+from gateway.store.database import Database  # noqa: E402
+
+TEAM = "bench"
+PRINCIPAL = "reader"
+RECORDS_PER_DOC = 4
+
+_VOCABULARY = (
+    "cell protein gene expression tumour patient cohort trial dose response receptor "
+    "signal pathway mutation variant risk factor mortality infection virus antibody "
+    "immune inflammation kinase inhibitor binding membrane tissue mouse model human "
+    "clinical outcome association increase decrease level plasma serum marker study "
+    "analysis sample control group treatment therapy effect significant reduced "
+    "elevated activity function structure mechanism regulation transcription "
+    "metabolism insulin glucose obesity diabetes cardiac vascular neuronal brain "
+    "cortex memory stress oxidative damage repair replication chromatin histone"
+).split()
+
+
+class HashEmbedder:
+    """A unit vector per text from its hash: no model, so only the write path is timed."""
+
+    model = "all-MiniLM-L6-v2-int8-onnx"
+    dimensions = 384
+
+    def vector(self, text: str) -> Vectors:
+        seed = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+        row = np.random.default_rng(seed).standard_normal(self.dimensions)
+        return (row / np.linalg.norm(row)).astype(np.float32)
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        out = np.empty((len(texts), self.dimensions), dtype=np.float32)
+        for i, text in enumerate(texts):
+            out[i] = self.vector(text)
+        return out
+
+    async def aclose(self) -> None:
+        return None
+
+
+class TimedEmbedder:
+    """Wraps a provider and adds up the wall time spent inside ``embed``."""
+
+    def __init__(self, inner: EmbeddingProvider) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.dimensions = inner.dimensions
+        self.seconds = 0.0
+        self.texts = 0
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        started = time.perf_counter()
+        try:
+            return await self.inner.embed(texts)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.texts += len(texts)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def generated_documents(count: int, seed: int) -> Iterator[tuple[str, str, str]]:
+    """(id, title, text) of SciFact-like abstracts: about 200 words, a 10-word title."""
+    rng = random.Random(seed)  # noqa: S311 - reproducible text, not secrets
+    for i in range(count):
+        title = " ".join(rng.choices(_VOCABULARY, k=10)).capitalize()
+        words = rng.choices(_VOCABULARY, k=rng.randint(120, 280))
+        yield f"doc-{i}", title, f"{title} {' '.join(words)}."
+
+
+def beir_documents(folder: Path, limit: int | None) -> Iterator[tuple[str, str, str]]:
+    with (folder / "corpus.jsonl").open(encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if limit is not None and i >= limit:
+                return
+            doc = json.loads(line)
+            title = str(doc.get("title") or "").strip()
+            text = f"{title} {doc.get('text', '')}".strip()[:20_000]
+            if text:
+                yield f"doc-{i}", title or f"document {i}", text
+
+
+def document_records(ident: str, title: str, text: str) -> list[dict[str, Any]]:
+    """One document's four records, shaped as ``beir_quality.py`` writes SciFact."""
+    return [
+        {
+            "kind": "source",
+            "team": TEAM,
+            "id": f"src-{ident}",
+            "type": "document",
+            "title": title[:500],
+            "authority": "high",
+        },
+        {
+            "kind": "entity",
+            "team": TEAM,
+            "id": f"ent-{ident}",
+            "name": title[:300],
+            "type": "document",
+        },
+        {"kind": "evidence", "team": TEAM, "id": ident, "source": f"src-{ident}", "content": text},
+        {
+            "kind": "relationship",
+            "team": TEAM,
+            "id": f"rel-{ident}",
+            "subject": f"ent-{ident}",
+            "predicate": "has_abstract",
+            "object_value": f"document {ident}",
+            "owner": PRINCIPAL,
+            "supports": [{"id": f"sup-{ident}", "evidence": ident}],
+        },
+    ]
+
+
+def write_file(
+    path: Path, docs: Iterator[tuple[str, str, str]], supplied: EmbeddingProvider | None
+) -> tuple[int, int]:
+    """The loader file, with vectors in it when ``supplied`` names a model (made
+    by :class:`HashEmbedder`: their values do not matter to the write path);
+    returns (records, evidence)."""
+    records = evidence = 0
+    hasher = HashEmbedder()
+    with path.open("w", encoding="utf-8") as f:
+        if supplied is not None:
+            header = {
+                "kind": "embedding_model",
+                "model": supplied.model,
+                "dimensions": supplied.dimensions,
+            }
+            f.write(json.dumps(header) + "\n")
+        for line in (
+            {"kind": "team", "id": TEAM, "name": "Load benchmark"},
+            {"kind": "principal", "team": TEAM, "id": PRINCIPAL, "display_name": "Reader"},
+        ):
+            f.write(json.dumps(line) + "\n")
+            records += 1
+        for ident, title, text in docs:
+            for record in document_records(ident, title, text):
+                if supplied is not None and record["kind"] in ("evidence", "relationship"):
+                    basis = record.get("content") or record["id"]
+                    record["embedding"] = [round(float(x), 6) for x in hasher.vector(basis)]
+                f.write(json.dumps(record) + "\n")
+            records += RECORDS_PER_DOC
+            evidence += 1
+    return records, evidence
+
+
+_COUNTING: list[Database] = []
+
+
+def count_copies(db: Database) -> None:
+    """The driver logs no COPY: count them as statements too (one round trip each)."""
+    if not _COUNTING:
+        original = asyncpg.connection.Connection.copy_records_to_table
+
+        async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+            _COUNTING[-1].counter.count += 1
+            return await original(self, *args, **kwargs)
+
+        asyncpg.connection.Connection.copy_records_to_table = counted  # type: ignore[method-assign]
+    _COUNTING.append(db)
+
+
+def file_lines(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        yield from f
+
+
+def peak_rss_mb() -> float:
+    # ru_maxrss is in kilobytes on Linux.
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def run_load(
+    dsn: str, path: Path, args: argparse.Namespace, set_based: bool
+) -> dict[str, float]:
+    db = await Database.open(dsn, min_size=1, max_size=2, statement_timeout_ms=600_000)
+    inner: EmbeddingProvider = (
+        HashEmbedder() if args.embedder == "hash" else create_provider(Settings())
+    )
+    # supplied: the file carries every vector; the provider is there for its model name
+    embedder = TimedEmbedder(inner)
+    count_copies(db)
+    try:
+        if args.embedder == "local":
+            await embedder.embed(["warm up the model before the clock starts"])
+            embedder.seconds = 0.0
+            embedder.texts = 0
+        service = WriteService(db, embedder)
+        before = db.counter.count
+        started = time.perf_counter()
+        checked = loader.check(file_lines(path))  # the first pass, as the CLI does
+        if checked.embedding_model is not None:
+            await loader.check_embedding_model(service, *checked.embedding_model)
+        parsed_at = time.perf_counter()
+        report = await loader.load(
+            service,
+            loader.stream(file_lines(path)),
+            batch_size=args.batch_size,
+            actor=Actor.operator(),
+            set_based=set_based,
+        )
+        elapsed = time.perf_counter() - started
+        return {
+            "seconds": elapsed,
+            "parse_seconds": parsed_at - started,
+            "embed_seconds": embedder.seconds,
+            "embedded_texts": embedder.texts,
+            "statements": db.counter.count - before,
+            "records": report.records,
+            "written": sum(report.created.values()),
+        }
+    finally:
+        await embedder.aclose()
+        await db.close()
+
+
+async def measure(
+    admin_dsn: str, path: Path, args: argparse.Namespace, set_based: bool
+) -> dict[str, float]:
+    async with scratch_database(admin_dsn) as dsn:
+        return await run_load(dsn, path, args, set_based)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=None, help="documents (default 500 generated)")
+    parser.add_argument("--beir", type=Path, default=None, help="a BEIR folder to read instead")
+    parser.add_argument(
+        "--embedder",
+        choices=("local", "hash", "supplied"),
+        default="local",
+        help="local: the configured model; hash: a stand-in of no cost; supplied: "
+        "vectors in the file (an embedding_model line naming the configured model)",
+    )
+    parser.add_argument("--batch-size", type=int, default=500, help="loader records per batch")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--path",
+        choices=("set", "record", "both"),
+        default="set",
+        help="the set-based write path (default), the record-at-a-time one, or both "
+        "one after the other on fresh databases (an A/B in one run)",
+    )
+    parser.add_argument("--profile", type=Path, default=None, help="write a cProfile file here")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="recall-load-bench-") as tmp:
+        path = Path(tmp) / "load.jsonl"
+        if args.beir is not None:
+            docs = beir_documents(args.beir, args.docs)
+            source = f"BEIR folder {args.beir.name}"
+        else:
+            docs = generated_documents(args.docs or 500, args.seed)
+            source = "generated SciFact-shaped documents"
+        supplied = create_provider(Settings()) if args.embedder == "supplied" else None
+        n_records, n_evidence = write_file(path, docs, supplied)
+        print(
+            f"{n_evidence} documents ({source}), {n_records} records, "
+            f"{path.stat().st_size / 1e6:.1f} MB; embedder {args.embedder}, "
+            f"batch size {args.batch_size}; load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        paths = {"set": [True], "record": [False], "both": [False, True]}[args.path]
+        with server(args.database_url) as admin_dsn:
+            for set_based in paths:
+                profiler = cProfile.Profile() if args.profile else None
+                if profiler is not None:
+                    profiler.enable()
+                figures = asyncio.run(measure(admin_dsn, path, args, set_based))
+                if profiler is not None:
+                    profiler.disable()
+                    profiler.dump_stats(str(args.profile))
+                report(figures, n_evidence, "set-based" if set_based else "record at a time")
+
+
+def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
+    seconds = figures["seconds"]
+    print(
+        f"{label}: loaded {int(figures['written'])} of {int(figures['records'])} records "
+        f"in {seconds:.2f} s"
+    )
+    print(f"  records/s             {figures['records'] / seconds:10.1f}")
+    print(f"  evidence/s            {n_evidence / seconds:10.1f}")
+    print(f"  check pass share      {figures['parse_seconds'] / seconds:10.1%}")
+    print(
+        f"  embedding share       {figures['embed_seconds'] / seconds:10.1%}"
+        f"   ({int(figures['embedded_texts'])} texts, {figures['embed_seconds']:.2f} s)"
+    )
+    print(f"  statements/1k records {figures['statements'] * 1000 / figures['records']:10.0f}")
+    print(f"  peak RSS (loader)     {peak_rss_mb():10.0f} MB")
+    print(f"  load average after    {os.getloadavg()[0]:10.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

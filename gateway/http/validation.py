@@ -1,0 +1,122 @@
+"""Validation of a document: linear bounds first, graphql-core's rules after.
+
+graphql-core runs every rule in one pass, so a cheap rule that refuses a
+document cannot spare it the expensive ones. Here the bounds of
+``gateway.http.shape`` and ``gateway.http.cost`` run first, each in time linear
+in the text; only a document within all of them meets graphql-core's rules
+(``OverlappingFieldsCanBeMerged`` above all), whose work those bounds keep
+small. Documents big enough that the rules could take noticeable time are
+validated in a worker thread, so that the event loop keeps answering other
+requests (and ``/healthz``) meanwhile. Answers are cached by document text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from graphql import (
+    ASTValidationRule,
+    DocumentNode,
+    GraphQLError,
+    GraphQLSchema,
+    OperationDefinitionNode,
+)
+from strawberry.extensions import SchemaExtension
+from strawberry.schema.schema import validate_document
+
+from gateway.http import cost, shape
+
+THREAD_ABOVE_SELECTIONS = 200
+"""Documents expanding to more selections than this validate off the event loop
+(smaller ones take well under a millisecond, less than a thread hand-off)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """Everything a document is checked against, fixed per process."""
+
+    shape: shape.ShapeLimits
+    max_cost: int
+    extra: tuple[type[ASTValidationRule], ...] = ()
+    """graphql-core rules added to the specified ones (introspection off, say)."""
+
+
+class Validator:
+    """Validates documents under ``rules``; a bounded LRU of answers by text.
+
+    One per process: the cache is only touched on the event loop's thread, and
+    an answer depends on nothing but the text and the fixed rules.
+    """
+
+    def __init__(self, rules: Rules, cache_size: int = 256) -> None:
+        self.rules = rules
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, list[GraphQLError]] = OrderedDict()
+        self.threaded = 0
+        """Documents validated off the loop (for tests and curiosity)."""
+
+    def precheck(
+        self, schema: GraphQLSchema, document: DocumentNode
+    ) -> tuple[list[GraphQLError], int]:
+        """The linear bounds: shape (depth, aliases, selections, repeats,
+        directives), then argument bounds and cost; and the expanded size."""
+        report = shape.check(document, self.rules.shape)
+        if report.errors:
+            return report.errors, report.selections
+        return cost.check(schema, document, self.rules.max_cost), report.selections
+
+    async def validate(
+        self,
+        schema: GraphQLSchema,
+        document: DocumentNode,
+        text: str | None,
+        specified: Sequence[type[ASTValidationRule]],
+    ) -> list[GraphQLError]:
+        if text is not None and (hit := self._cache.get(text)) is not None:
+            self._cache.move_to_end(text)
+            return hit
+        errors, selections = self.precheck(schema, document)
+        if not errors:
+            rules = (*specified, *self.rules.extra)
+            if selections > THREAD_ABOVE_SELECTIONS:
+                self.threaded += 1
+                errors = await asyncio.to_thread(validate_document, schema, document, rules)
+            else:
+                errors = validate_document(schema, document, rules)
+        if text is not None:
+            self._cache[text] = errors
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return errors
+
+
+class DocumentValidation(SchemaExtension):
+    """Runs the process's ``Validator`` in strawberry's validation step."""
+
+    def __init__(self, validator: Validator) -> None:
+        super().__init__()
+        self.validator = validator
+
+    async def on_validate(self) -> AsyncIterator[None]:
+        ctx = self.execution_context
+        assert ctx.graphql_document is not None
+        operations = sum(
+            isinstance(d, OperationDefinitionNode) for d in ctx.graphql_document.definitions
+        )
+        if ctx._provided_operation_name is None and operations > 1:
+            # strawberry would run the first; the specification says to refuse
+            ctx.pre_execution_errors = [
+                GraphQLError(
+                    f"The document has {operations} operations: name the one to run "
+                    "in operationName.",
+                    extensions={"code": "BAD_REQUEST"},
+                )
+            ]
+        else:
+            ctx.pre_execution_errors = await self.validator.validate(
+                ctx.schema._schema, ctx.graphql_document, ctx.query, ctx.validation_rules
+            )
+        yield

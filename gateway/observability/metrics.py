@@ -1,0 +1,92 @@
+"""Prometheus metrics (prometheus-client), safe with several uvicorn workers.
+
+With ``PROMETHEUS_MULTIPROC_DIR`` set (``serve --workers N`` sets it to a fresh
+folder when it is not), each worker writes its samples to files there and
+``GET /metrics`` aggregates every worker's through prometheus-client's
+``MultiProcessCollector``; otherwise the process's own registry is served.
+Gauges of the pool are read when scraped (one process) or kept as live sums
+of the living workers (multiprocess).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+from starlette.requests import Request
+from starlette.responses import Response
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+REQUESTS = Counter(
+    "recall_gateway_requests",
+    "GraphQL requests by operation name and outcome (ok, or the first error code).",
+    ["operation", "outcome"],
+)
+REQUEST_SECONDS = Histogram(
+    "recall_gateway_request_duration_seconds",
+    "GraphQL request latency by operation name and outcome.",
+    ["operation", "outcome"],
+    buckets=_LATENCY_BUCKETS,
+)
+DEGRADATIONS = Counter(
+    "recall_gateway_degradations",
+    "Recall degradations by frontier and code.",
+    ["frontier", "code"],
+)
+EMBEDDING_SECONDS = Histogram(
+    "recall_gateway_embedding_duration_seconds",
+    "Latency of one embedding call (queries and writes).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+STATEMENTS = Histogram(
+    "recall_gateway_statements_per_request",
+    "SQL statements sent for one GraphQL request.",
+    buckets=(1, 2, 5, 10, 20, 30, 40, 50, 75, 100, 200),
+)
+POOL = Gauge(
+    "recall_gateway_pool_connections",
+    "asyncpg pool connections: in_use, idle, waiting (requests queued for one), max.",
+    ["state"],
+    multiprocess_mode="livesum",
+)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def observe_pool(pool: Any) -> None:
+    """Set the pool gauges from the pool's own counts. asyncpg does not publish how
+    many acquirers wait; its queue's waiters are read when present (else 0)."""
+    size, idle = pool.get_size(), pool.get_idle_size()
+    queue = getattr(pool, "_queue", None)
+    waiting = len(getattr(queue, "_getters", ()) or ())
+    POOL.labels("in_use").set(size - idle)
+    POOL.labels("idle").set(idle)
+    POOL.labels("waiting").set(waiting)
+    POOL.labels("max").set(pool.get_max_size())
+
+
+def render(request: Request) -> Response:
+    """The exposition of this process, or of every worker in multiprocess mode."""
+    services = getattr(request.app.state, "services", None)
+    if services is not None:
+        observe_pool(services.db.pool)
+    if multiprocess_dir():
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        data = generate_latest(registry)
+    else:
+        data = generate_latest(REGISTRY)
+    return Response(data, media_type=CONTENT_TYPE_LATEST)

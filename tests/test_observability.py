@@ -1,0 +1,194 @@
+"""Tracing, metrics and request logs, against the real database.
+
+Spans go to OpenTelemetry's in-memory exporter; ``/metrics`` is read with
+prometheus-client's own parser; the request log line is taken from the
+logger and formatted as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest_asyncio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.app import create_app
+from gateway.observability import Observability
+from gateway.observability.logs import JsonFormatter
+from gateway.observability.tracing import exporters, uninstrument_asyncpg
+from gateway.services.writes import WriteService
+from gateway.settings import Settings
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_recall import token
+
+RECALL = """query WhoOwnsBilling($q: String!) {
+  recallMemory(query: $q, limit: 5) {
+    results { rank evidenceId context supportingRelationships { id statement } }
+    degradations { frontier code }
+  }
+}"""
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def traced(dsn: str) -> AsyncIterator[tuple[httpx.AsyncClient, InMemorySpanExporter]]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observability = Observability(metrics_enabled=True, provider=provider)
+    app = create_app(Settings(database_url=dsn, pool_max_size=4), observability)
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+                yield c, exporter
+    finally:
+        uninstrument_asyncpg()
+
+
+async def _recall(
+    client: httpx.AsyncClient, secret: str, q: str = "who owns billing?", **headers: str
+) -> httpx.Response:
+    return await client.post(
+        "/graphql",
+        json={"query": RECALL, "variables": {"q": q}},
+        headers={"authorization": f"Bearer {secret}", **headers},
+    )
+
+
+async def test_one_span_per_operation_with_recall_embedding_and_statements(
+    traced: tuple[httpx.AsyncClient, InMemorySpanExporter], writes: WriteService, caplog: Any
+) -> None:
+    client, exporter = traced
+    team = unique("otel")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    secret = await token(writes, team, "alice")
+    exporter.clear()
+    with caplog.at_level(logging.INFO, logger="gateway.request"):
+        response = await _recall(client, secret, **{"x-request-id": "trace-test-0001"})
+    assert response.json()["data"]["recallMemory"]["results"]
+
+    spans = exporter.get_finished_spans()
+    by_name: dict[str, list[Any]] = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    operation = by_name["query WhoOwnsBilling"]
+    assert len(operation) == 1
+    op = operation[0]
+    assert op.attributes["graphql.operation.name"] == "WhoOwnsBilling"
+    assert op.attributes["graphql.operation.type"] == "query"
+    assert op.attributes["graphql.errors"] == 0
+    (recall,) = by_name["recall"]
+    assert recall.parent.span_id == op.context.span_id
+    assert recall.attributes["recall.results"] >= 1
+    (embed,) = by_name["embed"]
+    assert embed.parent.span_id == recall.context.span_id
+    statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
+    assert len(statements) >= 5
+    assert all(s.context.trace_id == op.context.trace_id for s in statements)
+    # The HTTP request's span (asgi instrumentation) is the root of the trace.
+    roots = [s for s in spans if s.parent is None]
+    assert len(roots) == 1 and roots[0].context.trace_id == op.context.trace_id
+    # No per-field spans: besides SQL, only the request's, the operation's, recall's
+    # and embed's (asgi adds one per receive/send message of the request).
+    rest = {s.name for s in spans if s not in statements}
+    assert {n for n in rest if not n.startswith("POST /graphql")} == {
+        "query WhoOwnsBilling", "recall", "embed"
+    }, rest
+
+    # The request's one log line carries the trace ID, as JSON when asked for.
+    lines = [r for r in caplog.records if r.name == "gateway.request"]
+    assert len(lines) == 1
+    line = json.loads(JsonFormatter().format(lines[0]))
+    assert line["request_id"] == "trace-test-0001"
+    assert line["operation"] == "WhoOwnsBilling" and line["outcome"] == "ok"
+    assert line["status"] == 200 and line["duration_ms"] > 0
+    assert line["trace_id"] == format(op.context.trace_id, "032x")
+    assert "community_snapshot_unavailable" in line["degradations"]
+    assert line["statements"] >= 5
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+async def test_metrics_after_a_few_requests(client: httpx.AsyncClient, writes: WriteService) -> None:
+    team = unique("prom")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    secret = await token(writes, team, "alice")
+    before = _samples((await client.get("/metrics")).text)
+    # Distinct questions: the recall service caches query embeddings.
+    for q in ("who owns billing?", "billing latency at noon", "the payments team"):
+        assert (await _recall(client, secret, q)).status_code == 200
+    bad = await client.post("/graphql", json={"query": "{ recallMemory(limit: 500) { recallId } }"},
+                            headers={"authorization": f"Bearer {secret}"})
+    assert bad.status_code == 200
+    response = await client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    after = _samples(response.text)
+
+    def delta(name: str, **labels: str) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    ok = {"operation": "WhoOwnsBilling", "outcome": "ok"}
+    assert delta("recall_gateway_requests_total", **ok) == 3
+    assert delta("recall_gateway_request_duration_seconds_count", **ok) == 3
+    assert delta("recall_gateway_requests_total", operation="(anonymous)",
+                 outcome="BAD_USER_INPUT") == 1
+    assert delta("recall_gateway_degradations_total", frontier="communities",
+                 code="community_snapshot_unavailable") >= 3
+    assert delta("recall_gateway_embedding_duration_seconds_count") >= 3
+    assert delta("recall_gateway_statements_per_request_count") == 4
+    assert delta("recall_gateway_statements_per_request_sum") >= 3 * 5
+    assert after[("recall_gateway_pool_connections", (("state", "max"),))] == 4
+    assert ("recall_gateway_pool_connections", (("state", "waiting"),)) in after
+
+
+def test_metrics_add_up_across_worker_processes(tmp_path: Any) -> None:
+    """prometheus-client's multiprocess mode, as ``serve --workers N`` sets it up."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    work = (
+        "from gateway.observability import metrics\n"
+        "metrics.REQUESTS.labels('Op', 'ok').inc()\n"
+        "metrics.POOL.labels('max').set(4)\n"
+    )
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", work], env=env, check=True)
+    read = (
+        "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+        "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r)\n"
+        "print(generate_latest(r).decode())\n"
+    )
+    text = subprocess.run(
+        [sys.executable, "-c", read], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    samples = _samples(text)
+    assert samples[("recall_gateway_requests_total", (("operation", "Op"), ("outcome", "ok")))] == 2
+
+
+def test_tracing_is_off_without_an_exporter(dsn: str) -> None:
+    assert exporters({}) == []
+    assert exporters({"OTEL_TRACES_EXPORTER": "none"}) == []
+    assert exporters({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}) == ["otlp"]
+    assert exporters({"OTEL_TRACES_EXPORTER": "console,otlp"}) == ["console", "otlp"]
+    assert exporters({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) == []
+    app = create_app(Settings(database_url=dsn))
+    names = [m.cls.__name__ for m in app.user_middleware]  # type: ignore[attr-defined]
+    assert "OpenTelemetryMiddleware" not in names
+    assert "RequestObserver" in names

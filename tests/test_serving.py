@@ -1,0 +1,333 @@
+"""A real ``serve`` process: read timeouts, SIGTERM drain and shutdown, token
+revocation seen by every worker.
+
+Each test starts ``recall-gateway serve`` as a subprocess on a free loopback
+port and talks to it over sockets, as a client (or an attacker) would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psutil
+import pytest
+
+from gateway import tokens
+from gateway.embedded import EmbeddedPostgres
+
+from .conftest import REPO, load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_cli import CLI, _free_port, run
+from .test_faults import own_server, seeded  # noqa: F401  (fixtures)
+from .test_recall import token
+
+VIEWER = "{ viewer { principalId } }"
+
+
+class Served:
+    """A ``recall-gateway serve`` child process and its port."""
+
+    def __init__(self, dsn: str, folder: Path, **env: str) -> None:
+        self.port = _free_port()
+        self.log = folder / f"serve-{self.port}.log"
+        environ = {
+            k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "RECALL_DATABASE_URL")
+        }
+        environ.update(
+            DATABASE_URL=dsn,
+            RECALL_PORT=str(self.port),
+            RECALL_DATA_DIR=str(folder / "unused"),
+            RECALL_POOL_MAX_SIZE="4",
+            **env,
+        )
+        with self.log.open("wb") as sink:
+            self.proc = subprocess.Popen(
+                [*CLI, "serve"], stdout=sink, stderr=subprocess.STDOUT, env=environ, cwd=REPO
+            )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve exited: {self.log.read_text(errors='replace')}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"serve never became ready: {self.log.read_text(errors='replace')}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes; a server that neither answers
+    nor closes fails the test after a long safety bound (not a timing claim)."""
+    sock.settimeout(60)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            pytest.fail(f"the server held the connection without closing it; got {data!r}")
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.fixture(scope="module")
+def timed_server(dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    served = Served(
+        dsn,
+        tmp_path_factory.mktemp("serve-timeouts"),
+        RECALL_HEADER_TIMEOUT_MS="700",
+        RECALL_BODY_TIMEOUT_MS="700",
+    )
+    try:
+        served.wait_ready()
+        yield served
+    finally:
+        served.stop()
+
+
+def _code_of(answer: bytes) -> tuple[int, str, bytes]:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    code = json.loads(body)["errors"][0]["extensions"]["code"]
+    return status, code, head.lower()
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [
+        b"",  # connects and sends nothing
+        b"POST /graphql HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n",  # slow headers
+        b"POST /graphql HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n" + b'{"query":',  # 10 of 100 bytes: slow body
+    ],
+    ids=["nothing", "slow-headers", "slow-body"],
+)
+def test_slow_clients_get_408_and_the_connection_closes(timed_server: Served, sent: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", timed_server.port)) as sock:
+        sock.sendall(sent)
+        answer = _read_until_closed(sock)
+    status, code, head = _code_of(answer)
+    assert (status, code) == (408, "REQUEST_READ_TIMEOUT"), answer
+    assert b"connection: close" in head
+
+
+def test_a_timely_client_is_not_timed_out_on_a_kept_alive_connection(
+    timed_server: Served,
+) -> None:
+    """Requests that arrive in time are served, one after another on one connection,
+    with pauses between them shorter than the keep-alive timeout."""
+    body = json.dumps({"query": "{ __typename }"}).encode()
+    request = (
+        b"POST /graphql HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    with socket.create_connection(("127.0.0.1", timed_server.port)) as sock:
+        sock.settimeout(30)
+        for _ in range(3):
+            sock.sendall(request)
+            answer = sock.recv(65536)
+            while not answer.endswith(b"}"):  # the body may come in its own segment
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer
+            assert answer.endswith(b'{"data":{"__typename":"Query"}}')
+            time.sleep(0.4)
+
+
+# --- SIGTERM ----------------------------------------------------------------------------
+
+
+def _smart_stop(server: EmbeddedPostgres) -> subprocess.CompletedProcess[str]:
+    """PostgreSQL's smart shutdown: it waits until every session has ended."""
+    return server._run_server_tool(
+        "pg_ctl", ["-D", str(server.pgdata), "-m", "smart", "-w", "-t", "120", "stop"]
+    )
+
+
+async def test_sigterm_drains_finishes_in_flight_work_and_frees_postgres(
+    seeded: Any,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    server, tok = seeded
+    served = Served(
+        server.dsn,
+        tmp_path,
+        RECALL_SHUTDOWN_DRAIN_MS="2000",
+        RECALL_SHUTDOWN_GRACE_MS="20000",
+        RECALL_STATEMENT_TIMEOUT_MS="60000",
+    )
+    blocker = await asyncpg.connect(server.dsn)
+    try:
+        await asyncio.to_thread(served.wait_ready)
+        async with httpx.AsyncClient(base_url=served.url, timeout=60) as client:
+            warm = await client.post(
+                "/graphql", json={"query": VIEWER}, headers={"Authorization": f"Bearer {tok}"}
+            )
+            assert warm.json()["data"]["viewer"]["principalId"] == "alice", warm.text
+            # An in-flight request, its token lookup held up by a lock until the
+            # test lets it go.
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("LOCK TABLE api_tokens IN ACCESS EXCLUSIVE MODE")
+            in_flight = asyncio.create_task(
+                client.post(
+                    "/graphql", json={"query": VIEWER}, headers={"Authorization": f"Bearer {tok}"}
+                )
+            )
+            for _ in range(500):  # until the request waits for the lock in PostgreSQL
+                waiting = await blocker.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = "
+                    "'api_tokens'::regclass"
+                )
+                if waiting:
+                    break
+                await asyncio.sleep(0.02)
+            served.proc.send_signal(signal.SIGTERM)
+            # A load balancer's probe on a new connection: out at once, not refused.
+            ready = await client.get("/readyz", headers={"Connection": "close"})
+            assert ready.status_code == 503, ready.text
+            assert ready.json() == {"status": "not ready", "reason": "shutting down"}
+            # After the drain the listener closes; the request still in flight
+            # is let go only then, and must still be answered (the grace period).
+            for _ in range(600):
+                try:
+                    socket.create_connection(("127.0.0.1", served.port), timeout=1).close()
+                except OSError:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the server kept accepting connections after the drain")
+            assert not in_flight.done()
+            await tx.rollback()
+            finished = await in_flight
+            assert finished.json() == {"data": {"viewer": {"principalId": "alice"}}}
+        await blocker.close()  # the test's own session, so only the gateway's remain
+        # PostgreSQL's smart shutdown waits for the gateway's sessions: it completes
+        # only because the gateway closes its pool on the way out.
+        smart = asyncio.create_task(asyncio.to_thread(_smart_stop, server))
+        exit_code = await asyncio.to_thread(served.proc.wait, 120)
+        assert exit_code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), served.log.read_text()
+        stopped = await smart
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        log = served.log.read_text(errors="replace")
+        assert "Traceback" not in log, log
+    finally:
+        served.stop()
+        if not blocker.is_closed():
+            blocker.terminate()
+
+
+# --- tokens list / revoke ----------------------------------------------------------------
+
+
+def _worker_of_port(workers: list[psutil.Process], client_port: int) -> int | None:
+    for worker in workers:
+        for conn in worker.net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port == client_port:
+                return worker.pid
+    return None
+
+
+async def _ask_on(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], tok: str) -> int:
+    reader, writer = conn
+    body = json.dumps({"query": VIEWER}).encode()
+    writer.write(
+        b"POST /graphql HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {tok}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status
+
+
+async def test_tokens_list_and_a_revoked_token_is_refused_by_every_worker(
+    dsn: str, writes: Any, tmp_path: Path
+) -> None:
+    team, other = unique("revoke"), unique("revokex")
+    await load_jsonl(writes, jsonl(team_records(team) + team_records(other)))
+    tok = await token(writes, team, "alice")
+    kept = await token(writes, team, "alice", "shared_only")
+    stranger = await token(writes, other, "alice")
+    token_id = tokens.parse_token(tok).token_id  # type: ignore[union-attr]
+
+    listed = run(["tokens", "list", "--team", team], dsn)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()[1:]]
+    assert sorted(r[0] for r in rows) == sorted(
+        tokens.parse_token(t).token_id  # type: ignore[union-attr]
+        for t in (tok, kept)
+    )
+    assert {r[4] for r in rows} == {"active"}
+    for secret_part in (tok, kept, stranger):
+        assert secret_part[-tokens.SECRET_LENGTH :] not in listed.stdout
+
+    served = Served(dsn, tmp_path, RECALL_WORKERS="2")
+    connections: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        await asyncio.to_thread(served.wait_ready)
+        workers = psutil.Process(served.proc.pid).children(recursive=True)
+        workers = [w for w in workers if "python" in w.name().lower()]
+        # Keep-alive connections until both workers hold at least one.
+        served_by: dict[int, int] = {}
+        for _ in range(60):
+            conn = await asyncio.open_connection("127.0.0.1", served.port)
+            assert await _ask_on(conn, tok) == 200
+            pid = _worker_of_port(workers, conn[1].get_extra_info("sockname")[1])
+            assert pid is not None
+            connections.append(conn)
+            served_by[len(connections) - 1] = pid
+            if len(set(served_by.values())) == 2:
+                break
+        assert len(set(served_by.values())) == 2, "one worker served every connection"
+
+        revoked = run(["tokens", "revoke", token_id], dsn)
+        assert revoked.returncode == 0, revoked.stderr
+        assert f"token {token_id} revoked at" in revoked.stdout
+        # the next request of each connection, on either worker, is refused
+        for conn in connections:
+            assert await _ask_on(conn, tok) == 401
+            assert await _ask_on(conn, kept) == 200
+        again = run(["tokens", "revoke", tok], dsn)  # the whole token works too; idempotent
+        assert again.returncode == 0 and revoked.stdout == again.stdout, again.stderr
+        missing = run(["tokens", "revoke", "t-0000000000000000"], dsn)
+        assert missing.returncode == 1 and "no token 't-0000000000000000'" in missing.stderr
+        states = {
+            line.split()[0]: line.split()[4]
+            for line in run(["tokens", "list", "--team", team], dsn).stdout.splitlines()[1:]
+        }
+        assert states[token_id] == "revoked"
+    finally:
+        for _, writer in connections:
+            writer.close()
+        served.stop()
