@@ -14,7 +14,7 @@ from gateway.services.communities import build_communities
 from gateway.services.records import TokenRecord
 from gateway.services.writes import Actor, WriteService
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique  # noqa: F401  (app_for: imported from here by other tests)
 from .factories import jsonl, team_records
 
 RECALL = """
