@@ -87,7 +87,9 @@ paths AS MATERIALIZED (
           = 'active'
       AND (r.valid_from IS NULL OR r.valid_from <= $5)
       AND (r.valid_to IS NULL OR $5 < r.valid_to)
-      AND NOT EXISTS (
+      -- Not on a losing side: a scalar subquery rather than NOT EXISTS, see
+      -- eligible_relationship (gateway/store/related.py) for why.
+      AND (
           SELECT 1
           FROM conflict_position_relationships cpr
           JOIN conflict_cases cc ON cc.team_id = $1 AND cc.id = cpr.case_id
@@ -99,7 +101,8 @@ paths AS MATERIALIZED (
           ) last
           WHERE cpr.team_id = $1 AND cpr.relationship_id = r.id AND cc.recorded_at <= $4
             AND last.event = 'resolve' AND last.preferred_position_id <> cpr.position_id
-      )
+          LIMIT 1
+      ) IS NULL
 )
 SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,
        array_agg(DISTINCT paths.relationship_id ORDER BY paths.relationship_id) AS relationship_ids
