@@ -31,7 +31,7 @@ from typing import Final
 
 import numpy as np
 
-from gateway.embeddings import EmbeddingProvider, embed_queries, embedding_epoch
+from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
 from gateway.errors import EmbeddingError, EmbeddingMalformed
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
@@ -60,6 +60,8 @@ log = logging.getLogger("gateway.recall")
 
 __all__ = ["QUERY_EMBEDDING_CACHE", "RecallService"]
 
+MODEL_MISMATCH: Final = "query_embedding_model_mismatch"
+
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
 and type-ahead frontends repeat queries, and an embedding is the largest
@@ -69,14 +71,33 @@ single step of a recall."""
 class QueryEmbeddings:
     """The query vector of a text, from a bounded LRU or the provider."""
 
-    def __init__(self, embedder: EmbeddingProvider, size: int = QUERY_EMBEDDING_CACHE) -> None:
+    def __init__(
+        self,
+        embedder: EmbeddingProvider,
+        size: int = QUERY_EMBEDDING_CACHE,
+        store_model: StoreModel | None = None,
+    ) -> None:
         self.embedder = embedder
         self.size = size
+        self.store_model = store_model
         self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
     @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         if query is None:
+            return None
+        # Never compare a question of one model with vectors of another: without
+        # the question's vector, neither the evidence nor the relationship
+        # vector lists run (the caller adds the relationships' degradation).
+        mismatch = self.store_model.mismatch() if self.store_model is not None else None
+        if mismatch is not None:
+            degradations.append(
+                Degradation(
+                    "evidence",
+                    MODEL_MISMATCH,
+                    f"{mismatch}; vector lists skipped, full-text and entity lists still answer",
+                )
+            )
             return None
         # The provider's epoch changes when the store moves to another model
         # (reembed): vectors cached before then belong to the old model.
@@ -118,11 +139,16 @@ class QueryEmbeddings:
 
 class RecallService:
     def __init__(
-        self, db: Database, embedder: EmbeddingProvider, feedback: FeedbackService | None = None
+        self,
+        db: Database,
+        embedder: EmbeddingProvider,
+        feedback: FeedbackService | None = None,
+        store_model: StoreModel | None = None,
     ) -> None:
         self.db = db
         self.embedder = embedder
-        self.embeddings = QueryEmbeddings(embedder)
+        # store_model: the store's model as the process last read it (None: unchecked).
+        self.embeddings = QueryEmbeddings(embedder, store_model=store_model)
         # None: recalls are not persisted for feedback (no snapshot, no suggestion).
         self.feedback = feedback
 
@@ -146,6 +172,17 @@ class RecallService:
             # 3. Related relationships and communities.
             related = await self._related(unit, view, branches, request, vector, results)
             degradations += related.degradations
+            if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
+                "relationships"
+            ].status not in ("disabled", "skipped"):
+                degradations.append(
+                    Degradation(
+                        "relationships",
+                        MODEL_MISMATCH,
+                        "the query's embedding model is not the store's; relationship "
+                        "vectors skipped, lexical discovery still answers",
+                    )
+                )
             # 4. Hypotheses.
             hyps = await hypothesis_frontier.related_hypotheses(
                 unit, view, branches, request, results
