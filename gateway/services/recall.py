@@ -51,6 +51,7 @@ from gateway.services.recall_types import (
     answer_reach,
 )
 from gateway.services.related import RelatedFrontiers, RelatedOutcome, SharedBranch
+from gateway.stages import stage
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import STORE_FAILURES, Database, Unit
@@ -81,6 +82,7 @@ class QueryEmbeddings:
         self.store_model = store_model
         self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
+    @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         if query is None:
             return None
@@ -227,6 +229,7 @@ class RecallService:
                 await self._snapshot(unit, principal, request, outcome, self.feedback)
         return outcome
 
+    @stage("scope")
     async def _scope(
         self, unit: Unit, principal: Principal, request: RecallRequest
     ) -> tuple[ReadView, list[search.BranchSearch]]:
@@ -251,6 +254,7 @@ class RecallService:
         return view, branches
 
     @staticmethod
+    @stage("related")
     async def _related(
         unit: Unit,
         view: ReadView,
@@ -269,6 +273,7 @@ class RecallService:
         )
 
     @staticmethod
+    @stage("nested")
     async def _nested(
         unit: Unit,
         view: ReadView,
@@ -316,6 +321,7 @@ class RecallService:
             return None
 
     @staticmethod
+    @stage("feedback")
     async def _snapshot(
         unit: Unit,
         principal: Principal,
