@@ -120,3 +120,30 @@ def test_file_names_are_checked(tmp_path: Path) -> None:
     (tmp_path / "1_bad.sql").write_text("SELECT 1;")
     with pytest.raises(MigrationError, match=r"NNNN_name\.sql"):
         migrations.discover(tmp_path)
+
+
+async def test_posting_key_checks_use_the_whole_key_on_a_new_store(
+    empty_db: asyncpg.Connection,
+) -> None:
+    """Every new posting's foreign-key check looks its document up by (team, space,
+    id). On tables without statistics (a new store's first bulk load) the planner
+    once took an index on (team, space, recorded_at) for it, filtering the ID, and
+    a load became quadratic (db/0041): the lookup must use the whole key."""
+    await migrations.migrate(empty_db)
+    for table in ("evidence", "relationships"):
+        await empty_db.execute(
+            f"PREPARE key_check AS SELECT 1 FROM ONLY {table} x WHERE team_id = $1::text "
+            "AND space_id = $2::uuid AND id = $3::text FOR KEY SHARE OF x"
+        )
+        try:
+            await empty_db.execute("SET plan_cache_mode = force_generic_plan")
+            plan = "\n".join(
+                r[0]
+                for r in await empty_db.fetch(
+                    "EXPLAIN EXECUTE key_check('t', gen_random_uuid(), 'x')"
+                )
+            )
+        finally:
+            await empty_db.execute("DEALLOCATE key_check")
+            await empty_db.execute("RESET plan_cache_mode")
+        assert "Filter" not in plan and "id)::text = $3" in plan, plan

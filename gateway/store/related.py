@@ -224,8 +224,9 @@ def _query_idf(p: Params) -> str:
 
 def _query_idf_as_of(p: Params, as_of: datetime) -> str:
     """:func:`_query_idf` with the statistics of the instant ``as_of``: N and the
-    average length over the relationships recorded by then (``relationships_known_at``),
-    df over their postings (which carry ``recorded_at``, db/0040)."""
+    average length over the relationships recorded by then (index-only:
+    ``relationships_search_filter``), df over their postings (which carry
+    ``recorded_at``, db/0040)."""
     p.bind("as_of", as_of, "timestamptz")
     team, space, at = p["team"], p["space"], p["as_of"]
     return f"""query_idf AS MATERIALIZED (

@@ -246,7 +246,8 @@ def _fulltext_prelude_as_of(p: Params) -> str:
     """:func:`_fulltext_prelude` with the statistics of the instant ``as_of``.
 
     N and the average length are counted, once per branch space, over the
-    evidence recorded by then (index-only: ``evidence_known_at``), df over the
+    evidence recorded by then (index-only: ``evidence_search_filter`` carries
+    ``recorded_at`` and ``doc_length``; db/0041 says why not an index of its own), df over the
     postings recorded by then (the postings' primary key carries
     ``recorded_at``: the same index-only scan as the present df, db/0040).
     Like the present statistics, they cover every generation of the space, so
