@@ -34,6 +34,7 @@ from gateway.services.recall_types import (
     ReadView,
     RelationshipConflictView,
 )
+from gateway.stages import stage
 from gateway.store import conflicts as store
 from gateway.store.database import STORE_FAILURES, Unit
 
@@ -82,6 +83,7 @@ def _order(c: ConflictView) -> tuple[int, int, str]:
     return (c.reach, 0 if isinstance(c, RelationshipConflictView) else 1, c.id)
 
 
+@stage("conflicts")
 async def reachable_conflicts(unit: Unit, view: ReadView, reach: Reach) -> list[ConflictView]:
     """The conflicts the answer reaches, at the view's time, nearest first, capped."""
     if not reach.evidence and not reach.relationships:

@@ -34,7 +34,7 @@ from typing import Final
 
 import numpy as np
 
-from gateway.embeddings import EmbeddingProvider, embed_queries, embedding_epoch
+from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
 from gateway.errors import EmbeddingError, EmbeddingMalformed
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
@@ -54,6 +54,7 @@ from gateway.services.recall_types import (
     answer_reach,
 )
 from gateway.services.related import RelatedFrontiers, RelatedOutcome, SharedBranch
+from gateway.stages import stage
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import STORE_FAILURES, Database, Unit
@@ -62,6 +63,8 @@ from gateway.store.replicas import ReadRouter
 log = logging.getLogger("gateway.recall")
 
 __all__ = ["QUERY_EMBEDDING_CACHE", "RecallService"]
+
+MODEL_MISMATCH: Final = "query_embedding_model_mismatch"
 
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
@@ -72,13 +75,33 @@ single step of a recall."""
 class QueryEmbeddings:
     """The query vector of a text, from a bounded LRU or the provider."""
 
-    def __init__(self, embedder: EmbeddingProvider, size: int = QUERY_EMBEDDING_CACHE) -> None:
+    def __init__(
+        self,
+        embedder: EmbeddingProvider,
+        size: int = QUERY_EMBEDDING_CACHE,
+        store_model: StoreModel | None = None,
+    ) -> None:
         self.embedder = embedder
         self.size = size
+        self.store_model = store_model
         self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
+    @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         if query is None:
+            return None
+        # Never compare a question of one model with vectors of another: without
+        # the question's vector, neither the evidence nor the relationship
+        # vector lists run (the caller adds the relationships' degradation).
+        mismatch = self.store_model.mismatch() if self.store_model is not None else None
+        if mismatch is not None:
+            degradations.append(
+                Degradation(
+                    "evidence",
+                    MODEL_MISMATCH,
+                    f"{mismatch}; vector lists skipped, full-text and entity lists still answer",
+                )
+            )
             return None
         # The provider's epoch changes when the store moves to another model
         # (reembed): vectors cached before then belong to the old model.
@@ -124,13 +147,15 @@ class RecallService:
         db: Database,
         embedder: EmbeddingProvider,
         feedback: FeedbackService | None = None,
+        store_model: StoreModel | None = None,
         reads: ReadRouter | None = None,
     ) -> None:
         self.db = db
         # Which pool each recall reads from; without replicas, always ``db``.
         self.reads = reads or ReadRouter(db)
         self.embedder = embedder
-        self.embeddings = QueryEmbeddings(embedder)
+        # store_model: the store's model as the process last read it (None: unchecked).
+        self.embeddings = QueryEmbeddings(embedder, store_model=store_model)
         # None: recalls are not persisted for feedback (no snapshot, no suggestion).
         self.feedback = feedback
 
@@ -171,6 +196,17 @@ class RecallService:
             # 3. Related relationships and communities.
             related = await self._related(unit, view, branches, request, vector, results)
             degradations += related.degradations
+            if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
+                "relationships"
+            ].status not in ("disabled", "skipped"):
+                degradations.append(
+                    Degradation(
+                        "relationships",
+                        MODEL_MISMATCH,
+                        "the query's embedding model is not the store's; relationship "
+                        "vectors skipped, lexical discovery still answers",
+                    )
+                )
             # 4. Hypotheses.
             hyps = await hypothesis_frontier.related_hypotheses(
                 unit, view, branches, request, results
@@ -217,6 +253,7 @@ class RecallService:
                 await self._snapshot(unit, principal, request, outcome, self.feedback)
         return outcome
 
+    @stage("scope")
     async def _scope(
         self, unit: Unit, principal: Principal, request: RecallRequest
     ) -> tuple[ReadView, list[search.BranchSearch]]:
@@ -241,6 +278,7 @@ class RecallService:
         return view, branches
 
     @staticmethod
+    @stage("related")
     async def _related(
         unit: Unit,
         view: ReadView,
@@ -259,6 +297,7 @@ class RecallService:
         )
 
     @staticmethod
+    @stage("nested")
     async def _nested(
         unit: Unit,
         view: ReadView,
@@ -306,6 +345,7 @@ class RecallService:
             return None
 
     @staticmethod
+    @stage("feedback")
     async def _snapshot(
         unit: Unit,
         principal: Principal,
