@@ -59,6 +59,8 @@ T = TypeVar("T")
 _PRIMARY_POSITION = "SELECT pg_current_wal_lsn()::text"
 _REPLICA_STATE = "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text"
 _FAILURES: tuple[type[BaseException], ...] = (DatabaseUnavailable, *STORE_FAILURES)
+# A replica that does not answer the monitor within this is out of rotation.
+_PROBE_TIMEOUT_S = 1.0
 # Between two looks at a replica that is behind a read's position.
 _WAIT_POLL_S = 0.002
 
@@ -139,11 +141,25 @@ class Replica:
     """One read replica: its pool and what the monitor last saw of it."""
 
     name: str
+    url: str
     db: Database
     in_rotation: bool = False
     replay: int = 0
     state: str = "not checked yet"
-    failures_seen: int = 0
+    # The monitor's own connection: a pool busy with reads must not look like a
+    # replica that does not answer.
+    probe: asyncpg.Connection | None = None
+
+    async def look(self) -> tuple[bool, str | None]:
+        """(in recovery, replay position), on the monitor's connection."""
+        if self.probe is None or self.probe.is_closed():
+            self.probe = await asyncpg.connect(self.url, timeout=_PROBE_TIMEOUT_S)
+        try:
+            return _state(await self.probe.fetchrow(_REPLICA_STATE, timeout=_PROBE_TIMEOUT_S))
+        except BaseException:
+            self.probe.terminate()
+            self.probe = None
+            raise
 
 
 @dataclass(frozen=True)
@@ -165,9 +181,15 @@ class ReadRouter:
     # A knownAt instant older than this has settled: every write transaction that
     # started before it has committed (mutations are bounded by the request deadline).
     settle_s: float = 15.0
-    _samples: deque[_Sample] = field(default_factory=lambda: deque(maxlen=20_000))
+    _samples: deque[_Sample] = field(default_factory=deque)
     _turn: itertools.count[int] = field(default_factory=itertools.count)
     _monitor: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        # Enough history for the lag bound and for settled knownAt instants (an
+        # older instant is served by the oldest sample: any replica past it has it).
+        keep = int(2 * (self.max_lag_s + self.settle_s) / self.interval_s) + 8
+        self._samples = deque(self._samples, maxlen=keep)
 
     @property
     def enabled(self) -> bool:
@@ -198,7 +220,7 @@ class ReadRouter:
                 max_size=max_size,
                 statement_timeout_ms=statement_timeout_ms,
             )
-            replicas.append(Replica(f"replica-{i}", db))
+            replicas.append(Replica(f"replica-{i}", url, db))
         router = cls(
             primary,
             replicas,
@@ -220,6 +242,8 @@ class ReadRouter:
             except asyncio.CancelledError:
                 pass
         for replica in self.replicas:
+            if replica.probe is not None:
+                replica.probe.terminate()
             await replica.db.close(wait_s)
 
     async def _watch(self) -> None:
@@ -250,8 +274,7 @@ class ReadRouter:
 
     async def _check_replica(self, replica: Replica) -> None:
         try:
-            async with replica.db.pool.acquire(timeout=1.0) as conn:
-                recovering, text = _state(await conn.fetchrow(_REPLICA_STATE, timeout=1.0))
+            recovering, text = await replica.look()
         except _FAILURES as exc:
             self._set(replica, False, f"unreachable: {type(exc).__name__}")
             return
@@ -384,6 +407,12 @@ class ReadRouter:
             try:
                 async with replica.db.pool.acquire(timeout=self.wait_s or 0.01) as conn:
                     recovering, text = _state(await conn.fetchrow(_REPLICA_STATE, timeout=1.0))
+            except TimeoutError:
+                # its pool is busy (or it is slow): the primary now; the monitor
+                # decides whether it stays in rotation
+                choice.reason = "replica_busy"
+                choice.waited_ms = (time.monotonic() - started) * 1000
+                return None
             except _FAILURES:
                 self._set(replica, False, "unreachable")
                 choice.reason = "replica_unreachable"
