@@ -41,22 +41,21 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 import asyncpg
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gateway import tokens  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from gateway.embedded import EmbeddedPostgres  # noqa: E402
-from gateway.embeddings import create_provider  # noqa: E402
-from gateway.services import loader  # noqa: E402
-from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from gateway.store.database import Database, prepare  # noqa: E402
+from gateway import tokens
+from gateway.app import create_app
+from gateway.embedded import EmbeddedPostgres
+from gateway.embeddings import create_provider
+from gateway.services import loader
+from gateway.services.records import TokenRecord
+from gateway.services.writes import Actor, WriteService
+from gateway.settings import Settings
+from gateway.store.database import Database, prepare
 
 QUERIES = [
     "who owns the billing service",
@@ -98,9 +97,16 @@ async def seed(dsn: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def gateway(primary: str, replica: str | None) -> AsyncIterator[httpx.AsyncClient]:
+async def gateway(
+    primary: str, replica: str | None, feedback: bool
+) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(
-        Settings(database_url=primary, read_database_urls=replica or "", pool_max_size=8)
+        Settings(
+            database_url=primary,
+            read_database_urls=replica or "",
+            pool_max_size=8,
+            feedback_enabled=feedback,
+        )
     )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -110,9 +116,10 @@ async def gateway(primary: str, replica: str | None) -> AsyncIterator[httpx.Asyn
 
 async def run_round(
     client: httpx.AsyncClient, tok: str, recalls: int, clients: int, send_position: bool
-) -> tuple[float, list[float], Counter[str]]:
+) -> tuple[float, list[float], Counter[str], list[float]]:
     latencies: list[float] = []
     where: Counter[str] = Counter()
+    waits: list[float] = []
     queue = iter(range(recalls))
 
     async def one_client() -> None:
@@ -137,10 +144,11 @@ async def run_round(
             position = consistency.get("position", position)
             for read in consistency["reads"]:
                 where[f"{read['servedBy']}: {read['reason']}"] += 1
+                waits.append(read.get("waitedMs", 0.0))
 
     started = time.perf_counter()
     await asyncio.gather(*(one_client() for _ in range(clients)))
-    return recalls / (time.perf_counter() - started), latencies, where
+    return recalls / (time.perf_counter() - started), latencies, where, waits
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -188,6 +196,11 @@ async def main() -> None:
     parser.add_argument("--recalls", type=int, default=300, help="recalls per round")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-feedback",
+        action="store_true",
+        help="RECALL_FEEDBACK_ENABLED=false: no recall event written per recall",
+    )
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="replica-bench-"))
     primary = EmbeddedPostgres(folder / "primary", database="recall").start()
@@ -205,22 +218,28 @@ async def main() -> None:
         rates: dict[str, list[float]] = {k: [] for k in configs}
         latencies: dict[str, list[float]] = {k: [] for k in configs}
         where: dict[str, Counter[str]] = {k: Counter() for k in configs}
+        waits: dict[str, list[float]] = {k: [] for k in configs}
+        feedback = not args.no_feedback
         async with contextlib.AsyncExitStack() as stack:
             clients = {
-                name: await stack.enter_async_context(gateway(primary.dsn, url))
+                name: await stack.enter_async_context(gateway(primary.dsn, url, feedback))
                 for name, (url, _) in configs.items()
             }
             for name, client in clients.items():  # warm up: models, plans, caches
                 await run_round(client, tok, 24, args.clients, configs[name][1])
             for _ in range(args.rounds):
                 for name, client in clients.items():
-                    rate, lat, seen = await run_round(
+                    rate, lat, seen, waited = await run_round(
                         client, tok, args.recalls, args.clients, configs[name][1]
                     )
                     rates[name].append(rate)
                     latencies[name] += lat
                     where[name] += seen
-        print(f"{args.rounds} rounds x {args.recalls} recalls, {args.clients} clients each")
+                    waits[name] += waited
+        print(
+            f"{args.rounds} rounds x {args.recalls} recalls, {args.clients} clients each, "
+            f"feedback {'on' if feedback else 'off'}"
+        )
         base = statistics.median(rates["primary"])
         for name in configs:
             lat = latencies[name]
@@ -230,6 +249,11 @@ async def main() -> None:
                 f"p50 {statistics.median(lat) * 1000:6.1f} ms  p95 {quantile(lat, 0.95) * 1000:6.1f} ms"
             )
             print("      " + ", ".join(f"{k} {v}" for k, v in where[name].most_common()))
+            if waits[name]:
+                print(
+                    f"      waited for the replica: p50 {statistics.median(waits[name]):.2f} ms, "
+                    f"p95 {quantile(waits[name], 0.95):.2f} ms (all reads)"
+                )
         print("the consistency check:")
         await check_costs(primary.dsn, standby.dsn, 500)
         print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
