@@ -259,7 +259,13 @@ async def test_a_paused_replica_is_bypassed_then_leaves_and_rejoins_the_rotation
         assert f"ev-export{suffix}" in _ids(seen)
         served = _served(seen)
         assert served["servedBy"] == "primary"
-        assert served["reason"] in ("replica_behind", "no_replica_in_rotation"), served
+        # behind (waited, then the primary), out of rotation already, or (a loaded
+        # machine) no replica connection free within the wait: the primary, each time
+        assert served["reason"] in (
+            "replica_behind",
+            "no_replica_in_rotation",
+            "replica_busy",
+        ), served
         # past the lag bound it is out of rotation: reads go to the primary at once
         deadline = time.monotonic() + 60
         while _served(await gw.recall())["reason"] != "no_replica_in_rotation":
