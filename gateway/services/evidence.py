@@ -115,6 +115,8 @@ async def _search(
         exclude_ids=request.known_evidence_ids,
         per_list=per_list,
         known_at=t_sys,
+        # A knownAt view ranks with the statistics of its instant (never moves).
+        as_of=t_sys if request.known_at is not None else None,
     )
     async with unit.step([b.space_id for b in branches]) as conn:
         return await search.evidence_candidates(conn, query)

@@ -167,6 +167,8 @@ class RelatedFrontiers:
             returned_relationship_ids=returned_relationship_ids,
             known_evidence_ids=request.known_evidence_ids,
             known_relationship_ids=request.known_relationship_ids,
+            # A knownAt view ranks with the statistics of its instant (never moves).
+            as_of=view.t_sys if request.known_at is not None else None,
         )
         found, vector_status = await self._discover(view, query, out)
         lists = found.lists
