@@ -12,6 +12,7 @@ given).
     python benchmarks/load_bench.py --docs 500
     python benchmarks/load_bench.py --beir PATH_TO_SCIFACT --embedder local
     python benchmarks/load_bench.py --docs 2000 --embedder hash --profile load.prof
+    python benchmarks/load_bench.py --docs 25000 --embedder supplied --server-profile
 
 The file is written to a temporary folder as JSON Lines and loaded through the
 loader (parse, then batches through ``WriteService``) on a fresh embedded
