@@ -153,6 +153,25 @@ async def prepare(dsn: str, *, migrate: bool) -> list[migrations.Migration]:
         await conn.close()
 
 
+async def _learn_domains(conn: asyncpg.Connection) -> None:
+    """Teach a new connection the schema's domain types (``client_id``).
+
+    A record sent in binary names each field's own type, a domain too, while a
+    result column names the domain's base type; so asyncpg meets a domain
+    only inside records (the arrays of records of gateway/store/round_trips.py
+    and of the nested rows), and fails there ("no decoder for composite type
+    element") unless an array of the domain taught it the domain first: an
+    array column keeps the domain as its element type, and introspecting it
+    registers the domain. Before the first migration there is none."""
+    domains = await conn.fetch(
+        "SELECT format_type(t.oid, NULL) AS name FROM pg_type t "
+        "WHERE t.typtype = 'd' AND t.typnamespace = 'public'::regnamespace"
+    )
+    if domains:
+        casts = ", ".join(f"NULL::{d['name']}[]" for d in domains)
+        await conn.fetch(f"SELECT {casts}")
+
+
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
@@ -182,6 +201,7 @@ class Database:
 
         async def init(conn: asyncpg.Connection) -> None:
             await register_vector(conn)
+            await _learn_domains(conn)
             conn.add_query_logger(counter)
 
         try:
