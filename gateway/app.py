@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
 
 from gateway.embedded import EmbeddedPostgres
-from gateway.embeddings import EmbeddingProvider, create_provider
+from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
@@ -63,6 +63,8 @@ class Services:
     recall: RecallService
     feedback: FeedbackService
     mutations: MutationService
+    # The store's model as last read; None for services built without one (no check).
+    store_model: StoreModel | None = None
 
 
 class RequestIdMiddleware:
@@ -131,6 +133,11 @@ async def readyz(request: Request) -> Response:
         return JSONResponse(
             {"status": "not ready", "reason": f"{len(waiting)} migration(s) pending"}, 503
         )
+    mismatch = services.store_model.mismatch() if services.store_model is not None else None
+    if mismatch is not None:
+        # Still 200: reads answer (without their vector lists), and a 503 would take
+        # every replica out of service at once when a reembed moves the store on.
+        return JSONResponse({"status": "degraded", "reason": f"{mismatch}; writes are refused"})
     return JSONResponse({"status": "ready"})
 
 
@@ -173,16 +180,24 @@ def create_app(
                 statement_timeout_ms=settings.statement_timeout_ms,
             )
             # The store's model decides the local model under RECALL_EMBEDDING_MODEL=auto.
-            embedder = observability.embedder(
-                create_provider(settings, await read_store_model(db))
-            )
+            held = await read_store_model(db)
+            embedder = observability.embedder(create_provider(settings, held))
+            store_model = StoreModel(embedder, held)
+            mismatch = store_model.mismatch()
+            if mismatch is not None:
+                log.warning(
+                    "%s: recall skips its vector lists and writes are refused until they "
+                    "match (RECALL_EMBEDDING_PROVIDER, RECALL_EMBEDDING_MODEL, "
+                    "RECALL_OPENAI_MODEL; or run reembed)",
+                    mismatch,
+                )
             # Load (and checksum) a local model now, so a bad file fails the start,
             # not the first request.
             load = getattr(embedder, "load", None)
             if callable(load):
                 await asyncio.to_thread(load)
             watcher = asyncio.create_task(
-                watch_store_model(dsn, embedder, STORE_MODEL_POLL_S), name="store-model-watch"
+                watch_store_model(dsn, store_model, STORE_MODEL_POLL_S), name="store-model-watch"
             )
             feedback = FeedbackService(db, enabled=settings.feedback_enabled)
             writes = WriteService(db, embedder)
@@ -191,9 +206,10 @@ def create_app(
                 db,
                 embedder,
                 writes,
-                observability.recall_service(db, embedder, feedback),
+                observability.recall_service(db, embedder, feedback, store_model),
                 feedback,
                 MutationService(writes),
+                store_model,
             )
             graphql.persisted = _persisted(settings, limits, db)
             drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None

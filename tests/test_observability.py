@@ -28,6 +28,7 @@ from gateway.observability.logs import JsonFormatter
 from gateway.observability.tracing import exporters, uninstrument_asyncpg
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
+from gateway.stages import STAGE_PREFIX
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -92,20 +93,22 @@ async def test_one_span_per_operation_with_recall_embedding_and_statements(
     (recall,) = by_name["recall"]
     assert recall.parent.span_id == op.context.span_id
     assert recall.attributes["recall.results"] >= 1
+    (embedding,) = by_name["recall.query_embedding"]
+    assert embedding.parent.span_id == recall.context.span_id
     (embed,) = by_name["embed"]
-    assert embed.parent.span_id == recall.context.span_id
+    assert embed.parent.span_id == embedding.context.span_id
     statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
     assert len(statements) >= 5
     assert all(s.context.trace_id == op.context.trace_id for s in statements)
     # The HTTP request's span (asgi instrumentation) is the root of the trace.
     roots = [s for s in spans if s.parent is None]
     assert len(roots) == 1 and roots[0].context.trace_id == op.context.trace_id
-    # No per-field spans: besides SQL, only the request's, the operation's, recall's
-    # and embed's (asgi adds one per receive/send message of the request).
+    # No per-field spans: besides SQL, only the request's, the operation's, recall's,
+    # its stages' and embed's (asgi adds one per receive/send message of the request).
     rest = {s.name for s in spans if s not in statements}
-    assert {n for n in rest if not n.startswith("POST /graphql")} == {
-        "query WhoOwnsBilling", "recall", "embed"
-    }, rest
+    assert {
+        n for n in rest if not n.startswith(("POST /graphql", STAGE_PREFIX))
+    } == {"query WhoOwnsBilling", "recall", "embed"}, rest
 
     # The request's one log line carries the trace ID, as JSON when asked for.
     lines = [r for r in caplog.records if r.name == "gateway.request"]
@@ -117,6 +120,95 @@ async def test_one_span_per_operation_with_recall_embedding_and_statements(
     assert line["trace_id"] == format(op.context.trace_id, "032x")
     assert "community_snapshot_unavailable" in line["degradations"]
     assert line["statements"] >= 5
+
+
+async def test_recall_stages_are_child_spans_without_text(
+    traced: tuple[httpx.AsyncClient, InMemorySpanExporter], writes: WriteService
+) -> None:
+    """Each stage of the pipeline is a span under the recall, the statements nest
+    under the stage that sent them (the combined statements of
+    gateway/store/round_trips.py under theirs), and no span carries the query's
+    text or any memory text (both private)."""
+    client, exporter = traced
+    team = unique("stages")
+    records = team_records(team)
+    await load_jsonl(writes, jsonl(records))
+    secret = await token(writes, team, "alice")
+    question = "which team owns the billing service of " + team
+    exporter.clear()
+    response = await _recall(client, secret, question)
+    results = response.json()["data"]["recallMemory"]["results"]
+    assert results
+
+    spans = exporter.get_finished_spans()
+    by_id = {s.context.span_id: s for s in spans}
+    by_name: dict[str, list[Any]] = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    (recall,) = by_name["recall"]
+
+    def parent(span: Any) -> str:
+        return str(by_id[span.parent.span_id].name)
+
+    for name in ("query_embedding", "scope", "search", "evidence", "related", "answer",
+                 "nested"):
+        (one,) = by_name[STAGE_PREFIX + name]
+        assert parent(one) == "recall", name
+        assert one.context.trace_id == recall.context.trace_id
+        assert one.start_time >= recall.start_time and one.end_time <= recall.end_time
+    # The stages of the separate statements run only when a combined one fails.
+    for name in ("candidates", "hydration", "hypotheses", "conflicts"):
+        assert STAGE_PREFIX + name not in by_name, name
+    # Statements belong to their stage: the candidate lists, hydration and discovery
+    # in recall.search, hypotheses and conflicts in recall.answer, the nested rows
+    # and the recall event in recall.nested.
+    statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
+    parents = {parent(s) for s in statements}
+    assert {"recall.scope", "recall.search", "recall.answer", "recall.nested"} <= parents, (
+        parents
+    )
+
+    # Untrusted, private text stays out of every span: the question, the stored
+    # texts (evidence content, names, titles) and the returned contexts.
+    private = [question, *(r["context"] for r in results if r["context"])]
+    for record in records:
+        for key in ("content", "name", "title", "statement"):
+            value = record.get(key)
+            if isinstance(value, str) and len(value) > 8:
+                private.append(value)
+    assert len(private) > 3
+    for span in spans:
+        for key, value in (span.attributes or {}).items():
+            text = str(value)
+            leaked = [p for p in private if p in text or (len(text) > 8 and text in p)]
+            assert not leaked, (span.name, key, leaked)
+        assert question not in span.name
+
+
+async def test_a_get_recall_leaves_its_question_out_of_the_request_span(
+    traced: tuple[httpx.AsyncClient, InMemorySpanExporter], writes: WriteService
+) -> None:
+    """Over GET the document and variables are in the URL: the request span keeps
+    the path only."""
+    client, exporter = traced
+    team = unique("otelget")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    secret = await token(writes, team, "alice")
+    question = "who really owns billing for " + team
+    exporter.clear()
+    response = await client.get(
+        "/graphql",
+        params={"query": RECALL, "variables": json.dumps({"q": question})},
+        headers={"authorization": f"Bearer {secret}"},
+    )
+    assert response.json()["data"]["recallMemory"]["results"]
+    spans = exporter.get_finished_spans()
+    (request,) = [s for s in spans if s.parent is None]
+    assert any(str(v).endswith("/graphql") for v in request.attributes.values())
+    words = [question, "really owns", "WhoOwnsBilling($q"]
+    for span in spans:
+        for key, value in (span.attributes or {}).items():
+            assert not any(w in str(value) for w in words), (span.name, key, value)
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,7 +14,7 @@ from gateway.services.communities import build_communities
 from gateway.services.records import TokenRecord
 from gateway.services.writes import Actor, WriteService
 
-from .conftest import app_for, load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique  # noqa: F401  (app_for: imported from here by other tests)
 from .factories import jsonl, team_records
 
 RECALL = """
@@ -540,26 +540,6 @@ async def test_nested_fields_cost_no_statement_of_their_own(client, gateway_app,
     assert all(
         rel["subject"]["name"] for r in results for rel in r["supportingRelationships"]
     ), results
-
-
-async def test_query_embedding_unavailable_degrades(dsn, writes) -> None:
-    team = unique("emb")
-    await load_jsonl(writes, jsonl(team_records(team)))
-    tok = await token(writes, team, "bob")
-    app = app_for(
-        dsn,
-        embedding_provider="openai",
-        openai_base_url="http://127.0.0.1:9/v1",
-        openai_timeout_s=1.0,
-    )
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
-            result = await recall(c, tok, q="who owns the billing service")
-    assert ids(result)[0] == "ev-owner"
-    assert evidence_codes(result) == ["query_embedding_unavailable"]
-    assert result["degradations"][0]["optional"] is True
-    assert result["searchStates"]["evidence"]["complete"] is False
 
 
 async def _hold_lock(

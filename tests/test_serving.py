@@ -25,6 +25,7 @@ import pytest
 
 from gateway import tokens
 from gateway.embedded import EmbeddedPostgres
+from gateway.serving import MAX_HEADER_BYTES, MAX_URL_BYTES
 
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -156,6 +157,132 @@ def test_a_timely_client_is_not_timed_out_on_a_kept_alive_connection(
             assert answer.startswith(b"HTTP/1.1 200"), answer
             assert answer.endswith(b'{"data":{"__typename":"Query"}}')
             time.sleep(0.4)
+
+
+# --- oversized heads --------------------------------------------------------------------
+
+
+def _exchange(port: int, request: bytes) -> bytes:
+    """Send a whole request and read the answer until the server closes (or, for a
+    kept-alive answer, until its body is complete). The server may refuse before the
+    request is all sent: what it answered is still read."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.settimeout(60)
+        try:
+            sock.sendall(request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        data = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:
+                return data
+            except TimeoutError:
+                pytest.fail(f"no complete answer; got {data[:300]!r}")
+            if not chunk:
+                return data
+            data += chunk
+            head, sep, body = data.partition(b"\r\n\r\n")
+            length = [
+                int(line.split(b":", 1)[1])
+                for line in head.lower().split(b"\r\n")
+                if line.startswith(b"content-length:")
+            ]
+            if sep and length and len(body) >= length[0]:
+                return data
+
+
+def _get_with_url_of(size: int) -> bytes:
+    """A GET of exactly ``size`` bytes of URL (request target) that the gateway
+    answers with data when it is served: a small document and padding."""
+    target = b"/graphql?query=%7B__typename%7D&pad="
+    target += b"x" * (size - len(target))
+    assert len(target) == size
+    return b"GET " + target + b" HTTP/1.1\r\nHost: gw\r\nConnection: close\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "size", [1_000, 65_534, MAX_URL_BYTES, MAX_URL_BYTES + 1, 70_000, 100_000, 1_000_000]
+)
+def test_every_url_size_gets_data_or_the_coded_413(timed_server: Served, size: int) -> None:
+    """Up to the parser's limit (65,535 bytes, included) the request is served; past
+    it, the coded JSON 413 instead of uvicorn's plain-text 400."""
+    answer = _exchange(timed_server.port, _get_with_url_of(size))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), answer[:300]
+    if size <= MAX_URL_BYTES:
+        assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert json.loads(body) == {"data": {"__typename": "Query"}}
+        return
+    status, code, lowered = _code_of(answer)
+    assert (status, code) == (413, "REQUEST_TOO_LARGE"), answer[:300]
+    assert json.loads(body)["errors"][0]["extensions"]["maxBytes"] == MAX_URL_BYTES
+    assert b"connection: close" in lowered
+
+
+def _post_with_header_bytes(total: int, *, headers: int = 1) -> bytes:
+    """A small POST whose header names and values add up to exactly ``total`` bytes,
+    the padding spread over ``headers`` headers."""
+    body = b'{"query":"{ __typename }"}'
+    fixed = [
+        (b"Host", b"gw"),
+        (b"Content-Type", b"application/json"),
+        (b"Content-Length", str(len(body)).encode()),
+        (b"Connection", b"close"),
+    ]
+    left = total - sum(len(n) + len(v) for n, v in fixed)
+    pads = []
+    for i in range(headers):
+        name = b"X-Pad-%06d" % i
+        share = left // (headers - i)
+        pads.append((name, b"p" * (share - len(name))))
+        left -= share
+    lines = b"".join(n + b": " + v + b"\r\n" for n, v in fixed + pads)
+    assert sum(len(n) + len(v) for n, v in fixed + pads) == total
+    return b"POST /graphql HTTP/1.1\r\n" + lines + b"\r\n" + body
+
+
+@pytest.mark.parametrize(
+    ("total", "headers"),
+    [
+        (8_000, 1),
+        (MAX_HEADER_BYTES - 1, 1),
+        (MAX_HEADER_BYTES, 1),
+        (MAX_HEADER_BYTES + 1, 1),
+        (MAX_HEADER_BYTES + 1, 500),  # many small headers
+        (100_000, 1),
+        (3_000_000, 1),  # past the raw head guard: refused before the header ends
+    ],
+)
+def test_every_header_size_gets_data_or_the_coded_431(
+    timed_server: Served, total: int, headers: int
+) -> None:
+    answer = _exchange(timed_server.port, _post_with_header_bytes(total, headers=headers))
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), answer[:300]
+    if total <= MAX_HEADER_BYTES:
+        assert head.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert json.loads(body) == {"data": {"__typename": "Query"}}
+        return
+    status, code, lowered = _code_of(answer)
+    assert (status, code) == (431, "REQUEST_HEADERS_TOO_LARGE"), answer[:300]
+    assert b"connection: close" in lowered
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        b"GET /graphql HTTP/1.1\r\nHost: gw\r\nBad Header Name: x\r\n\r\n",
+        b"GET /graphql HTTP/9.9\r\nHost: gw\r\n\r\n",
+        b"\x00\x01\x02 garbage\r\n\r\n",
+    ],
+    ids=["space-in-header-name", "http-9.9", "binary"],
+)
+def test_unparsable_requests_get_a_coded_400(timed_server: Served, request_: bytes) -> None:
+    status, code, lowered = _code_of(_exchange(timed_server.port, request_))
+    assert (status, code) == (400, "BAD_REQUEST")
+    assert b"content-type: application/json" in lowered and b"connection: close" in lowered
 
 
 # --- SIGTERM ----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from gateway.embeddings.e5 import E5EmbeddingProvider
 from gateway.embeddings.following import FollowingProvider
 from gateway.embeddings.local import LocalEmbeddingProvider
 from gateway.embeddings.openai import OpenAIEmbeddingProvider
+from gateway.embeddings.store_model import StoreModel, query_model
 from gateway.errors import ConfigurationError
 from gateway.settings import Settings
 
@@ -39,6 +40,7 @@ __all__ = [
     "LocalEmbeddingProvider",
     "LocalModel",
     "OpenAIEmbeddingProvider",
+    "StoreModel",
     "Vectors",
     "by_key",
     "by_model_id",
@@ -46,6 +48,7 @@ __all__ = [
     "create_provider",
     "embed_queries",
     "embedding_epoch",
+    "query_model",
     "validate_vectors",
 ]
 

@@ -54,6 +54,17 @@ class FollowingProvider:
     def dimensions(self) -> int:
         return self._current.dimensions
 
+    @property
+    def next_model(self) -> str:
+        """The model the next call embeds with: the store's, if this provider follows it
+        and it is a local model; else the present one (which then refuses to embed)."""
+        wanted = self._store_model
+        if wanted is None or wanted == self._current.model:
+            return self._current.model
+        if self._follow and by_model_id(wanted) is not None:
+            return wanted
+        return self._current.model
+
     def observe(self, store_model: str | None) -> None:
         """Record the model the store holds now (None: no vectors yet)."""
         # Every change counts, from "no vectors" too: a poll may have missed the

@@ -20,9 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger("gateway.http")
 
 MAX_QUERY_STRING_BYTES = 65_536
-"""A GET's query string is bounded below the body limit: uvicorn's HTTP parser
-(httptools) refuses request lines of about 80 KB itself, with a plain-text 400
-before the gateway sees them, so the gateway's own coded 413 must come first."""
+"""A GET's query string is bounded below the body limit. Under ``serve`` the URL as a
+whole is bounded first, at 65,535 bytes, by gateway/serving.py (httptools' URL
+parser refuses longer ones), with the same coded 413."""
 
 
 def _too_large(limit: int) -> bytes:

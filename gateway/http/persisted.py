@@ -15,6 +15,15 @@ documents up to ``RECALL_PERSISTED_QUERY_MAX_BYTES``, with a small
 per-process cache in front. Anonymous callers never write to it: their
 documents run, and are not kept.
 
+Replicas (several processes behind a load balancer) agree because the table
+decides: a document sent with its hash is registered every time (a client
+sends it only after some process answered ``PERSISTED_QUERY_NOT_FOUND``, so
+skipping it because this process still had it would leave the others without
+it), and a process serves a hash from its own cache for at most
+``LOCAL_CACHE_TTL_S``; then it reads the table again, which refreshes the
+entry's last use there (so the least-recently-used bound sees use on every
+replica) or finds it trimmed.
+
 Allow-list mode runs only the operations of a manifest (a JSON object
 ``{sha256: document}`` built from the clients' code), by hash or by document:
 anything else is ``PERSISTED_QUERY_NOT_ALLOWED``, so an attacker cannot send
@@ -26,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -41,6 +51,9 @@ from gateway.store.database import Database
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _LOCAL_CACHE = 1000
+LOCAL_CACHE_TTL_S = 60.0
+"""How long a process serves a hash from its own cache before it reads the shared
+table again: the grain at which the table's last use is refreshed (store.get)."""
 
 Mode = Literal["off", "apq", "allowlist"]
 
@@ -101,13 +114,25 @@ class PersistedQueries:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.manifest = manifest or {}
-        self._cache: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # (team, hash) -> (document, monotonic time it was read from or written to the table)
+        self._cache: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
 
     def _remember(self, key: tuple[str, str], document: str) -> None:
-        self._cache[key] = document
+        self._cache[key] = (document, time.monotonic())
         self._cache.move_to_end(key)
         while len(self._cache) > _LOCAL_CACHE:
             self._cache.popitem(last=False)
+
+    def _cached(self, key: tuple[str, str]) -> str | None:
+        hit = self._cache.get(key)
+        if hit is None:
+            return None
+        document, at = hit
+        if time.monotonic() - at > LOCAL_CACHE_TTL_S:
+            del self._cache[key]
+            return None
+        self._cache.move_to_end(key)
+        return document
 
     @staticmethod
     def _hash_of(request: GraphQLRequestData) -> str | None:
@@ -150,7 +175,7 @@ class PersistedQueries:
                     "PERSISTED_QUERY_HASH_MISMATCH", "sha256Hash is not the hash of the query"
                 )
             fits = len(request.query.encode()) <= self.max_bytes
-            if principal is None or not fits or (principal.team_id, wanted) in self._cache:
+            if principal is None or not fits:
                 return request, None
             return request, Registration(principal, wanted, request.query)
         if principal is None:
@@ -158,7 +183,7 @@ class PersistedQueries:
                 raise unavailable
             raise _rejected("PERSISTED_QUERY_NOT_FOUND", "PersistedQueryNotFound")
         key = (principal.team_id, wanted)
-        document = self._cache.get(key)
+        document = self._cached(key)
         if document is None:
             async with self.db.admin() as conn:
                 document = await store.get(conn, principal.team_id, wanted)

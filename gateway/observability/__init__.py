@@ -22,7 +22,12 @@ from strawberry.extensions import SchemaExtension
 from gateway.observability import logs, metrics
 from gateway.observability.requests import RequestObserver, observer_extension
 from gateway.observability.services import ObservedEmbedder, ObservedRecall
-from gateway.observability.tracing import TRACER_NAME, instrument_asyncpg, provider_from_environment
+from gateway.observability.tracing import (
+    TRACER_NAME,
+    instrument_asyncpg,
+    provider_from_environment,
+    redact_query_string,
+)
 
 
 class Observability:
@@ -63,7 +68,11 @@ class Observability:
         if self.provider is not None:
             from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 
-            app.add_middleware(OpenTelemetryMiddleware, tracer_provider=self.provider)
+            app.add_middleware(
+                OpenTelemetryMiddleware,
+                tracer_provider=self.provider,
+                server_request_hook=redact_query_string,
+            )
 
     def embedder(self, inner: Any) -> Any:
         return ObservedEmbedder(inner, self.tracer)

@@ -1,9 +1,10 @@
 """The recall service and the embedding provider, observed at their boundary.
 
-Spans and metrics wrap the calls that app.py makes, not the stages inside
-them, so they survive a restructuring of the recall pipeline: a span for each
-recall (with its result and degradation counts) and for each embedding call,
-the embedding latency histogram and the degradations counter.
+Spans and metrics wrap the calls that app.py makes: a span for each recall
+(with its result and degradation counts) and for each embedding call, the
+embedding latency histogram and the degradations counter. Inside a traced
+recall the stages that the pipeline marks with :func:`gateway.stages.stage`
+become its child spans.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gateway.observability.requests import record
 from gateway.services.auth import Principal
 from gateway.services.recall import RecallService
 from gateway.services.recall_types import RecallOutcome
+from gateway.stages import stage_tracer
 
 
 class ObservedEmbedder:
@@ -79,7 +81,7 @@ class ObservedRecall(RecallService):
         if self.tracer is None:
             outcome = await super().recall(principal, request)
         else:
-            with self.tracer.start_as_current_span("recall") as span:
+            with self.tracer.start_as_current_span("recall") as span, stage_tracer(self.tracer):
                 outcome = await super().recall(principal, request)
                 span.set_attribute("recall.results", len(outcome.results))
                 span.set_attribute("recall.degradations", len(outcome.degradations))

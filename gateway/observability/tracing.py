@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+from opentelemetry.trace import Span
 
 log = logging.getLogger("gateway.observability")
 
@@ -85,6 +87,24 @@ def uninstrument_asyncpg() -> None:
     instrumentor = AsyncPGInstrumentor()  # type: ignore[no-untyped-call]
     if instrumentor.is_instrumented_by_opentelemetry:
         instrumentor.uninstrument()
+
+
+_URL_ATTRIBUTES = ("http.url", "url.full", "http.target")
+
+
+def redact_query_string(span: Span, scope: Mapping[str, Any]) -> None:
+    """The ASGI instrumentation's request hook: a GET's query string holds the GraphQL
+    document and its variables (a recall's question), private text that a span must
+    not carry; the URL attributes keep the path only."""
+    if not scope.get("query_string") or not span.is_recording():
+        return
+    attributes: Mapping[str, Any] = getattr(span, "attributes", None) or {}
+    for key in _URL_ATTRIBUTES:
+        value = attributes.get(key)
+        if isinstance(value, str) and "?" in value:
+            span.set_attribute(key, value.split("?", 1)[0])
+    if "url.query" in attributes:
+        span.set_attribute("url.query", "(redacted)")
 
 
 def current_trace_id() -> str | None:

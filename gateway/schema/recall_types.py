@@ -48,6 +48,7 @@ class Frontier(Enum):
 class DegradationCode(Enum):
     query_embedding_unavailable = "query_embedding_unavailable"
     query_embedding_malformed = "query_embedding_malformed"
+    query_embedding_model_mismatch = "query_embedding_model_mismatch"
     vector_branch_failed = "vector_branch_failed"
     space_branch_unavailable = "space_branch_unavailable"
     relationship_vector_warming = "relationship_vector_warming"

@@ -35,6 +35,7 @@ from gateway.services.recall_types import (
     ReadView,
     RelationshipConflictView,
 )
+from gateway.stages import stage
 from gateway.store import conflicts as store
 from gateway.store.database import STORE_FAILURES, Unit
 
@@ -104,6 +105,7 @@ def conflict_query(view: ReadView, reach: Reach) -> store.ConflictQuery | None:
     )
 
 
+@stage("conflicts")
 async def reachable_conflicts(unit: Unit, view: ReadView, reach: Reach) -> list[ConflictView]:
     """The conflicts the answer reaches, at the view's time, nearest first, capped."""
     query = conflict_query(view, reach)

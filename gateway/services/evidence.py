@@ -33,6 +33,7 @@ from gateway.services.recall_types import (
     SearchState,
     overfetch,
 )
+from gateway.stages import stage
 from gateway.store import recall as store
 from gateway.store import search
 from gateway.store.database import STORE_FAILURES, Unit
@@ -79,6 +80,7 @@ def candidate_query(
     )
 
 
+@stage("evidence")
 async def search_evidence(
     unit: Unit,
     view: ReadView,
@@ -135,6 +137,7 @@ async def search_evidence(
     return EvidenceFrontier(results, SearchState("evidence", status, tuple(list_states)))
 
 
+@stage("candidates")
 async def _search(
     unit: Unit,
     team: str,
@@ -255,6 +258,7 @@ async def _branch_candidates(
     return None
 
 
+@stage("hydration")
 async def _hydrate(
     unit: Unit,
     view: ReadView,

@@ -25,6 +25,7 @@ from gateway.errors import IdempotencyConflict, InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import Degradation, RecallOutcome, SuggestedAction
+from gateway.stages import stage
 from gateway.store import feedback as store
 from gateway.store.database import STORE_FAILURES, Database, Unit
 
@@ -89,6 +90,7 @@ class FeedbackService:
 
     # --- the snapshot, at the end of every recall ------------------------------------
 
+    @stage("feedback")
     async def attach(
         self,
         principal: Principal,

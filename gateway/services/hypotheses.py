@@ -30,6 +30,7 @@ from typing import Final
 from gateway.fusion import fuse_equal
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import EvidenceResult, ReadView, answer_reach
+from gateway.stages import stage
 from gateway.store import hypotheses as store
 from gateway.store.database import STORE_FAILURES, Unit
 from gateway.store.search import BranchSearch
@@ -105,6 +106,7 @@ def hypothesis_query(
     )
 
 
+@stage("hypotheses")
 async def related_hypotheses(
     unit: Unit,
     view: ReadView,

@@ -32,7 +32,7 @@ from typing import Final
 
 import numpy as np
 
-from gateway.embeddings import EmbeddingProvider, embed_queries, embedding_epoch
+from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
 from gateway.errors import EmbeddingError, EmbeddingMalformed
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
@@ -58,13 +58,17 @@ from gateway.services.related import (
     SharedBranch,
     discovery_query,
 )
+from gateway.stages import stage
 from gateway.store import recall as store
+from gateway.store import related as related_store
 from gateway.store import round_trips, search
 from gateway.store.database import STORE_FAILURES, Database, Unit
 
 log = logging.getLogger("gateway.recall")
 
 __all__ = ["QUERY_EMBEDDING_CACHE", "RecallService"]
+
+MODEL_MISMATCH: Final = "query_embedding_model_mismatch"
 
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
@@ -75,13 +79,33 @@ single step of a recall."""
 class QueryEmbeddings:
     """The query vector of a text, from a bounded LRU or the provider."""
 
-    def __init__(self, embedder: EmbeddingProvider, size: int = QUERY_EMBEDDING_CACHE) -> None:
+    def __init__(
+        self,
+        embedder: EmbeddingProvider,
+        size: int = QUERY_EMBEDDING_CACHE,
+        store_model: StoreModel | None = None,
+    ) -> None:
         self.embedder = embedder
         self.size = size
+        self.store_model = store_model
         self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
 
+    @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
         if query is None:
+            return None
+        # Never compare a question of one model with vectors of another: without
+        # the question's vector, neither the evidence nor the relationship
+        # vector lists run (the caller adds the relationships' degradation).
+        mismatch = self.store_model.mismatch() if self.store_model is not None else None
+        if mismatch is not None:
+            degradations.append(
+                Degradation(
+                    "evidence",
+                    MODEL_MISMATCH,
+                    f"{mismatch}; vector lists skipped, full-text and entity lists still answer",
+                )
+            )
             return None
         # The provider's epoch changes when the store moves to another model
         # (reembed): vectors cached before then belong to the old model.
@@ -123,11 +147,16 @@ class QueryEmbeddings:
 
 class RecallService:
     def __init__(
-        self, db: Database, embedder: EmbeddingProvider, feedback: FeedbackService | None = None
+        self,
+        db: Database,
+        embedder: EmbeddingProvider,
+        feedback: FeedbackService | None = None,
+        store_model: StoreModel | None = None,
     ) -> None:
         self.db = db
         self.embedder = embedder
-        self.embeddings = QueryEmbeddings(embedder)
+        # store_model: the store's model as the process last read it (None: unchecked).
+        self.embeddings = QueryEmbeddings(embedder, store_model=store_model)
         # None: recalls are not persisted for feedback (no snapshot, no suggestion).
         self.feedback = feedback
 
@@ -170,10 +199,21 @@ class RecallService:
                 discovered = replace(
                     first.discovery, covered_groups=first.discovery.covered_groups | covered
                 )
-            related = await RelatedFrontiers(unit).recall(
-                view, shared, request, vector, returned, discovered
+            related = await self._related(
+                unit, view, shared, request, vector, returned, discovered
             )
             degradations += related.degradations
+            if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
+                "relationships"
+            ].status not in ("disabled", "skipped"):
+                degradations.append(
+                    Degradation(
+                        "relationships",
+                        MODEL_MISMATCH,
+                        "the query's embedding model is not the store's; relationship "
+                        "vectors skipped, lexical discovery still answers",
+                    )
+                )
             # 4. Hypotheses and 5. conflicts (reachable from every relationship the
             # answer returns: evidence support paths first, then the related and
             # community frontiers), in one round trip.
@@ -217,6 +257,7 @@ class RecallService:
         return outcome
 
     @staticmethod
+    @stage("search")
     async def _first_round(
         unit: Unit,
         view: ReadView,
@@ -241,6 +282,7 @@ class RecallService:
             return None
 
     @staticmethod
+    @stage("answer")
     async def _answer_round(
         unit: Unit,
         view: ReadView,
@@ -273,6 +315,7 @@ class RecallService:
         conflicts = await conflict_frontier.reachable_conflicts(unit, view, reach)
         return hyps, conflicts
 
+    @stage("scope")
     async def _scope(
         self, unit: Unit, principal: Principal, request: RecallRequest
     ) -> tuple[ReadView, list[search.BranchSearch]]:
@@ -295,6 +338,21 @@ class RecallService:
             if s.generation is not None
         ]
         return view, branches
+
+    @staticmethod
+    @stage("related")
+    async def _related(
+        unit: Unit,
+        view: ReadView,
+        shared: SharedBranch | None,
+        request: RecallRequest,
+        vector: np.ndarray | None,
+        returned: Sequence[str],
+        discovered: related_store.Discovery | None,
+    ) -> RelatedOutcome:
+        return await RelatedFrontiers(unit).recall(
+            view, shared, request, vector, returned, discovered
+        )
 
     @staticmethod
     def _nested_query(
@@ -335,6 +393,7 @@ class RecallService:
             t_sys=view.t_sys,
         )
 
+    @stage("nested")
     async def _last_round(
         self,
         unit: Unit,

@@ -162,8 +162,12 @@ async def read_store_model(db: Database) -> str | None:
     return current[0] if current is not None else None
 
 
-async def watch_store_model(dsn: str, provider: EmbeddingProvider, interval_s: float) -> None:
-    """Tell a following provider (:class:`gateway.embeddings.FollowingProvider`) the store's model every ``interval_s`` (runs until cancelled).
+async def watch_store_model(dsn: str, provider: object, interval_s: float) -> None:
+    """Tell ``provider`` the store's model every ``interval_s`` (runs until cancelled).
+
+    ``provider`` is anything with an ``observe(model)`` method: the process's
+    :class:`gateway.embeddings.StoreModel` (which passes it on to a following
+    provider, :class:`gateway.embeddings.FollowingProvider`), or such a provider.
 
     This is how a serving gateway notices the switch of a re-embed run: within
     one interval it embeds questions with the new model (``auto``) or refuses

@@ -19,9 +19,11 @@ WITH hit AS (
 SELECT document FROM hit
 """
 
+# ``xmax = 0``: the row was inserted, not updated (PostgreSQL's usual upsert tell).
 _PUT = """
 INSERT INTO persisted_queries (team_id, sha256, document, principal_id) VALUES ($1, $2, $3, $4)
 ON CONFLICT (team_id, sha256) DO UPDATE SET last_used_at = clock_timestamp()
+RETURNING xmax = 0 AS inserted
 """
 
 # Only the registering team's own entries are trimmed: no team, and no
@@ -43,10 +45,12 @@ async def put(
     conn: Conn, team_id: str, principal_id: str, sha256: str, document: str, *, max_entries: int
 ) -> None:
     """Store a team's operation, then drop the team's least recently used past
-    ``max_entries``."""
+    ``max_entries``. Registering a kept document again only refreshes its last use
+    (one statement: the team's count did not grow, so there is nothing to trim)."""
     async with conn.transaction():
-        await conn.execute(_PUT, team_id, sha256, document, principal_id)
-        await conn.execute(_TRIM, team_id, max_entries)
+        inserted = await conn.fetchval(_PUT, team_id, sha256, document, principal_id)
+        if inserted:
+            await conn.execute(_TRIM, team_id, max_entries)
 
 
 async def count(conn: Conn, team_id: str | None = None) -> int:
