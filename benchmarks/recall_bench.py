@@ -556,6 +556,13 @@ QUERY = """query($q: String!) { recallMemory(query: $q, limit: 10) {
   results { evidenceId rank context source { id } supportingRelationships { id } }
   degradations { code } } }"""
 
+# The same recalls as a knownAt view (statistics of that instant, exact vector
+# scans): what a historical view costs next to the current one.
+QUERY_AT = """query($q: String!, $knownAt: DateTime) {
+  recallMemory(query: $q, limit: 10, knownAt: $knownAt) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  degradations { code } } }"""
+
 EVIDENCE_ONLY = """query($q: String!) {
   recallMemory(query: $q, limit: 10, relationshipLimit: 0, communityLimit: 0) {
   results { evidenceId rank context source { id } supportingRelationships { id } }
@@ -565,6 +572,12 @@ FULL = """query($q: String!) { recallMemory(query: $q, limit: 10) {
   results { evidenceId rank context source { id } supportingRelationships { id } }
   relatedRelationships { representativeId equivalentIds representative { statement } }
   relatedCommunities { id summary members { representativeId representative { statement } } }
+  degradations { code } } }"""
+
+FULL_AT = """query($q: String!, $knownAt: DateTime) {
+  recallMemory(query: $q, limit: 10, knownAt: $knownAt) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  relatedRelationships { representativeId equivalentIds representative { statement } }
   degradations { code } } }"""
 
 
@@ -710,10 +723,17 @@ def _timed_embeddings(app: Any) -> list[float]:
 
 
 def http_latency(
-    port: int, token: str, queries: list[str], app: Any, query: str = QUERY
+    port: int,
+    token: str,
+    queries: list[str],
+    app: Any,
+    query: str = QUERY,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Sequential recalls; per recall its latency, statements, the statements' time
-    (send to answer, as the driver sees it) and the query embedding's time."""
+    (send to answer, as the driver sees it) and the query embedding's time.
+    ``extra``: more variables for every recall (a knownAt instant)."""
+    more = extra or {}
     counter = app.state.services.db.counter
     if not hasattr(counter, "seconds"):  # a gateway before the counter timed statements
         counter.seconds = float("nan")
@@ -722,12 +742,14 @@ def http_latency(
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         headers = {"Authorization": f"Bearer {token}"}
         for q in queries[:5]:  # warm-up: model, plans, caches
-            client.post("/graphql", json={"query": query, "variables": {"q": q}}, headers=headers)
+            client.post(
+                "/graphql", json={"query": query, "variables": {"q": q, **more}}, headers=headers
+            )
         for q in queries:
             before, before_s, before_e = counter.count, counter.seconds, embedding[0]
             started = time.perf_counter()
             r = client.post(
-                "/graphql", json={"query": query, "variables": {"q": q}}, headers=headers
+                "/graphql", json={"query": query, "variables": {"q": q, **more}}, headers=headers
             )
             elapsed = time.perf_counter() - started
             latencies.append(elapsed * 1000)
@@ -998,14 +1020,19 @@ def main() -> None:
                     ]
                     differ = compare_answers(expected, answers)
             if not args.answers_only:
+                at = {"knownAt": asyncio.run(known_instant(dsn))}
                 runs = (
-                    {"full": FULL, "evidence-only": EVIDENCE_ONLY}
+                    {
+                        "full": (FULL, None),
+                        "evidence-only": (EVIDENCE_ONLY, None),
+                        "full, knownAt": (FULL_AT, at),
+                    }
                     if args.related
-                    else {"evidence": QUERY}
+                    else {"evidence": (QUERY, None), "knownAt": (QUERY_AT, at)}
                 )
                 measured = {
-                    name: http_latency(args.port, data["token"], queries, app, q)
-                    for name, q in runs.items()
+                    name: http_latency(args.port, data["token"], queries, app, q, extra)
+                    for name, (q, extra) in runs.items()
                 }
         finally:
             stop(server)
@@ -1030,7 +1057,10 @@ def main() -> None:
         f"query lexemes: each in {spread[0]:.1%} of a space (median; mean {spread[1]:.1%}); "
         f"the commonest word of a space in {spread[2]:.0%}"
     )
-    print(f"recallMemory over HTTP, {args.queries} queries, limit 10, sequential:")
+    print(
+        f"recallMemory over HTTP, {args.queries} queries, limit 10, sequential "
+        f"(load average now {os.getloadavg()[0]:.1f}):"
+    )
     for name, figures in measured.items():
         print(
             f"  {name:14} p50 {figures['p50_ms']:.1f} ms   p95 {figures['p95_ms']:.1f} ms   "

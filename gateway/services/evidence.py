@@ -77,6 +77,8 @@ def candidate_query(
         exclude_ids=request.known_evidence_ids,
         per_list=overfetch(request.limit),
         known_at=t_sys,
+        # A knownAt view ranks with the statistics of its instant (never moves).
+        as_of=t_sys if request.known_at is not None else None,
     )
 
 

@@ -150,6 +150,8 @@ def discovery_query(
         returned_relationship_ids=returned_relationship_ids,
         known_evidence_ids=request.known_evidence_ids,
         known_relationship_ids=request.known_relationship_ids,
+        # A knownAt view ranks with the statistics of its instant (never moves).
+        as_of=view.t_sys if request.known_at is not None else None,
     )
 
 

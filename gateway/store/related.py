@@ -45,7 +45,7 @@ import numpy as np
 from gateway.store.connection import Conn
 from gateway.store.params import Params, float_literal
 from gateway.store.recall import RelationshipRow
-from gateway.store.search import BM25_B, BM25_K1, DIMENSIONS
+from gateway.store.search import ALWAYS_EXACT, BM25_B, BM25_K1, DIMENSIONS
 
 __all__ = [
     "EXACT_SEARCH_BELOW",
@@ -144,6 +144,9 @@ class DiscoveryQuery:
     returned_relationship_ids: Sequence[str]
     known_evidence_ids: Sequence[str]
     known_relationship_ids: Sequence[str]
+    # A knownAt view's instant: BM25 statistics of then and exact vector scans,
+    # as for evidence (gateway/store/search.py). None: the current view.
+    as_of: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +205,52 @@ FROM relationship_vector_candidates(
 ) v"""
 
 
+def _query_idf(p: Params) -> str:
+    """The query's lexemes in the space with their IDF, from the present statistics."""
+    team, space = p["team"], p["space"]
+    return f"""query_idf AS MATERIALIZED (
+    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
+    FROM query_lexemes ql
+    CROSS JOIN (
+        SELECT sum(x.doc_count)::double precision AS n,
+               sum(x.total_length)::double precision / nullif(sum(x.doc_count), 0) AS avgdl
+        FROM relationship_search_stats x
+        WHERE x.team_id = {team} AND x.space_id = {space}
+    ) st
+    CROSS JOIN LATERAL (
+        SELECT count(*)::double precision AS df
+        FROM relationship_terms c
+        WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
+    ) d
+    WHERE d.df > 0 AND st.avgdl > 0
+)"""
+
+
+def _query_idf_as_of(p: Params, as_of: datetime) -> str:
+    """:func:`_query_idf` with the statistics of the instant ``as_of``: N and the
+    average length over the relationships recorded by then (``relationships_known_at``),
+    df over their postings (which carry ``recorded_at``, db/0040)."""
+    p.bind("as_of", as_of, "timestamptz")
+    team, space, at = p["team"], p["space"], p["as_of"]
+    return f"""query_idf AS MATERIALIZED (
+    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
+    FROM query_lexemes ql
+    CROSS JOIN (
+        SELECT count(*)::double precision AS n,
+               sum(x.doc_length)::double precision / nullif(count(*), 0) AS avgdl
+        FROM relationships x
+        WHERE x.team_id = {team} AND x.space_id = {space} AND x.recorded_at <= {at}
+    ) st
+    CROSS JOIN LATERAL (
+        SELECT count(*)::double precision AS df
+        FROM relationship_terms c
+        WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
+          AND c.recorded_at <= {at}
+    ) d
+    WHERE d.df > 0 AND st.avgdl > 0
+)"""
+
+
 def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
     """The one discovery statement and its parameters (public for tests and plans)."""
     p = Params()
@@ -223,29 +272,11 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
             "query_lexemes AS MATERIALIZED (SELECT u.lexeme FROM "
             f"unnest(to_tsvector('english'::regconfig, {p['text']})) AS u)"
         )
-        team, space = p["team"], p["space"]
-        ctes.append(
-            f"""query_idf AS MATERIALIZED (
-    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
-    FROM query_lexemes ql
-    CROSS JOIN (
-        SELECT sum(x.doc_count)::double precision AS n,
-               sum(x.total_length)::double precision / nullif(sum(x.doc_count), 0) AS avgdl
-        FROM relationship_search_stats x
-        WHERE x.team_id = {team} AND x.space_id = {space}
-    ) st
-    CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df
-        FROM relationship_terms c
-        WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
-    ) d
-    WHERE d.df > 0 AND st.avgdl > 0
-)"""
-        )
+        ctes.append(_query_idf(p) if q.as_of is None else _query_idf_as_of(p, q.as_of))
         parts.append(_fulltext(p))
     if q.vector is not None:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
-        p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
+        p.bind("exact_below", EXACT_SEARCH_BELOW if q.as_of is None else ALWAYS_EXACT, "bigint")
         parts.append(_vector(p))
     team, space, gen, t, tv = p["team"], p["space"], p["generation"], p["t_sys"], p["t_valid"]
     if not parts:

@@ -32,6 +32,15 @@ document length from ``evidence_search_stats`` (db/0002_search_stats.sql).
 These statistics cover the whole space, all generations and the present
 state; they shape the order of candidates, never which evidence qualifies.
 
+**A view of an earlier instant never moves** (``as_of``, the recall's
+``knownAt``): its N, total length and df are counted over what was recorded at
+or before that instant (:func:`_fulltext_prelude_as_of`; postings carry their
+document's ``recorded_at``, db/0040), so later writes, matching or not, change
+nothing of its order; and its vector list is always the exact scan, since the
+answer of an approximate index (and the choice between the two, made by the
+space's present size) moves with later inserts. The current view's statement
+is the one above, unchanged: it reads the running totals.
+
 **Vector similarity** goes through the SQL function
 ``evidence_vector_candidates`` (also db/0002), one call per branch. It runs in
 the space's own partition of ``evidence_embeddings`` (so other teams' vectors
@@ -109,6 +118,8 @@ EXACT_SEARCH_BELOW: int = 10_000
 
 MAX_PER_LIST: Final = 500
 DIMENSIONS: Final = 384
+# The exact scan for every space size: a knownAt view's vector list.
+ALWAYS_EXACT: Final = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +149,10 @@ class CandidateQuery:
     per_list: int
     # Evidence recorded after known_at is not a candidate; None: now.
     known_at: datetime | None
+    # A knownAt view's instant: rank with the statistics of then, and search
+    # vectors exactly, so that later writes cannot move the view. None: the
+    # current view (present statistics, the index above EXACT_SEARCH_BELOW).
+    as_of: datetime | None = None
 
 
 def _visible(p: Params, alias: str, space: str, generation: str) -> str:
@@ -230,6 +245,47 @@ query_idf AS MATERIALIZED (
 """
 
 
+def _fulltext_prelude_as_of(p: Params) -> str:
+    """:func:`_fulltext_prelude` with the statistics of the instant ``as_of``.
+
+    N and the average length are counted, once per branch space, over the
+    evidence recorded by then (index-only: ``evidence_known_at``), df over the
+    postings recorded by then (the postings' primary key carries
+    ``recorded_at``: the same index-only scan as the present df, db/0040).
+    Like the present statistics, they cover every generation of the space, so
+    a view of the present instant ranks exactly like the current view.
+    """
+    team, at = p["team"], p["as_of"]
+    return f"""WITH query_lexemes AS MATERIALIZED (
+    SELECT u.lexeme FROM unnest(to_tsvector('english'::regconfig, {p["text"]})) AS u
+),
+space_stats AS MATERIALIZED (
+    SELECT b.space_id, st.n, st.avgdl
+    FROM unnest({p["spaces"]}) AS b (space_id)
+    CROSS JOIN LATERAL (
+        SELECT count(*)::double precision AS n,
+               sum(x.doc_length)::double precision / nullif(count(*), 0) AS avgdl
+        FROM evidence x
+        WHERE x.team_id = {team} AND x.space_id = b.space_id AND x.recorded_at <= {at}
+    ) st
+),
+query_idf AS MATERIALIZED (
+    SELECT s.space_id, ql.lexeme,
+           ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5)) AS idf,
+           s.avgdl
+    FROM space_stats s
+    CROSS JOIN query_lexemes ql
+    CROSS JOIN LATERAL (
+        SELECT count(*)::double precision AS df
+        FROM evidence_terms c
+        WHERE c.team_id = {team} AND c.space_id = s.space_id AND c.lexeme = ql.lexeme
+          AND c.recorded_at <= {at}
+    ) d
+    WHERE d.df > 0 AND s.avgdl > 0
+)
+"""
+
+
 def _vector(p: Params, branch: str, space: str, generation: str) -> str:
     """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates)."""
     return f"""
@@ -298,10 +354,14 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
     prelude = ""
     if "fulltext" in wanted:
         p.bind("text", _bindable(q.text or ""), "text")
-        prelude = _fulltext_prelude(p)
+        if q.as_of is None:
+            prelude = _fulltext_prelude(p)
+        else:
+            p.bind("as_of", q.as_of, "timestamptz")
+            prelude = _fulltext_prelude_as_of(p)
     if "vector" in wanted:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
-        p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
+        p.bind("exact_below", EXACT_SEARCH_BELOW if q.as_of is None else ALWAYS_EXACT, "bigint")
     if "entity" in wanted:
         p.bind("entities", list(q.entity_ids), "text[]")
 
