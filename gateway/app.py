@@ -44,6 +44,7 @@ from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
+from gateway.store.replicas import ReadRouter
 
 log = logging.getLogger("gateway")
 # How often a serving process looks at the store's model: after a re-embed's
@@ -58,6 +59,8 @@ class Services:
 
     settings: Settings
     db: Database
+    # Which pool recall and trace read from: a read replica or ``db``.
+    reads: ReadRouter
     embedder: EmbeddingProvider
     writes: WriteService
     recall: RecallService
@@ -199,18 +202,32 @@ def create_app(
             watcher = asyncio.create_task(
                 watch_store_model(dsn, store_model, STORE_MODEL_POLL_S), name="store-model-watch"
             )
+            reads = await ReadRouter.open(
+                db,
+                settings.read_urls,
+                max_size=settings.pool_max_size,
+                statement_timeout_ms=settings.statement_timeout_ms,
+                max_lag_s=settings.replica_max_lag_ms / 1000,
+                wait_s=settings.replica_wait_ms / 1000,
+                interval_s=settings.replica_check_interval_ms / 1000,
+                # a knownAt instant has settled once every write transaction that
+                # started before it has ended: a mutation within its request deadline
+                settle_s=limits.request_timeout_ms / 1000,
+            )
             feedback = FeedbackService(db, enabled=settings.feedback_enabled)
             writes = WriteService(db, embedder)
             app.state.services = Services(
                 settings,
                 db,
+                reads,
                 embedder,
                 writes,
-                observability.recall_service(db, embedder, feedback, store_model),
+                observability.recall_service(db, embedder, feedback, store_model, reads),
                 feedback,
                 MutationService(writes),
                 store_model,
             )
+            graphql.reads = reads
             graphql.persisted = _persisted(settings, limits, db)
             drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None
             app.state.drain = drain if drain is not None and drain.install() else None
@@ -222,6 +239,7 @@ def create_app(
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+                await reads.close(wait_s=grace_s)
                 # Connections still in use after the grace period are cut: an
                 # idle pool must not keep PostgreSQL's smart shutdown waiting.
                 await db.close(wait_s=grace_s)
@@ -262,8 +280,8 @@ def create_app(
             CORSMiddleware,
             allow_origins=origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type", "x-request-id"],
-            expose_headers=["x-request-id"],
+            allow_headers=["authorization", "content-type", "x-request-id", "x-recall-min-position"],
+            expose_headers=["x-request-id", "x-recall-position"],
             max_age=600,
         )
     observability.install(app)

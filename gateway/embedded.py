@@ -348,7 +348,9 @@ class EmbeddedPostgres:
                     self._grant_access()
                     self._ensure_cluster()
                     self._start_or_attach()
-                    self._ensure_database(self.database, create_ok=True)
+                    # a replica is read-only: its databases are the primary's
+                    if not self.is_standby:
+                        self._ensure_database(self.database, create_ok=True)
             except OSError as exc:
                 self.stop()
                 raise DatabaseUnavailable(f"embedded PostgreSQL in {self.data_dir}: {exc}") from exc
@@ -389,6 +391,41 @@ class EmbeddedPostgres:
                         self._lock.release()
             except Exception:  # noqa: S110 - see docstring: stop() must not raise
                 pass
+
+    @property
+    def is_standby(self) -> bool:
+        """True for a streaming replica made by :meth:`start_standby`."""
+        return (self.pgdata / "standby.signal").exists()
+
+    def start_standby(self, data_dir: Path) -> EmbeddedPostgres:
+        """Make and start a streaming replica of this running server in ``data_dir``.
+
+        ``pg_basebackup -R`` (one of the bundled binaries) copies the cluster over this
+        server's unix socket and writes ``standby.signal`` with the connection back to
+        it, so the copy starts as a hot standby that replays this server's write-ahead
+        log (default ``wal_level=replica`` and ``max_wal_senders`` allow it). For
+        tests and trials of read replicas (docs/deploy.md); a folder that already
+        holds the replica is started again as it is."""
+        pm = self._running()
+        standby = EmbeddedPostgres(data_dir, database=self.database, timeout=self.timeout)
+        with standby._mutex:
+            standby._prepare_host()
+            standby.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            with standby._lock.held(standby.timeout):
+                standby._grant_access()
+                if not (standby.pgdata / "PG_VERSION").exists():
+                    standby.pgdata.mkdir(mode=0o700, exist_ok=True)
+                    standby._chown(standby.pgdata)
+                    args = ["-D", str(standby.pgdata), "-R", "-X", "stream", "-c", "fast"]
+                    args += ["-h", str(pm.socket_dir), "-p", str(pm.port), "-U", SUPERUSER]
+                    result = self._run_server_tool("pg_basebackup", args)
+                    if result.returncode != 0:
+                        _rmtree(standby.pgdata)
+                        raise DatabaseUnavailable(
+                            f"pg_basebackup failed (exit {result.returncode}):\n"
+                            + _tail(result.stdout + result.stderr, 5)
+                        )
+        return standby.start()
 
     def is_running(self) -> bool:
         """Whether a postmaster is alive on this cluster (whoever started it)."""

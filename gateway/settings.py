@@ -76,6 +76,37 @@ class Settings(BaseSettings):
         default=5000, ge=100, le=600_000, description="Upper bound of one SQL statement."
     )
 
+    # --- read replicas (gateway/store/replicas.py, docs/deploy.md)
+    read_database_urls: str = Field(
+        default="",
+        description="Comma-separated DSNs of PostgreSQL streaming replicas of DATABASE_URL: "
+        "recall and trace read there when a replica has replayed what the read needs.",
+    )
+    replica_max_lag_ms: int = Field(
+        default=5000,
+        ge=10,
+        le=3_600_000,
+        description="A replica behind a position the primary had longer ago than this "
+        "leaves the rotation until it catches up.",
+    )
+    replica_wait_ms: int = Field(
+        default=20,
+        ge=0,
+        le=10_000,
+        description="How long a read waits for a replica to replay its position before "
+        "it runs on the primary instead.",
+    )
+    replica_check_interval_ms: int = Field(
+        default=250,
+        ge=10,
+        le=60_000,
+        description="How often the primary's position and each replica's replay are sampled.",
+    )
+
+    @property
+    def read_urls(self) -> list[str]:
+        return [u.strip() for u in self.read_database_urls.split(",") if u.strip()]
+
     embedding_provider: Literal["local", "openai"] = Field(
         default="local",
         description="`local`: a bundled offline model (RECALL_EMBEDDING_MODEL). `openai`: an "

@@ -47,6 +47,13 @@ from gateway.http.errors import (
 from gateway.http.limits import Limits
 from gateway.http.persisted import PersistedQueries
 from gateway.schema.context import RequestContext
+from gateway.store import replicas
+
+# What the client has seen (a position a response answered with), and the
+# position a response answers with: read-your-writes over read replicas
+# (gateway/store/replicas.py, docs/deploy.md).
+POSITION_HEADER = "x-recall-min-position"
+POSITION_ANSWER = "X-Recall-Position"
 
 log = logging.getLogger("gateway.http")
 
@@ -208,6 +215,7 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
         self.ide = GraphiQLPage() if limits.graphiql else None
         # Set by the app's lifespan once the database is open.
         self.persisted: PersistedQueries | None = None
+        self.reads: replicas.ReadRouter | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -233,7 +241,7 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
                     "METHOD_NOT_ALLOWED",
                     f"{request.method} is not supported: send GraphQL with GET or POST.",
                 )
-            with deadline(seconds):
+            with deadline(seconds), replicas.read_scope(request.headers.get(POSITION_HEADER)):
                 async with asyncio.timeout(seconds):
                     response = await self.run(request)
         except HTTPException as exc:
@@ -365,6 +373,14 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
 
     async def process_result(self, request: Any, result: ExecutionResult) -> GraphQLHTTPResponse:
         data = await super().process_result(request, result)
+        reads = self.reads
+        if reads is not None and reads.enabled and result.data is not None:
+            consistency = await reads.consistency()
+            extensions = dict(data.get("extensions") or {})
+            extensions["consistency"] = consistency
+            data["extensions"] = extensions
+            if "position" in consistency:
+                request.state.sub_response.headers[POSITION_ANSWER] = consistency["position"]
         formatted: list[dict[str, Any]] = list(data.get("errors") or [])  # type: ignore[arg-type]
         for error, raw in zip(formatted, result.errors or [], strict=False):
             if "code" not in (error.get("extensions") or {}):

@@ -209,9 +209,9 @@ async def trace_memory(
         known_at=known_at,
     )
     services = info.context.services
-    # Stateless over the shared pool: made per call, so the process-level
-    # services need no new member for it.
-    outcome = await service.TraceService(services.db).trace(principal, request)
+    # Stateless over the shared pools: made per call; the read router chooses
+    # the pool (a replica or the primary).
+    outcome = await service.TraceService(services.db, services.reads).trace(principal, request)
     view_key = service.new_view_key()
     loaders = ReadLoaders(services.db, outcome.view)
     # The trace read these already: nested fields are answered from the cache.

@@ -15,7 +15,10 @@
 
 Every statement of every stage runs in one unit of work: one pooled
 connection and one tenant transaction (``BEGIN``, the tenant settings and
-``COMMIT`` once per recall; :class:`gateway.store.database.Unit`). The stages
+``COMMIT`` once per recall; :class:`gateway.store.database.Unit`), on the pool
+the read router chooses (:mod:`gateway.store.replicas`: a read replica that has
+replayed what the recall needs, else the primary). Read on a replica, the
+feedback snapshot is written on the primary in a transaction of its own. The stages
 depend only on the value types of :mod:`gateway.services.recall_types` and on
 the store; this module is the only one that knows all of them.
 """
@@ -63,6 +66,7 @@ from gateway.store import recall as store
 from gateway.store import related as related_store
 from gateway.store import round_trips, search
 from gateway.store.database import STORE_FAILURES, Database, Unit
+from gateway.store.replicas import ReadRouter
 
 log = logging.getLogger("gateway.recall")
 
@@ -152,8 +156,11 @@ class RecallService:
         embedder: EmbeddingProvider,
         feedback: FeedbackService | None = None,
         store_model: StoreModel | None = None,
+        reads: ReadRouter | None = None,
     ) -> None:
         self.db = db
+        # Which pool each recall reads from; without replicas, always ``db``.
+        self.reads = reads or ReadRouter(db)
         self.embedder = embedder
         # store_model: the store's model as the process last read it (None: unchecked).
         self.embeddings = QueryEmbeddings(embedder, store_model=store_model)
@@ -161,10 +168,27 @@ class RecallService:
         self.feedback = feedback
 
     async def recall(self, principal: Principal, request: RecallRequest) -> RecallOutcome:
-        degradations: list[Degradation] = []
         persist = self.feedback is not None and self.feedback.enabled
-        async with self.db.unit(
-            principal.team_id, principal.readable_space_ids, readonly=not persist
+        on_primary = False
+
+        async def read(db: Database, primary: bool) -> RecallOutcome:
+            nonlocal on_primary
+            on_primary = primary
+            return await self._recall_on(db, principal, request, snapshot=persist and primary)
+
+        outcome = await self.reads.run(read, known_at=request.known_at)
+        if persist and not on_primary and self.feedback is not None:
+            await self.feedback.attach(principal, request, outcome)
+        return outcome
+
+    async def _recall_on(
+        self, db: Database, principal: Principal, request: RecallRequest, *, snapshot: bool
+    ) -> RecallOutcome:
+        """The recall on ``db``; ``snapshot``: write the feedback snapshot in the
+        recall's own transaction (``db`` is the primary)."""
+        degradations: list[Degradation] = []
+        async with db.unit(
+            principal.team_id, principal.readable_space_ids, readonly=not snapshot
         ) as unit:
             # 1. Scope, while the query is embedded (in the provider's thread or remotely).
             embedding = asyncio.ensure_future(self.embeddings.vector(request.query, degradations))
@@ -252,7 +276,7 @@ class RecallService:
                 hypothesis_ids=[h.id for h in hyps.hypotheses],
             )
             # 6. The nested fields' rows and the feedback snapshot, in one round trip.
-            feedback = self.feedback if persist else None
+            feedback = self.feedback if snapshot else None
             await self._last_round(unit, principal, request, outcome, related, feedback)
         return outcome
 

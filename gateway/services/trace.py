@@ -37,6 +37,7 @@ from gateway.store import trace as store
 from gateway.store.connection import Conn
 from gateway.store.database import STORE_FAILURES, Database
 from gateway.store.recall import EntityRow, RelationshipRow, SourceRow
+from gateway.store.replicas import ReadRouter
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
@@ -224,8 +225,11 @@ def _state(event: str) -> str:
 
 
 class TraceService:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, reads: ReadRouter | None = None) -> None:
         self.db = db
+        # Which pool a trace reads from (gateway/store/replicas.py); without
+        # replicas, always ``db``.
+        self.reads = reads or ReadRouter(db)
 
     @asynccontextmanager
     async def _tenant(self, team: str, spaces: Sequence[uuid.UUID]) -> AsyncIterator[Conn]:
@@ -237,6 +241,14 @@ class TraceService:
             raise DatabaseUnavailable("the trace could not be loaded") from exc
 
     async def trace(self, principal: Principal, request: TraceRequest) -> TraceOutcome:
+        """The trace, on a replica that has replayed what it needs, else the primary."""
+
+        async def read(db: Database, primary: bool) -> TraceOutcome:
+            return await TraceService(db)._trace(principal, request)
+
+        return await self.reads.run(read, known_at=request.known_at)
+
+    async def _trace(self, principal: Principal, request: TraceRequest) -> TraceOutcome:
         team = principal.team_id
         async with self._tenant(team, principal.readable_space_ids) as conn:
             root = await store.find_root(

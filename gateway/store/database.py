@@ -63,6 +63,17 @@ _UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
+# What says that this server could not serve a statement at all, as opposed to the
+# statement failing: connection-level failures, and a replica cancelling a read
+# that conflicts with the write-ahead log it replays (a serialization failure).
+# The read router (gateway/store/replicas.py) counts them to run a read again on
+# the primary, even where an optional part of an answer degraded on one.
+_SERVER_FAILURES: tuple[type[BaseException], ...] = (
+    *_UNAVAILABLE,
+    asyncpg.SerializationError,
+)
+
+
 def translate(exc: BaseException) -> BaseException:
     """The gateway error for a driver failure, or ``exc`` itself when it is another kind."""
     if isinstance(exc, asyncpg.QueryCanceledError):
@@ -183,6 +194,9 @@ class Database:
     ) -> None:
         self.pool = pool
         self.counter = counter or StatementCounter()
+        # Statements or connections that failed because this server could not
+        # serve them (see _SERVER_FAILURES), for the read router.
+        self.server_failures = 0
         self.statement_timeout_ms = statement_timeout_ms
         # A read waits at most this long for a lock (a migration, a reindex)
         # before failing, so that an optional branch degrades instead of hanging.
@@ -239,10 +253,16 @@ class Database:
                 raise DatabaseUnavailable("the database did not answer in time") from exc
             raise RequestTimeout("the request took longer than its deadline") from exc
         except STORE_FAILURES as exc:
+            self.note(exc)
             translated = translate(exc)
             if translated is exc:
                 raise
             raise translated from exc
+
+    def note(self, exc: BaseException) -> None:
+        """Count ``exc`` if it says this server could not serve (see _SERVER_FAILURES)."""
+        if isinstance(exc, _SERVER_FAILURES):
+            self.server_failures += 1
 
     @asynccontextmanager
     async def tenant(
@@ -363,7 +383,8 @@ class Unit:
         except asyncio.CancelledError:
             self._tx = None  # the pool resets or discards the connection
             raise
-        except BaseException:
+        except BaseException as exc:
+            self._db.note(exc)  # also when the caller degrades on it
             await self._abandon()
             raise
 

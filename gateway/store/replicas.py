@@ -1,0 +1,430 @@
+"""Read replicas: the one place that decides which pool a read runs on.
+
+With ``RECALL_READ_DATABASE_URLS`` set, recall and trace read from a
+PostgreSQL streaming replica when it has replayed everything the read needs;
+writes, recall-event snapshots and feedback always go to the primary. A read
+needs a *position* in the primary's write-ahead log (an LSN):
+
+- the position the client passes back (``X-Recall-Min-Position``: what a write
+  answered with, or the largest it has seen), for read-your-writes without a
+  round trip to the primary;
+- otherwise, for a current view, the primary's position now
+  (``pg_current_wal_lsn()``, one trivial statement), so a read without a
+  header still sees every write committed before it started;
+- for a ``knownAt`` instant that has settled (older than the longest a write
+  transaction may stay open), the primary's position sampled just after it:
+  any replica past that point holds everything known at that instant, so
+  historical views never wait and need no round trip.
+
+Why LSNs and not replay timestamps (measured, docs/deploy.md): a replica's
+``pg_last_xact_replay_timestamp()`` is the commit time of the last transaction
+it replayed, so on a quiet primary it falls behind the clock while the replica
+is fully caught up (it would be taken for lagging), and it cannot be compared
+with ``recordedAt``, which is a transaction's *start* time (a transaction that
+started earlier may commit later). Positions are exact and only grow.
+
+A monitor task samples the primary's position and every replica's replay
+position a few times a second. A replica that does not answer, is not in
+recovery, or is behind a position the primary had longer ago than
+``RECALL_REPLICA_MAX_LAG_MS`` leaves the rotation, without an error to any
+caller; it comes back at the first sample that finds it caught up again. A
+read whose replica fails under it (a connection error, even one an optional
+part of the answer degraded on) is run again on the primary, so a replica that
+stops mid-run fails no request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TypeVar
+
+import asyncpg
+
+from gateway.errors import DatabaseUnavailable, GatewayError
+from gateway.store.database import STORE_FAILURES, Database
+
+log = logging.getLogger("gateway.replicas")
+
+T = TypeVar("T")
+
+_PRIMARY_POSITION = "SELECT pg_current_wal_lsn()::text"
+_REPLICA_STATE = "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text"
+_FAILURES: tuple[type[BaseException], ...] = (DatabaseUnavailable, *STORE_FAILURES)
+# A replica that does not answer the monitor within this is out of rotation.
+_PROBE_TIMEOUT_S = 1.0
+# Between two looks at a replica that is behind a read's position.
+_WAIT_POLL_S = 0.002
+
+
+class InvalidPosition(GatewayError):
+    """``X-Recall-Min-Position`` is not a position (``X/Y``, hexadecimal)."""
+
+    code = "INVALID_READ_POSITION"
+
+
+def parse_lsn(text: str) -> int:
+    """``'16/B374D848'`` -> an integer that orders like the log."""
+    high, sep, low = text.strip().partition("/")
+    if not sep or not 1 <= len(high) <= 8 or not 1 <= len(low) <= 8:
+        raise InvalidPosition(f"'{text[:40]}' is not a log position like 0/1A2B3C4D")
+    try:
+        return (int(high, 16) << 32) + int(low, 16)
+    except ValueError:
+        raise InvalidPosition(f"'{text[:40]}' is not a log position like 0/1A2B3C4D") from None
+
+
+def _state(row: object) -> tuple[bool, str | None]:
+    """(in recovery, replay position) of a replica's answer to _REPLICA_STATE."""
+    if not isinstance(row, asyncpg.Record):
+        return False, None
+    text: str | None = row[1]
+    return bool(row[0]), text
+
+
+def format_lsn(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+@dataclass
+class ReadChoice:
+    """Where one request's read ran and why: the response's ``consistency`` extension."""
+
+    served_by: str = "primary"  # or "replica"
+    replica: str | None = None
+    reason: str = "no_replicas"
+    waited_ms: float = 0.0
+    required: int | None = None
+
+    def extension(self) -> dict[str, object]:
+        out: dict[str, object] = {"servedBy": self.served_by, "reason": self.reason}
+        if self.replica is not None:
+            out["replica"] = self.replica
+        if self.waited_ms:
+            out["waitedMs"] = round(self.waited_ms, 2)
+        if self.required is not None:
+            out["requiredPosition"] = format_lsn(self.required)
+        return out
+
+
+MIN_POSITION: ContextVar[int | None] = ContextVar("recall_min_position", default=None)
+"""What the client has seen (``X-Recall-Min-Position``), set by the HTTP edge."""
+
+CHOICES: ContextVar[list[ReadChoice] | None] = ContextVar("recall_read_choices", default=None)
+"""The choices of this request's reads, collected by the HTTP edge for its answer."""
+
+
+@contextmanager
+def read_scope(header: str | None) -> Iterator[None]:
+    """One request's reads: the position its client has seen (``X-Recall-Min-Position``,
+    checked even without replicas) and the list their choices are collected in."""
+    position = parse_lsn(header) if header is not None and header.strip() else None
+    seen = MIN_POSITION.set(position)
+    collected = CHOICES.set([])
+    try:
+        yield
+    finally:
+        CHOICES.reset(collected)
+        MIN_POSITION.reset(seen)
+
+
+@dataclass
+class Replica:
+    """One read replica: its pool and what the monitor last saw of it."""
+
+    name: str
+    url: str
+    db: Database
+    in_rotation: bool = False
+    replay: int = 0
+    state: str = "not checked yet"
+    # The monitor's own connection: a pool busy with reads must not look like a
+    # replica that does not answer.
+    probe: asyncpg.Connection | None = None
+
+    async def look(self) -> tuple[bool, str | None]:
+        """(in recovery, replay position), on the monitor's connection."""
+        if self.probe is None or self.probe.is_closed():
+            self.probe = await asyncpg.connect(self.url, timeout=_PROBE_TIMEOUT_S)
+        try:
+            return _state(await self.probe.fetchrow(_REPLICA_STATE, timeout=_PROBE_TIMEOUT_S))
+        except BaseException:
+            self.probe.terminate()
+            self.probe = None
+            raise
+
+
+@dataclass(frozen=True)
+class _Sample:
+    at: float  # wall clock (seconds since the epoch): knownAt instants are wall times
+    position: int
+
+
+@dataclass
+class ReadRouter:
+    """The pool chooser. Without replicas every read runs on the primary, with no
+    statement added (a single-machine set-up pays nothing)."""
+
+    primary: Database
+    replicas: Sequence[Replica] = ()
+    max_lag_s: float = 5.0
+    wait_s: float = 0.02
+    interval_s: float = 0.25
+    # A knownAt instant older than this has settled: every write transaction that
+    # started before it has committed (mutations are bounded by the request deadline).
+    settle_s: float = 15.0
+    _samples: deque[_Sample] = field(default_factory=deque)
+    _turn: itertools.count[int] = field(default_factory=itertools.count)
+    _monitor: asyncio.Task[None] | None = None
+
+    def __post_init__(self) -> None:
+        # Enough history for the lag bound and for settled knownAt instants (an
+        # older instant is served by the oldest sample: any replica past it has it).
+        keep = int(2 * (self.max_lag_s + self.settle_s) / self.interval_s) + 8
+        self._samples = deque(self._samples, maxlen=keep)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.replicas)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @classmethod
+    async def open(
+        cls,
+        primary: Database,
+        urls: Sequence[str],
+        *,
+        max_size: int = 10,
+        statement_timeout_ms: int = 5000,
+        max_lag_s: float = 5.0,
+        wait_s: float = 0.02,
+        interval_s: float = 0.25,
+        settle_s: float = 15.0,
+    ) -> ReadRouter:
+        """Open a pool per replica (one that cannot be reached yet starts out of
+        rotation and is tried again by the monitor) and start the monitor."""
+        replicas: list[Replica] = []
+        for i, url in enumerate(urls, 1):
+            db = await Database.open(
+                url,
+                min_size=0,
+                max_size=max_size,
+                statement_timeout_ms=statement_timeout_ms,
+            )
+            replicas.append(Replica(f"replica-{i}", url, db))
+        router = cls(
+            primary,
+            replicas,
+            max_lag_s=max_lag_s,
+            wait_s=wait_s,
+            interval_s=interval_s,
+            settle_s=settle_s,
+        )
+        if replicas:
+            await router.check()
+            router._monitor = asyncio.create_task(router._watch(), name="replica-monitor")
+        return router
+
+    async def close(self, wait_s: float | None = None) -> None:
+        if self._monitor is not None:
+            self._monitor.cancel()
+            try:
+                await self._monitor
+            except asyncio.CancelledError:
+                pass
+        for replica in self.replicas:
+            if replica.probe is not None:
+                replica.probe.terminate()
+            await replica.db.close(wait_s)
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.check()
+            except Exception:  # the monitor must outlive any one failure
+                log.warning("replica check failed", exc_info=True)
+
+    # --- positions --------------------------------------------------------------------------
+
+    async def position(self) -> int:
+        """The primary's current log position: everything committed so far is before it."""
+        async with self.primary.acquire() as conn:
+            text: str = await conn.fetchval(_PRIMARY_POSITION)
+        return parse_lsn(text)
+
+    async def check(self) -> None:
+        """Sample the primary's position, then each replica's state, and set the rotation."""
+        try:
+            now = await self.position()
+        except _FAILURES as exc:
+            log.warning("primary position unavailable: %s", exc)
+            return
+        self._samples.append(_Sample(time.time(), now))
+        await asyncio.gather(*(self._check_replica(r) for r in self.replicas))
+
+    async def _check_replica(self, replica: Replica) -> None:
+        try:
+            recovering, text = await replica.look()
+        except _FAILURES as exc:
+            self._set(replica, False, f"unreachable: {type(exc).__name__}")
+            return
+        if not recovering or text is None:
+            self._set(replica, False, "not a replica (not in recovery)")
+            return
+        replica.replay = max(replica.replay, parse_lsn(text))
+        lag = self.lag_s(replica.replay)
+        if lag > self.max_lag_s:
+            self._set(replica, False, f"lagging {lag:.1f} s")
+        else:
+            self._set(replica, True, "in rotation")
+
+    def _set(self, replica: Replica, in_rotation: bool, state: str) -> None:
+        if in_rotation != replica.in_rotation:
+            if in_rotation:
+                log.info("%s in rotation", replica.name)
+            else:
+                log.warning("%s out of rotation: %s", replica.name, state)
+        replica.in_rotation = in_rotation
+        replica.state = state
+
+    def lag_s(self, replay: int) -> float:
+        """How long ago the primary first had a position this replica has not replayed
+        (0 when it has replayed the newest sample)."""
+        behind = next((s for s in self._samples if s.position > replay), None)
+        return 0.0 if behind is None else max(0.0, time.time() - behind.at)
+
+    def _settled_position(self, known_at: datetime) -> int | None:
+        """The primary's position sampled at least ``settle_s`` after ``known_at``, or
+        None when that moment has not come yet (or is older than every sample)."""
+        t = known_at.timestamp() + self.settle_s
+        if not self._samples or self._samples[-1].at < t:
+            return None
+        if self._samples[0].at >= t:
+            return self._samples[0].position
+        return next(s.position for s in self._samples if s.at >= t)
+
+    async def consistency(self) -> dict[str, object]:
+        """The ``consistency`` extension of an answer: where its reads ran, and a
+        position at or past everything it reflects, for the client to send back as
+        ``X-Recall-Min-Position`` (read-your-writes on any replica). A read served
+        by a replica answers the position it was required to have; anything else
+        (a write, a read on the primary) the primary's position now."""
+        choices = CHOICES.get() or []
+        taken = list(choices)
+        choices.clear()
+        out: dict[str, object] = {}
+        if taken:
+            out["reads"] = [c.extension() for c in taken]
+        required = [c.required for c in taken if c.required is not None]
+        if taken and all(c.served_by == "replica" for c in taken) and required:
+            out["position"] = format_lsn(max(required))
+            return out
+        try:
+            out["position"] = format_lsn(await self.position())
+        except _FAILURES as exc:
+            log.warning("no position for the answer: %s", exc)
+        return out
+
+    # --- choosing ---------------------------------------------------------------------------
+
+    async def run(
+        self,
+        work: Callable[[Database, bool], Awaitable[T]],
+        *,
+        known_at: datetime | None = None,
+    ) -> T:
+        """Run a read: ``work(db, on_primary)`` on a replica that has replayed what the
+        read needs, else on the primary. A replica that fails under it is taken out
+        of rotation and the read runs again on the primary."""
+        choice = ReadChoice()
+        choices = CHOICES.get()
+        if choices is not None:
+            choices.append(choice)
+        if not self.replicas:
+            return await work(self.primary, True)
+        replica = await self._choose(choice, known_at)
+        if replica is None:
+            return await work(self.primary, True)
+        before = replica.db.server_failures
+        try:
+            result = await work(replica.db, False)
+        except Exception as exc:
+            if replica.db.server_failures == before and not isinstance(exc, DatabaseUnavailable):
+                raise
+            failure: BaseException | None = exc
+        else:
+            if replica.db.server_failures == before:
+                return result
+            failure = None
+        self._set(
+            replica,
+            False,
+            f"failed during a read: {type(failure).__name__ if failure else 'connection lost'}",
+        )
+        choice.served_by, choice.replica, choice.reason = "primary", None, "replica_failed"
+        return await work(self.primary, True)
+
+    async def _choose(self, choice: ReadChoice, known_at: datetime | None) -> Replica | None:
+        live = [r for r in self.replicas if r.in_rotation]
+        if not live:
+            choice.reason = "no_replica_in_rotation"
+            return None
+        need = MIN_POSITION.get()
+        if known_at is not None and known_at <= datetime.now(UTC):
+            settled = self._settled_position(known_at)
+            if settled is not None:
+                need = settled if need is None else max(need, settled)
+            elif need is None:
+                need = await self.position()
+        elif need is None:
+            need = await self.position()
+        choice.required = need
+        start = len(live)
+        turn = next(self._turn)
+        ordered = [live[(turn + i) % start] for i in range(start)]
+        for replica in ordered:
+            if replica.replay >= need:
+                choice.served_by, choice.replica, choice.reason = (
+                    "replica",
+                    replica.name,
+                    "caught_up",
+                )
+                return replica
+        # Behind as far as the monitor knows: look again, briefly, at the one furthest on.
+        replica = max(ordered, key=lambda r: r.replay)
+        started = time.monotonic()
+        while True:
+            try:
+                async with replica.db.pool.acquire(timeout=self.wait_s or 0.01) as conn:
+                    recovering, text = _state(await conn.fetchrow(_REPLICA_STATE, timeout=1.0))
+            except TimeoutError:
+                # its pool is busy (or it is slow): the primary now; the monitor
+                # decides whether it stays in rotation
+                choice.reason = "replica_busy"
+                choice.waited_ms = (time.monotonic() - started) * 1000
+                return None
+            except _FAILURES:
+                self._set(replica, False, "unreachable")
+                choice.reason = "replica_unreachable"
+                return None
+            if recovering and text is not None:
+                replica.replay = max(replica.replay, parse_lsn(text))
+            waited = time.monotonic() - started
+            if replica.replay >= need:
+                choice.served_by, choice.replica = "replica", replica.name
+                choice.reason, choice.waited_ms = "waited", waited * 1000
+                return replica
+            if waited >= self.wait_s:
+                choice.reason, choice.waited_ms = "replica_behind", waited * 1000
+                return None
+            await asyncio.sleep(_WAIT_POLL_S)

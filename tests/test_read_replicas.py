@@ -1,0 +1,317 @@
+"""Read replicas against real servers: an embedded primary and a streaming replica
+made from it with ``pg_basebackup`` (the embedded server's own binaries), both on
+unix sockets of their own.
+
+Recall and trace read from the replica when it has replayed what the read needs
+(the position a write answered with, the primary's position now, or a settled
+``knownAt`` instant); writes, recall-event snapshots and feedback go to the
+primary. Waits below are bounded polls for a state, never timing claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+
+from gateway.embedded import EmbeddedPostgres
+from gateway.embeddings import EmbeddingProvider
+from gateway.services.writes import WriteService
+from gateway.store.database import Database, prepare
+from gateway.store.replicas import parse_lsn
+
+from .conftest import app_for, load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_feedback import SUBMIT
+from .test_mutations import REMEMBER_SELECTION, incident_memory
+from .test_recall import token
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+POSITION = "X-Recall-Min-Position"
+REMEMBER = (
+    "mutation M($input: RememberInput!) { remember(input: $input) { " + REMEMBER_SELECTION + " } }"
+)
+RECALL = """
+query R($q: String, $knownAt: DateTime) {
+  recallMemory(query: $q, limit: 50, knownAt: $knownAt) {
+    recallEventId
+    results { evidenceId rank context spaceKind supportingRelationships { id statement } }
+    relatedRelationships { representativeId equivalentIds }
+    conflicts { id }
+    degradations { frontier code }
+  }
+}
+"""
+TRACE = "query T($id: ID!) { traceMemory(relationshipId: $id) { relationship { id status } } }"
+
+
+@dataclass
+class Replicated:
+    primary: EmbeddedPostgres
+    standby: EmbeddedPostgres
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicated]:
+    """A migrated primary and a streaming replica of it, for this module."""
+    root = tmp_path_factory.mktemp("replication")
+    primary = EmbeddedPostgres(root / "primary", database="recall").start()
+    try:
+        asyncio.run(prepare(primary.dsn, migrate=True))
+        standby = primary.start_standby(root / "standby")
+        try:
+            yield Replicated(primary, standby, root)
+        finally:
+            standby.stop()
+    finally:
+        primary.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def primary_writes(
+    replicated: Replicated, embedder: EmbeddingProvider
+) -> AsyncIterator[WriteService]:
+    db = await Database.open(replicated.primary.dsn, max_size=2)
+    try:
+        yield WriteService(db, embedder)
+    finally:
+        await db.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def team_token(primary_writes: WriteService) -> tuple[str, str]:
+    team = unique("rep")
+    await load_jsonl(primary_writes, jsonl(team_records(team)))
+    return team, await token(primary_writes, team, "alice")
+
+
+async def _replay(dsn: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return parse_lsn(await conn.fetchval("SELECT pg_last_wal_replay_lsn()::text"))
+    finally:
+        await conn.close()
+
+
+async def _caught_up(standby: EmbeddedPostgres, position: str) -> None:
+    """Poll until the replica has replayed ``position`` (bounded: fails after 60 s)."""
+    deadline = time.monotonic() + 60
+    while await _replay(standby.dsn) < parse_lsn(position):
+        assert time.monotonic() < deadline, "the replica never replayed the write"
+        await asyncio.sleep(0.02)
+
+
+class Gateway:
+    """An app on the primary (with or without the replica) and a client on it."""
+
+    def __init__(self, client: httpx.AsyncClient, tok: str) -> None:
+        self.client = client
+        self.tok = tok
+
+    async def post(self, query: str, position: str | None = None, **variables: Any) -> Any:
+        headers = {"Authorization": f"Bearer {self.tok}"}
+        if position is not None:
+            headers[POSITION] = position
+        r = await self.client.post(
+            "/graphql", json={"query": query, "variables": variables}, headers=headers
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert "errors" not in body, body
+        return body
+
+    async def remember(self, suffix: str) -> str:
+        body = await self.post(REMEMBER, input=incident_memory(suffix=suffix))
+        position: str = body["extensions"]["consistency"]["position"]
+        return position
+
+    async def recall(self, position: str | None = None, **variables: Any) -> Any:
+        return await self.post(RECALL, position, q="nightly export job warehouse", **variables)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gateway_factory(
+    replicated: Replicated, team_token: tuple[str, str]
+) -> AsyncIterator[Any]:
+    stack: list[Any] = []
+
+    async def make(*, replicas: list[EmbeddedPostgres] | None = None, **settings: Any) -> Gateway:
+        urls = ",".join(s.dsn for s in (replicas if replicas is not None else [replicated.standby]))
+        app = app_for(
+            replicated.primary.dsn,
+            read_database_urls=urls,
+            replica_check_interval_ms=50,
+            **settings,
+        )
+        life = app.router.lifespan_context(app)
+        await life.__aenter__()
+        stack.append(life)
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
+        stack.append(client)
+        return Gateway(client, team_token[1])
+
+    try:
+        yield make
+    finally:
+        for item in reversed(stack):
+            await item.__aexit__(None, None, None)
+
+
+def _ids(body: Any) -> list[str]:
+    return [r["evidenceId"] for r in body["data"]["recallMemory"]["results"]]
+
+
+def _served(body: Any) -> dict[str, Any]:
+    reads: list[dict[str, Any]] = body["extensions"]["consistency"]["reads"]
+    assert len(reads) == 1, reads
+    return reads[0]
+
+
+async def test_a_read_right_after_a_write_sees_it(
+    gateway_factory: Any, replicated: Replicated
+) -> None:
+    gw = await gateway_factory()
+    for _ in range(4):
+        suffix = unique("-w")
+        position = await gw.remember(suffix)
+        parse_lsn(position)  # a well-formed position
+        # with the position the write answered, and without any: both see it
+        seen = await gw.recall(position)
+        assert f"ev-export{suffix}" in _ids(seen)
+        assert _served(seen)["servedBy"] in ("replica", "primary")
+        fresh = await gw.recall()
+        assert f"ev-export{suffix}" in _ids(fresh)
+    # once the replica has replayed the write, the read is the replica's
+    await _caught_up(replicated.standby, position)
+    again = await gw.recall(position)
+    assert f"ev-export{suffix}" in _ids(again)
+    assert _served(again)["servedBy"] == "replica", again["extensions"]
+    # the recall event of a replica-served recall was written to the primary:
+    # feedback on it is accepted
+    event = again["data"]["recallMemory"]["recallEventId"]
+    fields = {"feedbackId": unique("fb"), "recallEventId": event, "used": True}
+    sent = await gw.post(SUBMIT, input=fields)
+    assert sent["data"]["submitRecallSessionFeedback"]["created"] is True
+    # trace reads from the replica too
+    traced = await gw.post(TRACE, position, id=f"rel-export{suffix}")
+    assert traced["data"]["traceMemory"]["relationship"]["id"] == f"rel-export{suffix}"
+    assert _served(traced)["servedBy"] == "replica", traced["extensions"]
+
+
+async def test_a_known_at_view_is_identical_on_primary_and_replica(
+    gateway_factory: Any, replicated: Replicated
+) -> None:
+    # settle: a knownAt instant 1 s old has settled (request deadline 1 s)
+    gw = await gateway_factory(request_timeout_ms=1000)
+    primary_only = await gateway_factory(replicas=[])
+    before = unique("-k")
+    await gw.remember(before)
+    known_at = datetime.now(UTC)
+    await asyncio.sleep(0.05)
+    position = await gw.remember(unique("-k"))  # after the instant: not in its view
+    await _caught_up(replicated.standby, position)
+    await asyncio.sleep(1.3)  # let the instant settle (request deadline: 1 s)
+    stamp = known_at.isoformat()
+    on_replica = await gw.recall(knownAt=stamp)
+    on_primary = await primary_only.recall(knownAt=stamp)
+    served = _served(on_replica)
+    assert served["servedBy"] == "replica", on_replica["extensions"]
+    assert "consistency" not in on_primary.get("extensions", {})
+
+    def view(body: Any) -> Any:
+        answer = dict(body["data"]["recallMemory"])
+        answer.pop("recallEventId")
+        return answer
+
+    assert view(on_replica) == view(on_primary)
+    assert f"ev-export{before}" in _ids(on_replica)
+
+
+async def test_a_paused_replica_is_bypassed_then_leaves_and_rejoins_the_rotation(
+    gateway_factory: Any, replicated: Replicated
+) -> None:
+    gw = await gateway_factory(replica_max_lag_ms=300)
+    standby = await asyncpg.connect(replicated.standby.dsn)
+    try:
+        await standby.execute("SELECT pg_wal_replay_pause()")
+        suffix = unique("-p")
+        position = await gw.remember(suffix)
+        seen = await gw.recall(position)
+        assert f"ev-export{suffix}" in _ids(seen)
+        served = _served(seen)
+        assert served["servedBy"] == "primary"
+        assert served["reason"] in ("replica_behind", "no_replica_in_rotation"), served
+        # past the lag bound it is out of rotation: reads go to the primary at once
+        deadline = time.monotonic() + 60
+        while _served(await gw.recall())["reason"] != "no_replica_in_rotation":
+            assert time.monotonic() < deadline, "the paused replica stayed in rotation"
+            await asyncio.sleep(0.05)
+        await standby.execute("SELECT pg_wal_replay_resume()")
+        while _served(await gw.recall(position))["servedBy"] != "replica":
+            assert time.monotonic() < deadline, "the replica did not come back"
+            await asyncio.sleep(0.05)
+    finally:
+        await standby.execute("SELECT pg_wal_replay_resume()")
+        await standby.close()
+
+
+async def test_a_replica_stopped_mid_run_fails_no_request(
+    gateway_factory: Any, replicated: Replicated
+) -> None:
+    second = replicated.primary.start_standby(replicated.root / unique("standby"))
+    try:
+        gw = await gateway_factory(replicas=[second])
+        results: list[Any] = []
+        enough = asyncio.Event()
+
+        async def ask(n: int) -> None:
+            for _ in range(n):
+                results.append(await gw.recall())
+                if len(results) >= 6:
+                    enough.set()
+
+        load = asyncio.gather(*(ask(15) for _ in range(3)))
+        await enough.wait()
+        await asyncio.to_thread(second.stop)
+        await load  # every request answered without an error (Gateway.post checks)
+        assert len(results) == 45
+        assert any(_served(b)["servedBy"] == "replica" for b in results)
+        assert _served(await gw.recall())["servedBy"] == "primary"
+        # back up: the monitor puts it in rotation again
+        await asyncio.to_thread(second.start)
+        deadline = time.monotonic() + 60
+        while _served(await gw.recall())["servedBy"] != "replica":
+            assert time.monotonic() < deadline, "the restarted replica did not come back"
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(second.stop)
+
+
+async def test_a_malformed_position_is_refused(gateway_factory: Any) -> None:
+    gw = await gateway_factory()
+    r = await gw.client.post(
+        "/graphql",
+        json={"query": RECALL, "variables": {"q": "x"}},
+        headers={"Authorization": f"Bearer {gw.tok}", POSITION: "not-a-position"},
+    )
+    assert r.status_code == 400
+    assert r.json()["errors"][0]["extensions"]["code"] == "INVALID_READ_POSITION"
+
+
+async def test_without_replicas_nothing_changes(gateway_factory: Any) -> None:
+    gw = await gateway_factory(replicas=[])
+    body = await gw.recall()
+    assert "consistency" not in (body.get("extensions") or {})
+    # a position header is accepted (checked) and ignored
+    assert "errors" not in await gw.recall("0/0")
