@@ -165,22 +165,20 @@ async def prepare(dsn: str, *, migrate: bool) -> list[migrations.Migration]:
 
 
 async def _learn_domains(conn: asyncpg.Connection) -> None:
-    """Teach a new connection the schema's domain types (``client_id``).
+    """Tell a new connection that the schema's domain ``client_id`` is text.
 
     A record sent in binary names each field's own type, a domain too, while a
-    result column names the domain's base type; so asyncpg meets a domain
-    only inside records (the arrays of records of gateway/store/round_trips.py
-    and of the nested rows), and fails there ("no decoder for composite type
-    element") unless an array of the domain taught it the domain first: an
-    array column keeps the domain as its element type, and introspecting it
-    registers the domain. Before the first migration there is none."""
-    domains = await conn.fetch(
-        "SELECT format_type(t.oid, NULL) AS name FROM pg_type t "
-        "WHERE t.typtype = 'd' AND t.typnamespace = 'public'::regnamespace"
-    )
-    if domains:
-        casts = ", ".join(f"NULL::{d['name']}[]" for d in domains)
-        await conn.fetch(f"SELECT {casts}")
+    result column names the domain's base type; so asyncpg meets the domain only
+    inside records (the arrays of records of gateway/store/round_trips.py and of
+    the nested rows), and fails there ("no decoder for composite type element")
+    unless it knows the domain. Declaring the domain as text costs one small
+    catalog lookup (asyncpg's full type introspection, tens of milliseconds on a
+    new connection, made a read replica's pool look busy to the read router).
+    Before the first migration there is no such type."""
+    try:
+        await conn.set_builtin_type_codec("client_id", schema="public", codec_name="text")
+    except ValueError:
+        pass  # not migrated yet: no domain, nothing to decode
 
 
 class Database:

@@ -106,7 +106,10 @@ paths AS MATERIALIZED (
       ) IS NULL
 )
 SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,
-       array_agg(DISTINCT paths.relationship_id ORDER BY paths.relationship_id) AS relationship_ids
+       -- text[], not an array of the client_id domain: inside the records of a
+       -- combined statement the driver knows the domain, not its array type.
+       array_agg(DISTINCT paths.relationship_id::text ORDER BY paths.relationship_id::text)
+           AS relationship_ids
 FROM ev JOIN paths ON paths.evidence_id = ev.id
 GROUP BY ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at
 """
