@@ -27,7 +27,7 @@ from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
 from gateway.store.database import Database, prepare
-from gateway.store.replicas import parse_lsn
+from gateway.store.replicas import InvalidPosition, format_lsn, parse_lsn
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -102,6 +102,18 @@ async def _replay(dsn: str) -> int:
         return parse_lsn(await conn.fetchval("SELECT pg_last_wal_replay_lsn()::text"))
     finally:
         await conn.close()
+
+
+async def _until_replica(ask: Any) -> Any:
+    """Ask until a replica serves the answer (bounded: fails after 60 s). On a loaded
+    machine a read may still find the replica's pool busy right after it replayed."""
+    deadline = time.monotonic() + 60
+    while True:
+        body = await ask()
+        if _served(body)["servedBy"] == "replica":
+            return body
+        assert time.monotonic() < deadline, body["extensions"]
+        await asyncio.sleep(0.05)
 
 
 async def _caught_up(standby: EmbeddedPostgres, position: str) -> None:
@@ -181,7 +193,7 @@ def _served(body: Any) -> dict[str, Any]:
 async def test_a_read_right_after_a_write_sees_it(
     gateway_factory: Any, replicated: Replicated
 ) -> None:
-    gw = await gateway_factory()
+    gw = await gateway_factory(replica_wait_ms=500)
     for _ in range(4):
         suffix = unique("-w")
         position = await gw.remember(suffix)
@@ -194,9 +206,8 @@ async def test_a_read_right_after_a_write_sees_it(
         assert f"ev-export{suffix}" in _ids(fresh)
     # once the replica has replayed the write, the read is the replica's
     await _caught_up(replicated.standby, position)
-    again = await gw.recall(position)
+    again = await _until_replica(lambda: gw.recall(position))
     assert f"ev-export{suffix}" in _ids(again)
-    assert _served(again)["servedBy"] == "replica", again["extensions"]
     # the recall event of a replica-served recall was written to the primary:
     # feedback on it is accepted
     event = again["data"]["recallMemory"]["recallEventId"]
@@ -204,16 +215,15 @@ async def test_a_read_right_after_a_write_sees_it(
     sent = await gw.post(SUBMIT, input=fields)
     assert sent["data"]["submitRecallSessionFeedback"]["created"] is True
     # trace reads from the replica too
-    traced = await gw.post(TRACE, position, id=f"rel-export{suffix}")
+    traced = await _until_replica(lambda: gw.post(TRACE, position, id=f"rel-export{suffix}"))
     assert traced["data"]["traceMemory"]["relationship"]["id"] == f"rel-export{suffix}"
-    assert _served(traced)["servedBy"] == "replica", traced["extensions"]
 
 
 async def test_a_known_at_view_is_identical_on_primary_and_replica(
     gateway_factory: Any, replicated: Replicated
 ) -> None:
     # settle: a knownAt instant 1 s old has settled (request deadline 1 s)
-    gw = await gateway_factory(request_timeout_ms=1000)
+    gw = await gateway_factory(request_timeout_ms=1000, replica_wait_ms=500)
     primary_only = await gateway_factory(replicas=[])
     before = unique("-k")
     await gw.remember(before)
@@ -223,10 +233,8 @@ async def test_a_known_at_view_is_identical_on_primary_and_replica(
     await _caught_up(replicated.standby, position)
     await asyncio.sleep(1.3)  # let the instant settle (request deadline: 1 s)
     stamp = known_at.isoformat()
-    on_replica = await gw.recall(knownAt=stamp)
+    on_replica = await _until_replica(lambda: gw.recall(knownAt=stamp))
     on_primary = await primary_only.recall(knownAt=stamp)
-    served = _served(on_replica)
-    assert served["servedBy"] == "replica", on_replica["extensions"]
     assert "consistency" not in on_primary.get("extensions", {})
 
     def view(body: Any) -> Any:
@@ -251,7 +259,13 @@ async def test_a_paused_replica_is_bypassed_then_leaves_and_rejoins_the_rotation
         assert f"ev-export{suffix}" in _ids(seen)
         served = _served(seen)
         assert served["servedBy"] == "primary"
-        assert served["reason"] in ("replica_behind", "no_replica_in_rotation"), served
+        # behind (waited, then the primary), out of rotation already, or (a loaded
+        # machine) no replica connection free within the wait: the primary, each time
+        assert served["reason"] in (
+            "replica_behind",
+            "no_replica_in_rotation",
+            "replica_busy",
+        ), served
         # past the lag bound it is out of rotation: reads go to the primary at once
         deadline = time.monotonic() + 60
         while _served(await gw.recall())["reason"] != "no_replica_in_rotation":
@@ -272,6 +286,7 @@ async def test_a_replica_stopped_mid_run_fails_no_request(
     second = replicated.primary.start_standby(replicated.root / unique("standby"))
     try:
         gw = await gateway_factory(replicas=[second])
+        await _until_replica(gw.recall)  # in rotation and serving
         results: list[Any] = []
         enough = asyncio.Event()
 
@@ -286,7 +301,6 @@ async def test_a_replica_stopped_mid_run_fails_no_request(
         await asyncio.to_thread(second.stop)
         await load  # every request answered without an error (Gateway.post checks)
         assert len(results) == 45
-        assert any(_served(b)["servedBy"] == "replica" for b in results)
         assert _served(await gw.recall())["servedBy"] == "primary"
         # back up: the monitor puts it in rotation again
         await asyncio.to_thread(second.start)
@@ -315,3 +329,12 @@ async def test_without_replicas_nothing_changes(gateway_factory: Any) -> None:
     assert "consistency" not in (body.get("extensions") or {})
     # a position header is accepted (checked) and ignored
     assert "errors" not in await gw.recall("0/0")
+
+
+async def test_positions_parse_and_print_like_postgresql() -> None:
+    for text in ("0/0", "0/1A2B3C4D", "16/B374D848", "FFFFFFFF/FFFFFFFF"):
+        assert format_lsn(parse_lsn(text)) == text
+    assert parse_lsn("1/0") > parse_lsn("0/FFFFFFFF")
+    for bad in ("", "12", "0/", "/1", "0/1/2", "G/1", "123456789/0", "0/-1"):
+        with pytest.raises(InvalidPosition):
+            parse_lsn(bad)

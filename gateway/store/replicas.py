@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -56,6 +57,7 @@ log = logging.getLogger("gateway.replicas")
 
 T = TypeVar("T")
 
+_LSN = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
 _PRIMARY_POSITION = "SELECT pg_current_wal_lsn()::text"
 _REPLICA_STATE = "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text"
 _FAILURES: tuple[type[BaseException], ...] = (DatabaseUnavailable, *STORE_FAILURES)
@@ -73,13 +75,10 @@ class InvalidPosition(GatewayError):
 
 def parse_lsn(text: str) -> int:
     """``'16/B374D848'`` -> an integer that orders like the log."""
-    high, sep, low = text.strip().partition("/")
-    if not sep or not 1 <= len(high) <= 8 or not 1 <= len(low) <= 8:
+    match = _LSN.match(text.strip())
+    if match is None:
         raise InvalidPosition(f"'{text[:40]}' is not a log position like 0/1A2B3C4D")
-    try:
-        return (int(high, 16) << 32) + int(low, 16)
-    except ValueError:
-        raise InvalidPosition(f"'{text[:40]}' is not a log position like 0/1A2B3C4D") from None
+    return (int(match[1], 16) << 32) + int(match[2], 16)
 
 
 def _state(row: object) -> tuple[bool, str | None]:
