@@ -469,17 +469,20 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
     assert tuple(row) == ("hypothesis", "h1", judgement.lower(), "checked")
 
 
-async def test_the_snapshot_is_one_statement_in_the_recall_transaction(
-    client, gateway_app, dsn, writes
+async def test_the_snapshot_costs_the_recall_no_statement(
+    client, gateway_app, dsn, writes, db
 ) -> None:
     """What feedback costs a recall: the snapshot is written in the recall's own
-    transaction, so the same recall with it off sends exactly one statement less."""
+    transaction, in the statement that also reads the answer's nested rows
+    (gateway/store/round_trips.py), so the same recall with it off sends as many
+    statements; with it on, the event is there."""
     team = unique("fbcost")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
     q = "who owns the billing service"
     off = app_for(dsn, feedback_enabled=False)
-    counts = {}
+    counts: dict[str, int] = {}
+    events: dict[str, str | None] = {}
     async with off.router.lifespan_context(off):
         transport = httpx.ASGITransport(app=off)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
@@ -487,9 +490,18 @@ async def test_the_snapshot_is_one_statement_in_the_recall_transaction(
                 counter = app.state.services.db.counter
                 await ask(http, tok, q)  # warm: type introspection of new statements
                 before = counter.count
-                await ask(http, tok, q)
+                answer = await ask(http, tok, q)
                 counts[name] = counter.count - before
-    assert counts["on"] - counts["off"] == 1, counts
+                events[name] = answer["recallEventId"]
+    assert counts["on"] == counts["off"], counts
+    assert events["off"] is None and events["on"] is not None, events
+    async with db.pool.acquire() as conn:
+        written = await conn.fetchval(
+            "SELECT count(*) FROM recall_events WHERE team_id = $1 AND id = $2::uuid",
+            team,
+            events["on"],
+        )
+    assert written == 1
 
 
 async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writes, db) -> None:

@@ -125,9 +125,10 @@ async def test_one_span_per_operation_with_recall_embedding_and_statements(
 async def test_recall_stages_are_child_spans_without_text(
     traced: tuple[httpx.AsyncClient, InMemorySpanExporter], writes: WriteService
 ) -> None:
-    """Each stage of the pipeline is a span under the recall (candidates and hydration
-    under the evidence frontier), the statements nest under the stage that sent them,
-    and no span carries the query's text or any memory text (both private)."""
+    """Each stage of the pipeline is a span under the recall, the statements nest
+    under the stage that sent them (the combined statements of
+    gateway/store/round_trips.py under theirs), and no span carries the query's
+    text or any memory text (both private)."""
     client, exporter = traced
     team = unique("stages")
     records = team_records(team)
@@ -149,20 +150,23 @@ async def test_recall_stages_are_child_spans_without_text(
     def parent(span: Any) -> str:
         return str(by_id[span.parent.span_id].name)
 
-    for name in ("query_embedding", "scope", "evidence", "related", "hypotheses",
-                 "conflicts", "nested"):
+    for name in ("query_embedding", "scope", "search", "evidence", "related", "answer",
+                 "nested"):
         (one,) = by_name[STAGE_PREFIX + name]
         assert parent(one) == "recall", name
         assert one.context.trace_id == recall.context.trace_id
         assert one.start_time >= recall.start_time and one.end_time <= recall.end_time
-    for name in ("candidates", "hydration"):
-        (one,) = by_name[STAGE_PREFIX + name]
-        assert parent(one) == "recall.evidence", name
-    # Statements belong to their stage: the candidate search sends its statement
-    # inside recall.candidates, hydration inside recall.hydration.
+    # The stages of the separate statements run only when a combined one fails.
+    for name in ("candidates", "hydration", "hypotheses", "conflicts"):
+        assert STAGE_PREFIX + name not in by_name, name
+    # Statements belong to their stage: the candidate lists, hydration and discovery
+    # in recall.search, hypotheses and conflicts in recall.answer, the nested rows
+    # and the recall event in recall.nested.
     statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
     parents = {parent(s) for s in statements}
-    assert {"recall.candidates", "recall.hydration", "recall.scope"} <= parents, parents
+    assert {"recall.scope", "recall.search", "recall.answer", "recall.nested"} <= parents, (
+        parents
+    )
 
     # Untrusted, private text stays out of every span: the question, the stored
     # texts (evidence content, names, titles) and the returned contexts.

@@ -23,6 +23,7 @@ and none of them is added to the results.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
 from gateway.errors import DatabaseUnavailable
@@ -38,7 +39,13 @@ from gateway.stages import stage
 from gateway.store import conflicts as store
 from gateway.store.database import STORE_FAILURES, Unit
 
-__all__ = ["MAX_CONFLICTS", "MAX_SUPPORTERS", "reachable_conflicts"]
+__all__ = [
+    "MAX_CONFLICTS",
+    "MAX_SUPPORTERS",
+    "conflict_query",
+    "nearest",
+    "reachable_conflicts",
+]
 
 MAX_CONFLICTS: Final = 10
 """Conflicts per answer, both kinds together."""
@@ -83,27 +90,50 @@ def _order(c: ConflictView) -> tuple[int, int, str]:
     return (c.reach, 0 if isinstance(c, RelationshipConflictView) else 1, c.id)
 
 
+def conflict_query(view: ReadView, reach: Reach) -> store.ConflictQuery | None:
+    """What the answer reaches, as the statements' query; None: it reaches nothing."""
+    if not reach.evidence and not reach.relationships:
+        return None
+    return store.ConflictQuery(
+        team=view.team_id,
+        space_ids=view.space_ids,
+        evidence_reach=reach.evidence,
+        relationship_reach=reach.relationships,
+        t_sys=view.t_sys,
+        cap=MAX_CONFLICTS,
+        supporter_cap=MAX_SUPPORTERS,
+    )
+
+
 @stage("conflicts")
 async def reachable_conflicts(unit: Unit, view: ReadView, reach: Reach) -> list[ConflictView]:
     """The conflicts the answer reaches, at the view's time, nearest first, capped."""
-    if not reach.evidence and not reach.relationships:
+    query = conflict_query(view, reach)
+    if query is None:
         return []
     try:
         async with unit.step() as conn:
             cases = await store.relationship_cases(
                 conn,
-                view.team_id,
-                view.space_ids,
-                reach.relationships,
-                view.t_sys,
-                cap=MAX_CONFLICTS,
-                supporter_cap=MAX_SUPPORTERS,
+                query.team,
+                query.space_ids,
+                query.relationship_reach,
+                query.t_sys,
+                cap=query.cap,
+                supporter_cap=query.supporter_cap,
             )
             evidence = await store.evidence_conflicts(
-                conn, view.team_id, view.space_ids, reach.evidence, view.t_sys, cap=MAX_CONFLICTS
+                conn, query.team, query.space_ids, query.evidence_reach, query.t_sys, cap=query.cap
             )
     except STORE_FAILURES as exc:
         raise DatabaseUnavailable("the conflicts of the answer could not be loaded") from exc
+    return nearest(cases, evidence)
+
+
+def nearest(
+    cases: Sequence[store.CaseRow], evidence: Sequence[store.EvidenceConflictRow]
+) -> list[ConflictView]:
+    """Both kinds in one order (reach, relationship cases first, ID), capped."""
     found: list[ConflictView] = [_case_view(c) for c in cases]
     found += [EvidenceConflictView(e.id, e.question, e.positions, e.reach) for e in evidence]
     return sorted(found, key=_order)[:MAX_CONFLICTS]

@@ -40,7 +40,7 @@ from gateway.store.database import STORE_FAILURES, Unit
 
 log = logging.getLogger("gateway.recall")
 
-__all__ = ["EvidenceFrontier", "search_evidence"]
+__all__ = ["EvidenceFrontier", "Prefetched", "candidate_query", "search_evidence"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +51,37 @@ class EvidenceFrontier:
     state: SearchState
 
 
+@dataclass(frozen=True, slots=True)
+class Prefetched:
+    """The candidate lists and the hydration of all their candidates, already read
+    (together with other statements: gateway/store/round_trips.py)."""
+
+    lists: dict[tuple[str, str], list[str]]
+    eligible: dict[str, store.EligibleEvidence]
+
+
+def candidate_query(
+    team: str,
+    branches: Sequence[search.BranchSearch],
+    request: RecallRequest,
+    vector: np.ndarray | None,
+    t_sys: datetime,
+) -> search.CandidateQuery:
+    """Every candidate list of the given branches, as one query."""
+    return search.CandidateQuery(
+        team_id=team,
+        branches=tuple(branches),
+        text=request.query,
+        vector=vector,
+        entity_ids=request.expand_from_entity_ids,
+        exclude_ids=request.known_evidence_ids,
+        per_list=overfetch(request.limit),
+        known_at=t_sys,
+        # A knownAt view ranks with the statistics of its instant (never moves).
+        as_of=t_sys if request.known_at is not None else None,
+    )
+
+
 @stage("evidence")
 async def search_evidence(
     unit: Unit,
@@ -59,12 +90,20 @@ async def search_evidence(
     request: RecallRequest,
     vector: np.ndarray | None,
     degradations: list[Degradation],
+    prefetched: Prefetched | None = None,
 ) -> EvidenceFrontier:
-    """Candidates, per-branch fusion, canonical hydration, branch fusion."""
+    """Candidates, per-branch fusion, canonical hydration, branch fusion.
+
+    With ``prefetched``, the lists and their hydration are not read again; the
+    rest (fusion, cut, states) is the same code."""
     per_list = overfetch(request.limit)
-    lists, list_states = await _candidates(
-        unit, view.team_id, branches, request, vector, per_list, view.t_sys, degradations
-    )
+    if prefetched is None:
+        lists, list_states = await _candidates(
+            unit, view.team_id, branches, request, vector, per_list, view.t_sys, degradations
+        )
+    else:
+        lists = prefetched.lists
+        list_states = _list_states(branches, _wanted(request, vector), lists, [])
     fused = {
         b.branch: fuse_weighted(
             {name: ids for (branch, name), ids in lists.items() if branch == b.branch},
@@ -73,7 +112,11 @@ async def search_evidence(
         for b in branches
         if any(branch == b.branch for branch, _ in lists)
     }
-    eligible = await _hydrate(unit, view, branches, fused, degradations)
+    eligible = (
+        await _hydrate(unit, view, branches, fused, degradations)
+        if prefetched is None
+        else prefetched.eligible
+    )
     per_branch: dict[str, list[str]] = {}
     starved = False
     for branch, ids in fused.items():
@@ -106,18 +149,8 @@ async def _search(
     per_list: int,
     t_sys: datetime,
 ) -> dict[tuple[str, str], list[str]]:
-    query = search.CandidateQuery(
-        team_id=team,
-        branches=tuple(branches),
-        text=request.query,
-        vector=vector,
-        entity_ids=request.expand_from_entity_ids,
-        exclude_ids=request.known_evidence_ids,
-        per_list=per_list,
-        known_at=t_sys,
-        # A knownAt view ranks with the statistics of its instant (never moves).
-        as_of=t_sys if request.known_at is not None else None,
-    )
+    query = candidate_query(team, branches, request, vector, t_sys)
+    assert query.per_list == per_list
     async with unit.step([b.space_id for b in branches]) as conn:
         return await search.evidence_candidates(conn, query)
 
@@ -134,15 +167,7 @@ async def _candidates(
 ) -> tuple[dict[tuple[str, str], list[str]], list[ListState]]:
     """All lists of all branches in one round trip; on failure, branch by branch,
     then without the vector list, so that what still works still answers."""
-    wanted = [
-        name
-        for name, on in (
-            ("fulltext", request.query is not None),
-            ("vector", vector is not None),
-            ("entity", bool(request.expand_from_entity_ids)),
-        )
-        if on
-    ]
+    wanted = _wanted(request, vector)
     states: list[ListState] = []
     try:
         lists = await _search(unit, team, branches, request, vector, per_list, t_sys)
@@ -157,6 +182,28 @@ async def _candidates(
                 states += [ListState(b.branch, n, "failed", 0) for n in wanted]
                 continue
             lists.update(got)
+    return lists, _list_states(branches, wanted, lists, states)
+
+
+def _wanted(request: RecallRequest, vector: np.ndarray | None) -> list[str]:
+    return [
+        name
+        for name, on in (
+            ("fulltext", request.query is not None),
+            ("vector", vector is not None),
+            ("entity", bool(request.expand_from_entity_ids)),
+        )
+        if on
+    ]
+
+
+def _list_states(
+    branches: Sequence[search.BranchSearch],
+    wanted: Sequence[str],
+    lists: dict[tuple[str, str], list[str]],
+    states: list[ListState],
+) -> list[ListState]:
+    """Each list of each branch: complete (with its length), failed or skipped."""
     for b in branches:
         for name in ("fulltext", "vector", "entity"):
             if (b.branch, name) in lists:
@@ -167,7 +214,7 @@ async def _candidates(
                 states.append(ListState(b.branch, name, "failed", 0))
             elif name not in wanted:
                 states.append(ListState(b.branch, name, "skipped", 0))
-    return lists, states
+    return states
 
 
 async def _branch_candidates(

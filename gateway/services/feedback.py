@@ -25,6 +25,7 @@ from gateway.errors import IdempotencyConflict, InvalidInput, NotFound
 from gateway.services.auth import Principal
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import Degradation, RecallOutcome, SuggestedAction
+from gateway.stages import stage
 from gateway.store import feedback as store
 from gateway.store.database import STORE_FAILURES, Database, Unit
 
@@ -89,6 +90,7 @@ class FeedbackService:
 
     # --- the snapshot, at the end of every recall ------------------------------------
 
+    @stage("feedback")
     async def attach(
         self,
         principal: Principal,
@@ -112,7 +114,22 @@ class FeedbackService:
             except STORE_FAILURES as exc:  # the commit itself
                 self.lost(outcome, exc)
             return
-        event = store.NewRecallEvent(
+        event = self.event(principal, request, outcome)
+        try:
+            async with unit.step() as conn:
+                await store.insert_recall_event(conn, event)
+        except STORE_FAILURES as exc:
+            self.lost(outcome, exc)
+            return
+        self.recorded(outcome)
+
+    @staticmethod
+    def event(
+        principal: Principal, request: RecallRequest, outcome: RecallOutcome
+    ) -> store.NewRecallEvent:
+        """The recall event of this answer (written by :meth:`attach`, or by the
+        recall together with its nested rows: gateway/store/round_trips.py)."""
+        return store.NewRecallEvent(
             team=principal.team_id,
             id=UUID(outcome.recall_id),
             principal=principal.principal_id,
@@ -127,12 +144,10 @@ class FeedbackService:
             known_at=outcome.view.t_sys,
             items=returned_items(outcome),
         )
-        try:
-            async with unit.step() as conn:
-                await store.insert_recall_event(conn, event)
-        except STORE_FAILURES as exc:
-            self.lost(outcome, exc)
-            return
+
+    @staticmethod
+    def recorded(outcome: RecallOutcome) -> None:
+        """The event is written: the answer refers to it and suggests feedback."""
         outcome.recall_event_id = outcome.recall_id
         outcome.suggested_actions.append(
             SuggestedAction(

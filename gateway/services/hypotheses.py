@@ -35,7 +35,14 @@ from gateway.store import hypotheses as store
 from gateway.store.database import STORE_FAILURES, Unit
 from gateway.store.search import BranchSearch
 
-__all__ = ["HypothesisFrontier", "list_depth", "related_hypotheses"]
+__all__ = [
+    "HypothesisFrontier",
+    "hypothesis_query",
+    "list_depth",
+    "lost",
+    "ranked",
+    "related_hypotheses",
+]
 
 log = logging.getLogger("gateway.recall")
 
@@ -71,6 +78,34 @@ class HypothesisFrontier:
     loss: tuple[str, str] | None = None
 
 
+def hypothesis_query(
+    view: ReadView,
+    branches: Sequence[BranchSearch],
+    request: RecallRequest,
+    results: Sequence[EvidenceResult],
+    more_relationship_ids: Iterable[str] = (),
+) -> HypothesisFrontier | store.HypothesisQuery:
+    """The statement's query, or the frontier itself when no statement is needed."""
+    if request.hypothesis_limit == 0:
+        return HypothesisFrontier(status="disabled")
+    if request.known_at is not None:
+        return HypothesisFrontier(status="skipped", loss=TEMPORAL)
+    shared = next((b for b in branches if b.branch == "shared"), None)
+    if shared is None:  # no shared space at the view's time: nothing to relate to
+        return HypothesisFrontier(status="skipped")
+    reach = answer_reach([r for r in results if r.space_kind == "shared"], more_relationship_ids)
+    return store.HypothesisQuery(
+        team=view.team_id,
+        shared_space=shared.space_id,
+        generation=shared.generation,
+        t_sys=view.t_sys,
+        evidence_reach=reach.evidence,
+        relationship_reach=reach.relationships,
+        query=request.query,
+        per_list=list_depth(request.hypothesis_limit),
+    )
+
+
 @stage("hypotheses")
 async def related_hypotheses(
     unit: Unit,
@@ -81,36 +116,30 @@ async def related_hypotheses(
     more_relationship_ids: Iterable[str] = (),
 ) -> HypothesisFrontier:
     """Shared hypotheses related to the answer, ranked; never raises for a store loss."""
-    if request.hypothesis_limit == 0:
-        return HypothesisFrontier(status="disabled")
-    if request.known_at is not None:
-        return HypothesisFrontier(status="skipped", loss=TEMPORAL)
-    shared = next((b for b in branches if b.branch == "shared"), None)
-    if shared is None:  # no shared space at the view's time: nothing to relate to
-        return HypothesisFrontier(status="skipped")
-    reach = answer_reach([r for r in results if r.space_kind == "shared"], more_relationship_ids)
-    depth = list_depth(request.hypothesis_limit)
+    query = hypothesis_query(view, branches, request, results, more_relationship_ids)
+    if isinstance(query, HypothesisFrontier):
+        return query
     try:
         async with unit.step() as conn:
-            found = await store.related_hypotheses(
-                conn,
-                view.team_id,
-                shared.space_id,
-                shared.generation,
-                view.t_sys,
-                evidence_reach=reach.evidence,
-                relationship_reach=reach.relationships,
-                query=request.query,
-                per_list=depth,
-            )
+            found = await store.related_hypotheses(conn, query)
     except STORE_FAILURES as exc:
         log.warning("related hypotheses lost: %s", exc)
-        lexical = "failed" if request.query is not None else "skipped"
-        return HypothesisFrontier(
-            status="partial",
-            lists=(("linked", "failed", 0), ("fulltext", lexical, 0)),
-            loss=UNAVAILABLE,
-        )
+        return lost(request)
+    return ranked(request, found)
+
+
+def lost(request: RecallRequest) -> HypothesisFrontier:
+    """The frontier when its statement failed."""
+    lexical = "failed" if request.query is not None else "skipped"
+    return HypothesisFrontier(
+        status="partial",
+        lists=(("linked", "failed", 0), ("fulltext", lexical, 0)),
+        loss=UNAVAILABLE,
+    )
+
+
+def ranked(request: RecallRequest, found: store.HypothesisLists) -> HypothesisFrontier:
+    """The frontier from both lists: fused, cut at the limit."""
     lists: dict[str, Sequence[str]] = {"linked": found.linked}
     if request.query is not None:
         lists["lexical"] = found.lexical

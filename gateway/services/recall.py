@@ -30,6 +30,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
 import numpy as np
@@ -39,7 +40,7 @@ from gateway.errors import EmbeddingError, EmbeddingMalformed
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
-from gateway.services.evidence import search_evidence
+from gateway.services.evidence import Prefetched, candidate_query, search_evidence
 from gateway.services.feedback import FeedbackService
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import (
@@ -47,16 +48,23 @@ from gateway.services.recall_types import (
     Degradation,
     EvidenceResult,
     ListState,
+    Reach,
     ReadView,
     RecallOutcome,
     RelationshipConflictView,
     SearchState,
     answer_reach,
 )
-from gateway.services.related import RelatedFrontiers, RelatedOutcome, SharedBranch
+from gateway.services.related import (
+    RelatedFrontiers,
+    RelatedOutcome,
+    SharedBranch,
+    discovery_query,
+)
 from gateway.stages import stage
 from gateway.store import recall as store
-from gateway.store import search
+from gateway.store import related as related_store
+from gateway.store import round_trips, search
 from gateway.store.database import STORE_FAILURES, Database, Unit
 from gateway.store.replicas import ReadRouter
 
@@ -190,11 +198,34 @@ class RecallService:
                 embedding.cancel()
                 raise
             vector = await embedding
-            # 2. Evidence.
-            evidence = await search_evidence(unit, view, branches, request, vector, degradations)
+            shared = next(
+                (SharedBranch(b.space_id, b.generation) for b in branches if b.branch == "shared"),
+                None,
+            )
+            # 2. Evidence, with relationship discovery beside it (one round trip).
+            first = await self._first_round(unit, view, branches, request, vector, shared)
+            evidence = await search_evidence(
+                unit,
+                view,
+                branches,
+                request,
+                vector,
+                degradations,
+                Prefetched(first.lists, first.eligible) if first is not None else None,
+            )
             results = evidence.results
-            # 3. Related relationships and communities.
-            related = await self._related(unit, view, branches, request, vector, results)
+            returned = sorted({rid for r in results for rid in r.evidence.relationship_ids})
+            # 3. Related relationships and communities; discovery's coverage by the
+            # returned evidence is applied now that the evidence is known.
+            discovered = None
+            if first is not None and first.discovery is not None:
+                covered = {first.path_groups[r] for r in returned if r in first.path_groups}
+                discovered = replace(
+                    first.discovery, covered_groups=first.discovery.covered_groups | covered
+                )
+            related = await self._related(
+                unit, view, shared, request, vector, returned, discovered
+            )
             degradations += related.degradations
             if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
                 "relationships"
@@ -207,14 +238,9 @@ class RecallService:
                         "vectors skipped, lexical discovery still answers",
                     )
                 )
-            # 4. Hypotheses.
-            hyps = await hypothesis_frontier.related_hypotheses(
-                unit, view, branches, request, results
-            )
-            if hyps.loss is not None:
-                degradations.append(Degradation("hypotheses", *hyps.loss))
-            # 5. Conflicts, reachable from every relationship the answer returns:
-            # evidence support paths first, then the related and community frontiers.
+            # 4. Hypotheses and 5. conflicts (reachable from every relationship the
+            # answer returns: evidence support paths first, then the related and
+            # community frontiers), in one round trip.
             more = [
                 rid
                 for handle in [
@@ -223,9 +249,11 @@ class RecallService:
                 ]
                 for rid in (handle.representative.id, *handle.equivalent_ids)
             ]
-            conflicts = await conflict_frontier.reachable_conflicts(
-                unit, view, answer_reach(results, more)
+            hyps, conflicts = await self._answer_round(
+                unit, view, branches, request, results, answer_reach(results, more)
             )
+            if hyps.loss is not None:
+                degradations.append(Degradation("hypotheses", *hyps.loss))
             outcome = RecallOutcome(
                 recall_id=str(uuid.uuid4()),
                 view=view,
@@ -247,11 +275,69 @@ class RecallService:
                 conflicts=conflicts,
                 hypothesis_ids=[h.id for h in hyps.hypotheses],
             )
-            outcome.nested = await self._nested(unit, view, results, related, conflicts)
-            # 6. Feedback snapshot.
-            if self.feedback is not None and snapshot:
-                await self._snapshot(unit, principal, request, outcome, self.feedback)
+            # 6. The nested fields' rows and the feedback snapshot, in one round trip.
+            feedback = self.feedback if snapshot else None
+            await self._last_round(unit, principal, request, outcome, related, feedback)
         return outcome
+
+    @staticmethod
+    @stage("search")
+    async def _first_round(
+        unit: Unit,
+        view: ReadView,
+        branches: Sequence[search.BranchSearch],
+        request: RecallRequest,
+        vector: np.ndarray | None,
+        shared: SharedBranch | None,
+    ) -> round_trips.FirstRound | None:
+        """Candidates, hydration and discovery in one statement. None when it fails
+        (the frontiers then read their own statements, each with its fallbacks and
+        degradations) or when there is nothing to search."""
+        try:
+            async with unit.step() as conn:
+                return await round_trips.first_round(
+                    conn,
+                    candidate_query(view.team_id, branches, request, vector, view.t_sys),
+                    view.t_valid,
+                    discovery_query(view, shared, request, vector),
+                )
+        except STORE_FAILURES as exc:
+            log.warning("combined evidence search failed (%s); searching step by step", exc)
+            return None
+
+    @staticmethod
+    @stage("answer")
+    async def _answer_round(
+        unit: Unit,
+        view: ReadView,
+        branches: Sequence[search.BranchSearch],
+        request: RecallRequest,
+        results: Sequence[EvidenceResult],
+        reach: Reach,
+    ) -> tuple[hypothesis_frontier.HypothesisFrontier, list[ConflictView]]:
+        """Hypotheses and conflicts in one statement; if it fails, each in its own
+        (a lost hypothesis frontier degrades, lost conflicts fail the call)."""
+        query = hypothesis_frontier.hypothesis_query(view, branches, request, results)
+        conflict_query = conflict_frontier.conflict_query(view, reach)
+        if conflict_query is not None:
+            try:
+                async with unit.step() as conn:
+                    got = await round_trips.answer_round(
+                        conn,
+                        None if isinstance(query, hypothesis_frontier.HypothesisFrontier) else query,
+                        conflict_query,
+                    )
+            except STORE_FAILURES as exc:
+                log.warning("combined hypotheses and conflicts failed (%s); one by one", exc)
+            else:
+                conflicts = conflict_frontier.nearest(got.cases, got.evidence_conflicts)
+                if isinstance(query, hypothesis_frontier.HypothesisFrontier):
+                    return query, conflicts
+                assert got.hypotheses is not None
+                return hypothesis_frontier.ranked(request, got.hypotheses), conflicts
+        hyps = await hypothesis_frontier.related_hypotheses(unit, view, branches, request, results)
+        conflicts = await conflict_frontier.reachable_conflicts(unit, view, reach)
+        return hyps, conflicts
 
     @stage("scope")
     async def _scope(
@@ -282,34 +368,27 @@ class RecallService:
     async def _related(
         unit: Unit,
         view: ReadView,
-        branches: Sequence[search.BranchSearch],
+        shared: SharedBranch | None,
         request: RecallRequest,
         vector: np.ndarray | None,
-        results: Sequence[EvidenceResult],
+        returned: Sequence[str],
+        discovered: related_store.Discovery | None,
     ) -> RelatedOutcome:
-        shared = next((b for b in branches if b.branch == "shared"), None)
         return await RelatedFrontiers(unit).recall(
-            view,
-            SharedBranch(shared.space_id, shared.generation) if shared else None,
-            request,
-            vector,
-            sorted({rid for r in results for rid in r.evidence.relationship_ids}),
+            view, shared, request, vector, returned, discovered
         )
 
     @staticmethod
-    @stage("nested")
-    async def _nested(
-        unit: Unit,
+    def _nested_query(
         view: ReadView,
         results: Sequence[EvidenceResult],
         related: RelatedOutcome,
         conflicts: Sequence[ConflictView],
-    ) -> store.NestedRows | None:
+    ) -> store.NestedQuery:
         """The sources and supporting relationships of the results, the relationships
         of the conflicts' positions, and the entities of every returned relationship,
-        in one statement, so that the nested fields cost no transaction of their own
-        (and the statements of a recall stay independent of its limit). Only an
-        optimisation: if it fails, the request's loaders read the rows on demand."""
+        so that the nested fields cost no statement of their own (and the statements
+        of a recall stay independent of its limit)."""
         handles = [
             *related.relationships,
             *(m for c in related.communities for m in c.members),
@@ -320,42 +399,56 @@ class RecallService:
             for e in (h.representative.subject_entity_id, h.representative.object_entity_id)
             if e is not None
         }
-        try:
-            async with unit.step() as conn:
-                return await store.nested_rows(
-                    conn,
-                    view.team_id,
-                    sorted({r.evidence.source_id for r in results}),
-                    sorted(
-                        {rid for r in results for rid in r.evidence.relationship_ids}
-                        | {
-                            rid
-                            for c in conflicts
-                            if isinstance(c, RelationshipConflictView)
-                            for p in c.positions
-                            for rid in p.relationship_ids
-                        }
-                    ),
-                    sorted(entities),
-                    view.space_ids,
-                    view.t_sys,
-                )
-        except STORE_FAILURES as exc:
-            log.warning("nested rows not preloaded: %s", exc)
-            return None
+        return store.NestedQuery(
+            team=view.team_id,
+            source_ids=sorted({r.evidence.source_id for r in results}),
+            relationship_ids=sorted(
+                {rid for r in results for rid in r.evidence.relationship_ids}
+                | {
+                    rid
+                    for c in conflicts
+                    if isinstance(c, RelationshipConflictView)
+                    for p in c.positions
+                    for rid in p.relationship_ids
+                }
+            ),
+            entity_ids=sorted(entities),
+            space_ids=view.space_ids,
+            t_sys=view.t_sys,
+        )
 
-    @staticmethod
-    @stage("feedback")
-    async def _snapshot(
+    @stage("nested")
+    async def _last_round(
+        self,
         unit: Unit,
         principal: Principal,
         request: RecallRequest,
         outcome: RecallOutcome,
-        feedback: FeedbackService,
+        related: RelatedOutcome,
+        feedback: FeedbackService | None,
     ) -> None:
-        """The recall event, written and committed in the recall's own transaction."""
-        await feedback.attach(principal, request, outcome, unit)
-        if outcome.recall_event_id is None:
+        """The nested rows (only an optimisation: without them the request's loaders
+        read on demand) and the recall event (written and committed in the recall's
+        own transaction; lost, it degrades) in one statement; if that fails, each
+        in its own."""
+        nested = self._nested_query(outcome.view, outcome.results, related, outcome.conflicts)
+        event = feedback.event(principal, request, outcome) if feedback is not None else None
+        try:
+            async with unit.step() as conn:
+                outcome.nested, _ = await round_trips.last_round(conn, nested, event)
+        except STORE_FAILURES as exc:
+            log.warning("nested rows and recall event failed together (%s); one by one", exc)
+            try:
+                async with unit.step() as conn:
+                    outcome.nested = await store.nested_rows(conn, nested)
+            except STORE_FAILURES as again:
+                log.warning("nested rows not preloaded: %s", again)
+            if feedback is not None:
+                await feedback.attach(principal, request, outcome, unit)
+        else:
+            if feedback is not None:
+                feedback.recorded(outcome)
+        if feedback is None or outcome.recall_event_id is None:
             return
         try:
             await unit.commit()

@@ -58,6 +58,15 @@ from gateway.store.database import STORE_FAILURES, Unit
 
 log = logging.getLogger("gateway.recall.related")
 
+__all__ = [
+    "RelatedFrontiers",
+    "RelatedOutcome",
+    "SharedBranch",
+    "direct_fallback",
+    "discovery_query",
+    "select_communities",
+]
+
 
 @dataclass
 class RelatedOutcome:
@@ -113,6 +122,39 @@ def direct_fallback(
     return [g for g in anchors if g not in covered and g not in emitted][:limit]
 
 
+def discovery_query(
+    view: ReadView,
+    shared: SharedBranch | None,
+    request: RecallRequest,
+    vector: np.ndarray | None,
+    returned_relationship_ids: Sequence[str] = (),
+) -> store.DiscoveryQuery | None:
+    """The discovery the frontiers will run for this request, or None if they run
+    none (both off, communities only in a temporal view, no shared space): so
+    that the orchestrator can send it beside the evidence search. Coverage by
+    ``returned_relationship_ids`` is empty when they are not known yet."""
+    rel_on = request.relationship_limit > 0
+    com_on = request.community_limit > 0 and not request.temporal
+    if not (rel_on or com_on) or shared is None:
+        return None
+    return store.DiscoveryQuery(
+        team_id=view.team_id,
+        space_id=shared.space_id,
+        generation=shared.generation,
+        readable_space_ids=view.space_ids,
+        t_sys=view.t_sys,
+        t_valid=view.t_valid,
+        text=request.query,
+        vector=vector,
+        per_list=overfetch(max(request.relationship_limit, request.community_limit)),
+        returned_relationship_ids=returned_relationship_ids,
+        known_evidence_ids=request.known_evidence_ids,
+        known_relationship_ids=request.known_relationship_ids,
+        # A knownAt view ranks with the statistics of its instant (never moves).
+        as_of=view.t_sys if request.known_at is not None else None,
+    )
+
+
 class RelatedFrontiers:
     """Both frontiers of one recall, read in the recall's unit of work."""
 
@@ -126,7 +168,10 @@ class RelatedFrontiers:
         request: RecallRequest,
         vector: np.ndarray | None,
         returned_relationship_ids: Sequence[str],
+        discovered: store.Discovery | None = None,
     ) -> RelatedOutcome:
+        """``discovered``: the discovery of :func:`discovery_query`, already read
+        (with its coverage by the returned evidence applied); None: read it here."""
         out = RelatedOutcome()
         rel_on = request.relationship_limit > 0
         com_on = request.community_limit > 0
@@ -153,24 +198,10 @@ class RelatedFrontiers:
                 if on:
                     out.states[name] = SearchState(name, "skipped")
             return out
-        per_list = overfetch(max(request.relationship_limit, request.community_limit))
-        query = store.DiscoveryQuery(
-            team_id=view.team_id,
-            space_id=shared.space_id,
-            generation=shared.generation,
-            readable_space_ids=view.space_ids,
-            t_sys=view.t_sys,
-            t_valid=view.t_valid,
-            text=request.query,
-            vector=vector,
-            per_list=per_list,
-            returned_relationship_ids=returned_relationship_ids,
-            known_evidence_ids=request.known_evidence_ids,
-            known_relationship_ids=request.known_relationship_ids,
-            # A knownAt view ranks with the statistics of its instant (never moves).
-            as_of=view.t_sys if request.known_at is not None else None,
-        )
-        found, vector_status = await self._discover(view, query, out)
+        query = discovery_query(view, shared, request, vector, returned_relationship_ids)
+        assert query is not None  # the conditions above are discovery_query's
+        per_list = query.per_list
+        found, vector_status = await self._discover(query, out, discovered)
         lists = found.lists
         fused = fuse_equal({name: [rid for rid, _ in hits] for name, hits in lists.items()})
         group_of = {rid: g for hits in lists.values() for rid, g in hits}
@@ -228,12 +259,15 @@ class RelatedFrontiers:
         return out
 
     async def _discover(
-        self, view: ReadView, query: store.DiscoveryQuery, out: RelatedOutcome
+        self, query: store.DiscoveryQuery, out: RelatedOutcome, read: store.Discovery | None
     ) -> tuple[store.Discovery, str]:
         """Discovery with the vector list if possible; without it if that is what fails."""
         try:
-            async with self.unit.step() as conn:
-                found = await store.discover(conn, query)
+            if read is not None:
+                found = read
+            else:
+                async with self.unit.step() as conn:
+                    found = await store.discover(conn, query)
         except STORE_FAILURES as exc:
             if query.vector is None:
                 raise DatabaseUnavailable("relationships could not be searched") from exc

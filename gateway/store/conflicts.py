@@ -43,7 +43,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 from uuid import UUID
 
 from gateway.store.connection import Conn
@@ -52,10 +52,15 @@ __all__ = [
     "AUTHORITY_ORDER",
     "CaseRow",
     "CitationRow",
+    "ConflictQuery",
     "EvidenceConflictRow",
     "PositionRow",
     "SupporterRow",
+    "cases_statement",
     "evidence_conflicts",
+    "evidence_statement",
+    "parse_cases",
+    "parse_evidence_conflicts",
     "relationship_cases",
 ]
 
@@ -214,6 +219,35 @@ def _order_ids(ids: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(ids))
 
 
+@dataclass(frozen=True, slots=True)
+class ConflictQuery:
+    """The answer's material with its reach, as seen at ``t_sys`` in ``space_ids``."""
+
+    team: str
+    space_ids: Sequence[UUID]
+    evidence_reach: Mapping[str, int]
+    relationship_reach: Mapping[str, int]
+    t_sys: datetime
+    cap: int
+    supporter_cap: int
+
+
+def cases_statement(q: ConflictQuery) -> tuple[str, list[Any]] | None:
+    """The relationship cases' statement and parameters; None when nothing can reach one."""
+    if not q.relationship_reach or q.cap <= 0:
+        return None
+    rel_ids = list(q.relationship_reach)
+    return _CASES, [
+        q.team,
+        list(q.space_ids),
+        rel_ids,
+        [q.relationship_reach[r] for r in rel_ids],
+        q.t_sys,
+        q.cap,
+        q.supporter_cap,
+    ]
+
+
 async def relationship_cases(
     conn: Conn,
     team: str,
@@ -225,42 +259,38 @@ async def relationship_cases(
     supporter_cap: int,
 ) -> list[CaseRow]:
     """Cases reachable from ``relationship_reach``'s relationships, nearest first."""
-    if not relationship_reach or cap <= 0:
+    q = ConflictQuery(team, space_ids, {}, relationship_reach, t_sys, cap, supporter_cap)
+    statement = cases_statement(q)
+    if statement is None:
         return []
-    rel_ids = list(relationship_reach)
-    rows = await conn.fetch(
-        _CASES,
-        team,
-        list(space_ids),
-        rel_ids,
-        [relationship_reach[r] for r in rel_ids],
-        t_sys,
-        cap,
-        supporter_cap,
-    )
+    return parse_cases(await conn.fetch(statement[0], *statement[1]))
+
+
+def parse_cases(rows: Sequence[Sequence[Any]]) -> list[CaseRow]:
+    """Rows of the cases' statement by position, nearest case first, positions in ID order."""
     cases: dict[str, CaseRow] = {}
     positions: dict[str, list[PositionRow]] = {}
-    for r in rows:
-        case_id = r["id"]
+    for r in sorted(rows, key=lambda r: (r[2], r[0], r[6])):
+        case_id = r[0]
         if case_id not in cases:
-            resolved = r["event"] == "resolve"
+            resolved = r[3] == "resolve"
             cases[case_id] = CaseRow(
                 id=case_id,
-                question=r["question"],
-                reach=r["reach"],
-                event=r["event"],
-                preferred_position_id=r["preferred_position_id"] if resolved else None,
-                state_at=r["state_at"],
+                question=r[1],
+                reach=r[2],
+                event=r[3],
+                preferred_position_id=r[4] if resolved else None,
+                state_at=r[5],
                 positions=(),
             )
             positions[case_id] = []
         positions[case_id].append(
             PositionRow(
-                id=r["position_id"],
-                label=r["label"],
-                relationship_ids=_order_ids(r["relationship_ids"]),
-                supporter_count=r["supporter_count"],
-                supporters=tuple(SupporterRow(**s) for s in json.loads(r["supporters"])),
+                id=r[6],
+                label=r[7],
+                relationship_ids=_order_ids(r[8]),
+                supporter_count=r[9],
+                supporters=tuple(SupporterRow(**s) for s in json.loads(r[10])),
             )
         )
     return [
@@ -355,6 +385,21 @@ class EvidenceConflictRow:
     positions: tuple[CitationRow, ...]  # readable positions only, position-ID order
 
 
+def evidence_statement(q: ConflictQuery) -> tuple[str, list[Any]] | None:
+    """The evidence conflicts' statement and parameters; None when nothing can reach one."""
+    if not q.evidence_reach or q.cap <= 0:
+        return None
+    ev_ids = list(q.evidence_reach)
+    return _EVIDENCE_CONFLICTS, [
+        q.team,
+        list(q.space_ids),
+        ev_ids,
+        [q.evidence_reach[e] for e in ev_ids],
+        q.t_sys,
+        q.cap,
+    ]
+
+
 async def evidence_conflicts(
     conn: Conn,
     team: str,
@@ -365,31 +410,28 @@ async def evidence_conflicts(
     cap: int,
 ) -> list[EvidenceConflictRow]:
     """Evidence conflicts reachable from ``evidence_reach``'s evidence, nearest first."""
-    if not evidence_reach or cap <= 0:
+    q = ConflictQuery(team, space_ids, evidence_reach, {}, t_sys, cap, 0)
+    statement = evidence_statement(q)
+    if statement is None:
         return []
-    ev_ids = list(evidence_reach)
-    rows = await conn.fetch(
-        _EVIDENCE_CONFLICTS,
-        team,
-        list(space_ids),
-        ev_ids,
-        [evidence_reach[e] for e in ev_ids],
-        t_sys,
-        cap,
-    )
+    return parse_evidence_conflicts(await conn.fetch(statement[0], *statement[1]))
+
+
+def parse_evidence_conflicts(rows: Sequence[Sequence[Any]]) -> list[EvidenceConflictRow]:
+    """Rows of the evidence conflicts' statement by position, nearest first."""
     out: dict[str, tuple[str, int, list[CitationRow]]] = {}
-    for r in rows:
-        entry = out.setdefault(r["id"], (r["question"], r["reach"], []))
+    for r in sorted(rows, key=lambda r: (r[2], r[0], r[3])):
+        entry = out.setdefault(r[0], (r[1], r[2], []))
         entry[2].append(
             CitationRow(
-                position_id=r["position_id"],
-                label=r["label"],
-                evidence_id=r["evidence_id"],
-                occurrence_id=r["occurrence_id"],
-                quote=r["quote"],
-                span_start=r["span_start"],
-                span_end=r["span_end"],
-                authority=r["authority"],
+                position_id=r[3],
+                label=r[4],
+                evidence_id=r[5],
+                occurrence_id=r[6],
+                quote=r[7],
+                span_start=r[8],
+                span_end=r[9],
+                authority=r[10],
             )
         )
     return [

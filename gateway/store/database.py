@@ -164,6 +164,23 @@ async def prepare(dsn: str, *, migrate: bool) -> list[migrations.Migration]:
         await conn.close()
 
 
+async def _learn_domains(conn: asyncpg.Connection) -> None:
+    """Tell a new connection that the schema's domain ``client_id`` is text.
+
+    A record sent in binary names each field's own type, a domain too, while a
+    result column names the domain's base type; so asyncpg meets the domain only
+    inside records (the arrays of records of gateway/store/round_trips.py and of
+    the nested rows), and fails there ("no decoder for composite type element")
+    unless it knows the domain. Declaring the domain as text costs one small
+    catalog lookup (asyncpg's full type introspection, tens of milliseconds on a
+    new connection, made a read replica's pool look busy to the read router).
+    Before the first migration there is no such type."""
+    try:
+        await conn.set_builtin_type_codec("client_id", schema="public", codec_name="text")
+    except ValueError:
+        pass  # not migrated yet: no domain, nothing to decode
+
+
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
@@ -197,6 +214,7 @@ class Database:
 
         async def init(conn: asyncpg.Connection) -> None:
             await register_vector(conn)
+            await _learn_domains(conn)
             conn.add_query_logger(counter)
 
         try:

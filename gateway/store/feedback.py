@@ -12,14 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from gateway.store.connection import Conn
 
 # Both inserts in one statement: the items' foreign key is checked at the end of
 # the statement, when the event row of the same statement exists.
-_INSERT_EVENT = """
-WITH event AS (
+# The event's two CTEs apart from its selection, so that gateway/store/round_trips.py
+# can send them with the answer's nested rows (an INSERT in a WITH must lead).
+EVENT_CTES = """event AS (
     INSERT INTO recall_events (team_id, id, principal_id, token_id, query_sha256, space_kinds,
                                valid_at, known_at)
     VALUES ($1, $2, $3, $4, $5, $6::text[], $7, $8)
@@ -28,9 +30,9 @@ WITH event AS (
     INSERT INTO recall_event_items (team_id, recall_event_id, frontier, item_id, rank)
     SELECT event.team_id, event.id, i.frontier, i.item_id, i.rank
     FROM event, unnest($9::text[], $10::text[], $11::int[]) AS i (frontier, item_id, rank)
-)
-SELECT recorded_at FROM event
-"""
+)"""
+
+_INSERT_EVENT = f"WITH {EVENT_CTES}\nSELECT recorded_at FROM event\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +49,8 @@ class NewRecallEvent:
     items: Sequence[tuple[str, str, int]]
 
 
-async def insert_recall_event(conn: Conn, e: NewRecallEvent) -> datetime:
-    """Write the event and its items in one statement; returns its system time."""
-    recorded: datetime = await conn.fetchval(
-        _INSERT_EVENT,
+def event_args(e: NewRecallEvent) -> list[Any]:
+    return [
         e.team,
         e.id,
         e.principal,
@@ -62,7 +62,12 @@ async def insert_recall_event(conn: Conn, e: NewRecallEvent) -> datetime:
         [i[0] for i in e.items],
         [i[1] for i in e.items],
         [i[2] for i in e.items],
-    )
+    ]
+
+
+async def insert_recall_event(conn: Conn, e: NewRecallEvent) -> datetime:
+    """Write the event and its items in one statement; returns its system time."""
+    recorded: datetime = await conn.fetchval(_INSERT_EVENT, *event_args(e))
     return recorded
 
 

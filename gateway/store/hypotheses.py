@@ -27,15 +27,23 @@ the hypothesis and are never treated as support.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 from uuid import UUID
 
 from gateway.store.connection import Conn
 
-__all__ = ["SHOWN_STATUSES", "HypothesisLists", "HypothesisRow", "related_hypotheses"]
+__all__ = [
+    "SHOWN_STATUSES",
+    "HypothesisLists",
+    "HypothesisQuery",
+    "HypothesisRow",
+    "parse",
+    "related_hypotheses",
+    "statement",
+]
 
 SHOWN_STATUSES: Final = ("proposed", "confirmed")
 
@@ -156,43 +164,58 @@ class HypothesisLists:
     rows: dict[str, HypothesisRow]
 
 
-async def related_hypotheses(
-    conn: Conn,
-    team: str,
-    shared_space: UUID,
-    generation: int,
-    t_sys: datetime,
-    *,
-    evidence_reach: Mapping[str, int],
-    relationship_reach: Mapping[str, int],
-    query: str | None,
-    per_list: int,
-) -> HypothesisLists:
-    """Both candidate lists of the shared space at ``t_sys``, in one statement."""
-    ev_ids, rel_ids = list(evidence_reach), list(relationship_reach)
-    rows = await conn.fetch(
-        _RELATED,
-        team,
-        shared_space,
-        generation,
-        t_sys,
+@dataclass(frozen=True, slots=True)
+class HypothesisQuery:
+    """Both lists of the shared space at ``t_sys``: linked to the answer's material
+    (with its reach) and lexical for ``query`` (None: no lexical list)."""
+
+    team: str
+    shared_space: UUID
+    generation: int
+    t_sys: datetime
+    evidence_reach: Mapping[str, int]
+    relationship_reach: Mapping[str, int]
+    query: str | None
+    per_list: int
+
+
+def statement(q: HypothesisQuery) -> tuple[str, list[Any]]:
+    """The one statement and its parameters (also sent combined with others:
+    gateway/store/round_trips.py)."""
+    ev_ids, rel_ids = list(q.evidence_reach), list(q.relationship_reach)
+    return _RELATED, [
+        q.team,
+        q.shared_space,
+        q.generation,
+        q.t_sys,
         ev_ids,
-        [evidence_reach[e] for e in ev_ids],
+        [q.evidence_reach[e] for e in ev_ids],
         rel_ids,
-        [relationship_reach[r] for r in rel_ids],
-        query,
-        per_list,
-    )
+        [q.relationship_reach[r] for r in rel_ids],
+        q.query,
+        q.per_list,
+    ]
+
+
+async def related_hypotheses(conn: Conn, q: HypothesisQuery) -> HypothesisLists:
+    """Both candidate lists of the shared space at ``t_sys``, in one statement."""
+    sql, args = statement(q)
+    return parse(await conn.fetch(sql, *args))
+
+
+def parse(rows: Sequence[Sequence[Any]]) -> HypothesisLists:
+    """Rows ``(list_name, rank, id, statement, origin, status, relationship_ids,
+    evidence_ids)`` by position, in list and rank order."""
     lists: dict[str, list[str]] = {"linked": [], "lexical": []}
     found: dict[str, HypothesisRow] = {}
-    for r in rows:
-        lists[r["list_name"]].append(r["id"])
-        found[r["id"]] = HypothesisRow(
-            id=r["id"],
-            statement=r["statement"],
-            origin=r["origin"],
-            status=r["status"],
-            relationship_ids=tuple(r["relationship_ids"]),
-            evidence_ids=tuple(r["evidence_ids"]),
+    for r in sorted(rows, key=lambda r: (r[0], r[1])):
+        lists[r[0]].append(r[2])
+        found[r[2]] = HypothesisRow(
+            id=r[2],
+            statement=r[3],
+            origin=r[4],
+            status=r[5],
+            relationship_ids=tuple(r[6]),
+            evidence_ids=tuple(r[7]),
         )
     return HypothesisLists(tuple(lists["linked"]), tuple(lists["lexical"]), found)

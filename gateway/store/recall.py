@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 from uuid import UUID
 
 from gateway.store.connection import Conn
@@ -58,7 +59,7 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 # granted (or reinstated) at t_sys to a relationship that is active at t_sys,
 # valid at t_valid, of the same generation, and not on the losing side of a
 # conflict case resolved at t_sys. Hypotheses never count: they are not supports.
-_ELIGIBLE = f"""
+ELIGIBLE_SQL = f"""
 WITH gen AS MATERIALIZED (
     SELECT g.space_id, max(g.generation) AS generation
     FROM space_generations g
@@ -105,7 +106,10 @@ paths AS MATERIALIZED (
       ) IS NULL
 )
 SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,
-       array_agg(DISTINCT paths.relationship_id ORDER BY paths.relationship_id) AS relationship_ids
+       -- text[], not an array of the client_id domain: inside the records of a
+       -- combined statement the driver knows the domain, not its array type.
+       array_agg(DISTINCT paths.relationship_id::text ORDER BY paths.relationship_id::text)
+           AS relationship_ids
 FROM ev JOIN paths ON paths.evidence_id = ev.id
 GROUP BY ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at
 """
@@ -133,16 +137,24 @@ async def eligible_evidence(
     """The candidates that pass canonical eligibility for the view; others are absent."""
     if not evidence_ids:
         return {}
-    rows = await conn.fetch(_ELIGIBLE, team, list(evidence_ids), list(space_ids), t_sys, t_valid)
+    rows = await conn.fetch(
+        ELIGIBLE_SQL, team, list(evidence_ids), list(space_ids), t_sys, t_valid
+    )
+    return parse_eligible(rows)
+
+
+def parse_eligible(rows: Sequence[Sequence[Any]]) -> dict[str, EligibleEvidence]:
+    """Rows of :data:`ELIGIBLE_SQL` by position (plain rows or the records of a
+    combined statement alike)."""
     return {
-        r["id"]: EligibleEvidence(
-            id=r["id"],
-            space_id=r["space_id"],
-            source_id=r["source_id"],
-            content=r["content"],
-            observed_at=r["observed_at"],
-            recorded_at=r["recorded_at"],
-            relationship_ids=tuple(r["relationship_ids"]),
+        r[0]: EligibleEvidence(
+            id=r[0],
+            space_id=r[1],
+            source_id=r[2],
+            content=r[3],
+            observed_at=r[4],
+            recorded_at=r[5],
+            relationship_ids=tuple(r[6]),
         )
         for r in rows
     }
@@ -245,18 +257,22 @@ async def entities(
 
 # --- the nested rows of one answer, in one statement ---------------------------
 
-_NESTED = f"""
-WITH src AS ({_SOURCES}),
+# The three CTEs and the selection of :func:`nested_rows`, apart, so that
+# gateway/store/round_trips.py can lead with the recall event's CTEs.
+# $1 team, $2 source IDs, $3 spaces, $4 t_sys, $5 relationship IDs, $6 entity IDs.
+NESTED_CTES = f"""src AS ({_SOURCES}),
 rel AS ({_RELATIONSHIPS.replace("$2::text[]", "$5::text[]")}),
 ent AS ({_ENTITIES.replace(
     "$2::text[]",
     "ARRAY(SELECT subject_entity_id FROM rel "
     "UNION SELECT object_entity_id FROM rel UNION SELECT unnest($6::text[]))",
-)})
-SELECT (SELECT array_agg(ROW(src.*)) FROM src) AS sources,
+)})"""
+
+NESTED_SELECT = """(SELECT array_agg(ROW(src.*)) FROM src) AS sources,
        (SELECT array_agg(ROW(rel.*)) FROM rel) AS relationships,
-       (SELECT array_agg(ROW(ent.*)) FROM ent) AS entities
-"""
+       (SELECT array_agg(ROW(ent.*)) FROM ent) AS entities"""
+
+_NESTED = f"WITH {NESTED_CTES}\nSELECT {NESTED_SELECT}\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,33 +285,47 @@ class NestedRows:
     entities: dict[str, EntityRow]
 
 
-async def nested_rows(
-    conn: Conn,
-    team: str,
-    source_ids: Sequence[str],
-    relationship_ids: Sequence[str],
-    entity_ids: Sequence[str],
-    space_ids: Sequence[UUID],
-    t_sys: datetime,
-) -> NestedRows:
-    """The sources and relationships asked for, and the entities of those
-    relationships plus ``entity_ids``: the same rows, under the same rules, as
-    :func:`sources`, :func:`relationships` and :func:`entities`."""
-    row = await conn.fetchrow(
-        _NESTED,
-        team,
-        list(source_ids),
-        list(space_ids),
-        t_sys,
-        list(relationship_ids),
-        list(entity_ids),
-    )
+@dataclass(frozen=True, slots=True)
+class NestedQuery:
+    """Which nested rows to read: the sources and relationships asked for, and the
+    entities of those relationships plus ``entity_ids``."""
+
+    team: str
+    source_ids: Sequence[str]
+    relationship_ids: Sequence[str]
+    entity_ids: Sequence[str]
+    space_ids: Sequence[UUID]
+    t_sys: datetime
+
+
+def nested_args(q: NestedQuery) -> list[Any]:
+    return [
+        q.team,
+        list(q.source_ids),
+        list(q.space_ids),
+        q.t_sys,
+        list(q.relationship_ids),
+        list(q.entity_ids),
+    ]
+
+
+async def nested_rows(conn: Conn, q: NestedQuery) -> NestedRows:
+    """The same rows, under the same rules, as :func:`sources`,
+    :func:`relationships` and :func:`entities`, in one statement."""
+    row = await conn.fetchrow(_NESTED, *nested_args(q))
     assert row is not None
+    return parse_nested(row["sources"], row["relationships"], row["entities"])
+
+
+def parse_nested(
+    sources: Sequence[Sequence[Any]] | None,
+    relationships: Sequence[Sequence[Any]] | None,
+    entities: Sequence[Sequence[Any]] | None,
+) -> NestedRows:
     return NestedRows(
-        sources={r[0]: SourceRow(*r) for r in row["sources"] or ()},
-        relationships={r[0]: RelationshipRow(*r) for r in row["relationships"] or ()},
+        sources={r[0]: SourceRow(*r) for r in sources or ()},
+        relationships={r[0]: RelationshipRow(*r) for r in relationships or ()},
         entities={
-            r[0]: EntityRow(r[0], r[1], r[2], r[3], tuple(r[4]))
-            for r in row["entities"] or ()
+            r[0]: EntityRow(r[0], r[1], r[2], r[3], tuple(r[4])) for r in entities or ()
         },
     )

@@ -51,8 +51,12 @@ __all__ = [
     "EXACT_SEARCH_BELOW",
     "Discovery",
     "DiscoveryQuery",
+    "build_discovery",
+    "check",
     "discover",
     "eligible_group_members",
+    "parse_discovery",
+    "wanted_lists",
 ]
 
 # Below this many relationships in the space the vector list is an exact scan
@@ -330,31 +334,48 @@ SELECT 'projection', 0, NULL,
     return sql, p.values
 
 
-async def discover(conn: Conn, q: DiscoveryQuery) -> Discovery:
-    """Eligible candidates of each requested list, covered groups, projection state."""
+def check(q: DiscoveryQuery) -> None:
+    """Refuse a query the statement would misread (a programming error, not user input)."""
     if not 1 <= q.per_list <= MAX_PER_LIST:
         raise ValueError(f"per_list must be between 1 and {MAX_PER_LIST}, not {q.per_list}")
     if q.vector is not None and np.shape(q.vector) != (DIMENSIONS,):
         raise ValueError(f"the query vector must have shape ({DIMENSIONS},)")
+
+
+def wanted_lists(q: DiscoveryQuery) -> list[str]:
+    """The lists ``q`` asks for; none (entity expansion only): nothing to discover."""
     wanted = []
     if q.text is not None and q.text.strip():
         wanted.append("fulltext")
     if q.vector is not None:
         wanted.append("vector")
+    return wanted
+
+
+async def discover(conn: Conn, q: DiscoveryQuery) -> Discovery:
+    """Eligible candidates of each requested list, covered groups, projection state."""
+    check(q)
+    wanted = wanted_lists(q)
     if not wanted:  # entity expansion only: nothing to discover, nothing to anchor
         return Discovery({}, frozenset(), None)
     sql, args = build_discovery(q)
+    return parse_discovery(wanted, await conn.fetch(sql, *args))
+
+
+def parse_discovery(wanted: Sequence[str], rows: Sequence[Sequence[Any]]) -> Discovery:
+    """The statement's rows ``(list_name, rank, relationship_id, group_key)`` by
+    position (plain rows or the records of a combined statement alike)."""
     ranked: dict[str, list[tuple[int, str, str]]] = {name: [] for name in wanted}
     covered: set[str] = set()
     projection: str | None = None
-    for row in await conn.fetch(sql, *args):
-        name = row["list_name"]
+    for row in rows:
+        name = row[0]
         if name == "covered":
-            covered.add(row["group_key"])
+            covered.add(row[3])
         elif name == "projection":
-            projection = row["group_key"]
+            projection = row[3]
         else:
-            ranked[name].append((row["rank"], row["relationship_id"], row["group_key"]))
+            ranked[name].append((row[1], row[2], row[3]))
     lists = {
         name: [(rid, group) for _, rid, group in sorted(hits)] for name, hits in ranked.items()
     }

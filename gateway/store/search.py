@@ -92,7 +92,10 @@ __all__ = [
     "BranchSearch",
     "CandidateQuery",
     "build_statement",
+    "check",
     "evidence_candidates",
+    "parse_candidates",
+    "wanted_lists",
 ]
 
 ListName = Literal["fulltext", "vector", "entity"]
@@ -320,7 +323,9 @@ FROM (
 _BUILDERS = {"fulltext": _fulltext, "vector": _vector, "entity": _entity}
 
 
-def _wanted(q: CandidateQuery) -> list[ListName]:
+def wanted_lists(q: CandidateQuery) -> list[ListName]:
+    """The lists ``q`` asks for: full text for a non-blank text, vector for a vector,
+    entity for entity IDs."""
     wanted: list[ListName] = []
     if q.text is not None and q.text.strip():
         wanted.append("fulltext")
@@ -383,7 +388,8 @@ def _bindable(text: str) -> str:
     return text.replace("\x00", " ").encode("utf-8", "replace").decode("utf-8")
 
 
-def _check(q: CandidateQuery) -> None:
+def check(q: CandidateQuery) -> None:
+    """Refuse a query the statement would misread (a programming error, not user input)."""
     if not 1 <= q.per_list <= MAX_PER_LIST:
         raise ValueError(f"per_list must be between 1 and {MAX_PER_LIST}, not {q.per_list}")
     seen = set()
@@ -409,17 +415,26 @@ async def evidence_candidates(conn: Conn, q: CandidateQuery) -> dict[tuple[str, 
     is given: non-blank ``text``, a ``vector``, non-empty ``entity_ids``.
     Nothing requested (or no branch) sends no statement at all.
     """
-    _check(q)
-    wanted = _wanted(q)
-    lists: dict[tuple[str, str], list[str]] = {
+    check(q)
+    wanted = wanted_lists(q)
+    if not (wanted and q.branches):
+        return {}
+    sql, args = build_statement(q, wanted)
+    return parse_candidates(q, wanted, await conn.fetch(sql, *args))
+
+
+def parse_candidates(
+    q: CandidateQuery, wanted: Sequence[ListName], rows: Sequence[Sequence[Any]]
+) -> dict[tuple[str, str], list[str]]:
+    """The lists from the statement's rows ``(branch, list_name, rank, evidence_id)``,
+    read by position so that the rows of a combined statement
+    (gateway/store/round_trips.py) parse the same way."""
+    ranked: dict[tuple[str, str], list[tuple[int, str]]] = {
         (b.branch, name): [] for b in q.branches for name in wanted
     }
-    if not lists:
-        return lists
-    sql, args = build_statement(q, wanted)
-    ranked: dict[tuple[str, str], list[tuple[int, str]]] = {key: [] for key in lists}
-    for row in await conn.fetch(sql, *args):
-        ranked[(row["branch"], row["list_name"])].append((row["rank"], row["evidence_id"]))
+    for row in rows:
+        ranked[(row[0], row[1])].append((row[2], row[3]))
+    lists: dict[tuple[str, str], list[str]] = {}
     for key, hits in ranked.items():
         hits.sort()
         lists[key] = [evidence_id for _, evidence_id in hits]

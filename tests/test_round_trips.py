@@ -1,0 +1,147 @@
+"""The combined statements of a recall answer what their separate statements do.
+
+gateway/store/round_trips.py sends several statements of a recall as one; each
+keeps its own SQL, renumbered. These tests run both ways on the same data, in
+one transaction (one snapshot, one instant), against the real PostgreSQL, with
+both branches (shared and private), every list and discovery, and compare
+everything that comes back.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import numpy as np
+
+from gateway.embeddings import EmbeddingProvider, embed_queries
+from gateway.services.recall_types import overfetch
+from gateway.store import conflicts, hypotheses, related, round_trips, search
+from gateway.store import recall as hydration
+from gateway.store.database import Database
+from gateway.store.feedback import NewRecallEvent
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl
+from .test_conflicts import ownership_case
+from .test_recall import more_evidence
+
+QUERY = "who owns the billing service and its invoices"
+
+
+async def _setup(writes: Any, db: Database) -> tuple[str, list[search.BranchSearch], Any]:
+    team = unique("rt")
+    records = (
+        ownership_case(team)  # the team's records and a relationship conflict case
+        + more_evidence(team, 12)
+        + more_evidence(team, 4, space="private:alice")
+    )
+    await load_jsonl(writes, jsonl(records))
+    async with db.pool.acquire() as conn:
+        rows = await conn.fetch(
+            "SELECT s.id, s.kind, max(g.generation) AS generation FROM memory_spaces s "
+            "JOIN space_generations g ON g.team_id = s.team_id AND g.space_id = s.id "
+            "WHERE s.team_id = $1 AND (s.kind = 'shared' OR s.owner_principal_id = 'alice') "
+            "GROUP BY s.id, s.kind ORDER BY s.kind DESC",
+            team,
+        )
+    branches = [search.BranchSearch(r["kind"], r["id"], r["generation"]) for r in rows]
+    assert [b.branch for b in branches] == ["shared", "private"]
+    return team, branches, rows
+
+
+async def test_first_round_is_the_three_statements(
+    writes: Any, db: Database, embedder: EmbeddingProvider
+) -> None:
+    team, branches, _ = await _setup(writes, db)
+    vector = np.asarray((await embed_queries(embedder, [QUERY]))[0], dtype=np.float32)
+    spaces = [b.space_id for b in branches]
+    shared = branches[0]
+    async with db.tenant(team, spaces) as conn:
+        now = await conn.fetchval("SELECT now()")
+        cq = search.CandidateQuery(
+            team, tuple(branches), QUERY, vector, ("billing",), (), overfetch(10), now
+        )
+        dq = related.DiscoveryQuery(
+            team, shared.space_id, shared.generation, spaces, now, now, QUERY, vector,
+            overfetch(5), [], [], [],
+        )
+        combined = await round_trips.first_round(conn, cq, now, dq)
+        lists = await search.evidence_candidates(conn, cq)
+        ids = list(dict.fromkeys(i for ranked in lists.values() for i in ranked))
+        eligible = await hydration.eligible_evidence(conn, team, ids, spaces, now, now)
+        returned = sorted({rid for e in eligible.values() for rid in e.relationship_ids})
+        alone = await related.discover(conn, dq)
+        with_returned = await related.discover(
+            conn,
+            related.DiscoveryQuery(
+                team, shared.space_id, shared.generation, spaces, now, now, QUERY, vector,
+                overfetch(5), returned, [], [],
+            ),
+        )
+    assert combined is not None and combined.discovery is not None
+    assert {k for k, v in lists.items() if v} >= {
+        ("shared", "fulltext"), ("shared", "vector"), ("shared", "entity"), ("private", "fulltext")
+    }
+    assert combined.lists == lists
+    assert combined.eligible == eligible and eligible
+    assert combined.discovery == alone and alone.lists
+    # Coverage by returned evidence, applied afterwards from the path groups, is
+    # the coverage discovery computes when it is given the returned IDs.
+    assert set(combined.path_groups) == set(returned)
+    applied = combined.discovery.covered_groups | {combined.path_groups[r] for r in returned}
+    assert applied == with_returned.covered_groups and applied
+
+
+async def test_answer_and_last_rounds_are_their_statements(writes: Any, db: Database) -> None:
+    team, branches, _ = await _setup(writes, db)
+    spaces = [b.space_id for b in branches]
+    shared = branches[0]
+    async with db.tenant(team, spaces) as conn:
+        now = await conn.fetchval("SELECT now()")
+        evidence = await conn.fetch("SELECT id FROM evidence WHERE team_id = $1 ORDER BY id", team)
+        rels = await conn.fetch(
+            "SELECT id, subject_entity_id FROM relationships WHERE team_id = $1 ORDER BY id", team
+        )
+        ev_reach = {r["id"]: i for i, r in enumerate(evidence, start=1)}
+        rel_reach = {r["id"]: i for i, r in enumerate(rels, start=1)}
+        hq = hypotheses.HypothesisQuery(
+            team, shared.space_id, shared.generation, now, ev_reach, rel_reach, QUERY, 40
+        )
+        cq = conflicts.ConflictQuery(team, spaces, ev_reach, rel_reach, now, 10, 5)
+        got = await round_trips.answer_round(conn, hq, cq)
+        cases = await conflicts.relationship_cases(
+            conn, team, spaces, rel_reach, now, cap=10, supporter_cap=5
+        )
+        ev_conflicts = await conflicts.evidence_conflicts(conn, team, spaces, ev_reach, now, cap=10)
+        hyps = await hypotheses.related_hypotheses(conn, hq)
+        assert got.cases == cases and cases
+        assert got.evidence_conflicts == ev_conflicts
+        assert got.hypotheses == hyps
+        nq = hydration.NestedQuery(
+            team,
+            ["src-handbook", "src-bulk"],
+            list(rel_reach),
+            [rels[0]["subject_entity_id"]],
+            spaces,
+            now,
+        )
+        nested, recorded = await round_trips.last_round(conn, nq, None)
+        assert recorded is None
+        assert nested == await hydration.nested_rows(conn, nq)
+        assert nested.sources and nested.relationships and nested.entities
+    # With the recall event: written by the same statement, and read back.
+    event = NewRecallEvent(
+        team, uuid.uuid4(), "alice", "tok-none", None, ["shared"], now, now,
+        [("evidence", evidence[0]["id"], 1)],
+    )
+    async with db.tenant(team, spaces, readonly=False) as conn:
+        again, recorded = await round_trips.last_round(conn, nq, event)
+        assert recorded is not None and again == nested
+        items = await conn.fetch(
+            "SELECT frontier, item_id, rank FROM recall_event_items WHERE team_id = $1 "
+            "AND recall_event_id = $2",
+            team,
+            event.id,
+        )
+        assert [tuple(r) for r in items] == [("evidence", evidence[0]["id"], 1)]
