@@ -12,6 +12,7 @@ given).
     python benchmarks/load_bench.py --docs 500
     python benchmarks/load_bench.py --beir PATH_TO_SCIFACT --embedder local
     python benchmarks/load_bench.py --docs 2000 --embedder hash --profile load.prof
+    python benchmarks/load_bench.py --docs 25000 --embedder supplied --server-profile
 
 The file is written to a temporary folder as JSON Lines and loaded through the
 loader (parse, then batches through ``WriteService``) on a fresh embedded
@@ -60,6 +61,7 @@ from gateway.embeddings import EmbeddingProvider, Vectors, create_provider  # no
 from gateway.services import loader  # noqa: E402
 from gateway.services.writes import Actor, WriteService  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
+from gateway.store.bulk_writes import COPY_TABLES  # noqa: E402
 from gateway.store.database import Database  # noqa: E402
 
 TEAM = "bench"
@@ -281,7 +283,89 @@ async def measure(
     admin_dsn: str, path: Path, args: argparse.Namespace, set_based: bool
 ) -> dict[str, float]:
     async with scratch_database(admin_dsn) as dsn:
-        return await run_load(dsn, path, args, set_based)
+        if args.server_profile:
+            # Time spent in each PL/pgSQL function (the triggers), per database.
+            admin = await asyncpg.connect(dsn)
+            try:
+                name = await admin.fetchval("SELECT current_database()")
+                await admin.execute(f'ALTER DATABASE "{name}" SET track_functions = \'pl\'')
+            finally:
+                await admin.close()
+        figures = await run_load(dsn, path, args, set_based)
+        if args.server_profile:
+            await server_profile(dsn, figures["seconds"])
+        return figures
+
+
+def _insert_again(table: str, key: str) -> str:
+    """Insert ``$1`` more rows like the table's first ones, ``key`` suffixed."""
+    columns = COPY_TABLES[table]
+    chosen = ", ".join(f"{c} || '-again'" if c == key else c for c in columns)
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) "
+        f"SELECT {chosen} FROM {table} ORDER BY {key} LIMIT $1"
+    )
+
+
+_EXPLAINED = {
+    "evidence": _insert_again("evidence", "id"),
+    "evidence_embeddings": _insert_again("evidence_embeddings", "evidence_id"),
+    "relationships": _insert_again("relationships", "id"),
+    "parse (to_tsvector of the content, once)": (
+        "SELECT to_tsvector('english', content) FROM evidence ORDER BY id LIMIT $1"
+    ),
+}
+
+
+async def server_profile(dsn: str, seconds: float, rows: int = 200) -> None:
+    """Where the database's time goes (no pg_stat_statements in the embedded server):
+    the PL/pgSQL functions' time during the load (pg_stat_user_functions), the rows
+    written per table, and EXPLAIN ANALYZE of inserting ``rows`` more rows like the
+    loaded ones into the costly tables, in a transaction rolled back (its trigger
+    times and the rest: constraints, generated columns, indexes)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await asyncio.sleep(1.2)  # the loader's sessions flush their statistics on exit
+        functions = await conn.fetch(
+            "SELECT funcname, calls, total_time, self_time FROM pg_stat_user_functions "
+            "ORDER BY total_time DESC LIMIT 8"
+        )
+        print(f"  server: PL/pgSQL functions during the load ({seconds:.1f} s wall)")
+        for f in functions:
+            print(
+                f"    {f['funcname']:34} {f['calls']:9} calls {f['total_time'] / 1000:8.2f} s "
+                f"total {f['self_time'] / 1000:8.2f} s self"
+            )
+        tables = await conn.fetch(
+            "SELECT relname, n_tup_ins FROM pg_stat_user_tables WHERE n_tup_ins > 0 "
+            "ORDER BY n_tup_ins DESC LIMIT 8"
+        )
+        print("  server: rows written per table (partitions separately)")
+        for t in tables:
+            print(f"    {t['relname']:34} {t['n_tup_ins']:9}")
+        print(f"  server: EXPLAIN ANALYZE of {rows} more rows each, one transaction rolled back")
+        tx = conn.transaction()
+        await tx.start()  # the evidence copies are there for their embeddings' keys
+        try:
+            plans = {
+                label: json.loads(
+                    await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", rows)
+                )[0]
+                for label, sql in _EXPLAINED.items()
+            }
+        finally:
+            await tx.rollback()
+        for label, plan in plans.items():
+            total = plan["Execution Time"]
+            triggers = sorted(plan.get("Triggers", []), key=lambda t: -t["Time"])
+            inside = sum(t["Time"] for t in triggers)
+            parts = ", ".join(f"{t['Trigger Name']} {t['Time']:.0f} ms" for t in triggers)
+            print(
+                f"    {label:40} {total:8.0f} ms ({total / rows:.2f} ms/row); triggers "
+                f"{inside:.0f} ms{': ' + parts if parts else ''}"
+            )
+    finally:
+        await conn.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -305,6 +389,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "one after the other on fresh databases (an A/B in one run)",
     )
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile file here")
+    parser.add_argument(
+        "--server-profile",
+        action="store_true",
+        help="also print where the database's time went: trigger functions' time, rows "
+        "per table, EXPLAIN ANALYZE of inserting more rows like the loaded ones",
+    )
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     args = parser.parse_args(argv)
 

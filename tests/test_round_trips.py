@@ -145,3 +145,39 @@ async def test_answer_and_last_rounds_are_their_statements(writes: Any, db: Data
             event.id,
         )
         assert [tuple(r) for r in items] == [("evidence", evidence[0]["id"], 1)]
+
+
+async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
+    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+) -> None:
+    """When a combined statement fails, its parts run one by one (each with its
+    own fallbacks): the answer is the same, it only costs more statements."""
+    import asyncpg
+
+    from .test_recall import recall, token
+
+    team = unique("rtfb")
+    await load_jsonl(writes, jsonl(ownership_case(team) + more_evidence(team, 8)))
+    tok = await token(writes, team, "alice")
+    counter = gateway_app.state.services.db.counter
+    q = "who owns the billing service"
+
+    async def asked() -> tuple[dict[str, Any], int]:
+        before = counter.count
+        answer = await recall(client, tok, q=q, limit=5)
+        answer.pop("recallId", None)
+        answer.pop("recallEventId", None)
+        answer.pop("suggestedActions", None)
+        return answer, counter.count - before
+
+    await asked()  # warm: type introspection of new statements
+    combined, combined_count = await asked()
+
+    async def fails(*args: Any, **kwargs: Any) -> Any:
+        raise asyncpg.PostgresError("injected")
+
+    for name in ("first_round", "answer_round", "last_round"):
+        monkeypatch.setattr(round_trips, name, fails)
+    alone, alone_count = await asked()
+    assert alone == combined and combined["results"]
+    assert alone_count > combined_count, (alone_count, combined_count)
