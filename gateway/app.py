@@ -44,7 +44,7 @@ from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
 from gateway.store.database import Database, pending_migrations, ping, prepare
-from gateway.store.replicas import ReadRouter
+from gateway.store.replicas import ReadRouter, commit_settings
 
 log = logging.getLogger("gateway")
 # How often a serving process looks at the store's model: after a re-embed's
@@ -181,6 +181,8 @@ def create_app(
                 min_size=settings.pool_min_size,
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
+                # read-your-writes on replicas needs commits flushed before they return
+                settings=await commit_settings(dsn) if settings.read_urls else None,
             )
             # The store's model decides the local model under RECALL_EMBEDDING_MODEL=auto.
             held = await read_store_model(db)

@@ -11,6 +11,8 @@ primary. Waits below are bounded polls for a state, never timing claims.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -27,7 +29,13 @@ from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
 from gateway.store.database import Database, prepare
-from gateway.store.replicas import InvalidPosition, format_lsn, parse_lsn
+from gateway.store.replicas import (
+    InvalidPosition,
+    ReadRouter,
+    commit_settings,
+    format_lsn,
+    parse_lsn,
+)
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -163,8 +171,7 @@ async def gateway_factory(
         app = app_for(
             replicated.primary.dsn,
             read_database_urls=urls,
-            replica_check_interval_ms=50,
-            **settings,
+            **{"replica_check_interval_ms": 50, **settings},
         )
         life = app.router.lifespan_context(app)
         await life.__aenter__()
@@ -309,6 +316,145 @@ async def test_a_replica_stopped_mid_run_fails_no_request(
             assert time.monotonic() < deadline, "the restarted replica did not come back"
             await asyncio.sleep(0.05)
     finally:
+        await asyncio.to_thread(second.stop)
+
+
+async def test_an_older_position_reads_the_replica_and_an_unsettled_instant_the_primary(
+    gateway_factory: Any, replicated: Replicated
+) -> None:
+    """Where a read ran, shown by what it returns: with replay paused, a current view
+    with an older position is the replica's (it lacks the newer write; a router
+    that read the primary would include it), while ``knownAt: now`` with the same
+    older position must include the newer write (the primary's position now is
+    required, not the header alone)."""
+    # the paused replica stays in rotation for the whole test
+    gw = await gateway_factory(replica_max_lag_ms=600_000, replica_wait_ms=20)
+    old = unique("-o")
+    older = await gw.remember(old)
+    await _caught_up(replicated.standby, older)
+    standby = await asyncpg.connect(replicated.standby.dsn)
+    try:
+        await standby.execute("SELECT pg_wal_replay_pause()")
+        new = unique("-n")
+        newer = await gw.remember(new)
+        assert parse_lsn(newer) > parse_lsn(older)
+        current = await _until_replica(lambda: gw.recall(older))
+        assert f"ev-export{old}" in _ids(current)
+        assert f"ev-export{new}" not in _ids(current)  # it ran on the paused replica
+        assert _served(current)["requiredPosition"] == older
+        # knownAt an instant after the newer write, not settled (deadline 30 s)
+        stamp = datetime.now(UTC).isoformat()
+        known = await gw.recall(older, knownAt=stamp)
+        assert f"ev-export{new}" in _ids(known)
+        served = _served(known)
+        assert served["servedBy"] == "primary", served  # the replica cannot have it
+        assert parse_lsn(served["requiredPosition"]) >= parse_lsn(newer)
+    finally:
+        await standby.execute("SELECT pg_wal_replay_resume()")
+        await standby.close()
+
+
+async def test_settled_instants_are_judged_by_the_database_clock(
+    replicated: Replicated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """knownAt instants are the database's times (recordedAt is its now()): a gateway
+    clock an hour ahead must not make a just-passed instant look settled."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    router = await ReadRouter.open(
+        primary, [replicated.standby.dsn], max_size=1, interval_s=0.05, settle_s=0.5
+    )
+    try:
+        conn = await asyncpg.connect(replicated.primary.dsn)
+        try:
+            db_now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+            await router.check()
+            after: datetime = await conn.fetchval("SELECT clock_timestamp()")
+        finally:
+            await conn.close()
+        sample = router._samples[-1]
+        assert db_now.timestamp() <= sample.at <= after.timestamp()
+        # the instant is 0.5 s from settling by the database's clock
+        assert router._settled_position(after) is None
+        # once it has (by the database's clock), its position is a sample's
+        deadline = time.monotonic() + 60
+        while router._settled_position(after) is None:
+            assert time.monotonic() < deadline, "the instant never settled"
+            await asyncio.sleep(0.05)
+        settled = router._settled_position(after)
+        assert settled is not None and settled >= sample.position
+    finally:
+        await router.close()
+        await primary.close()
+
+
+async def test_commits_are_flushed_before_they_return_when_replicas_are_set(
+    replicated: Replicated,
+) -> None:
+    """Positions are the primary's flush position: a database default of
+    ``synchronous_commit = off`` (a COMMIT returning before its record is flushed)
+    is turned back to ``local`` on the gateway's connections; others are kept."""
+    assert await commit_settings(replicated.primary.dsn) == {}
+    conn = await asyncpg.connect(replicated.primary.dsn)
+    try:
+        await conn.execute("ALTER DATABASE recall SET synchronous_commit = off")
+        settings = await commit_settings(replicated.primary.dsn)
+        assert settings == {"synchronous_commit": "local"}
+        db = await Database.open(replicated.primary.dsn, max_size=1, settings=settings)
+        try:
+            for _ in range(2):  # kept after the pool resets the connection
+                async with db.pool.acquire() as pooled:
+                    assert await pooled.fetchval("SHOW synchronous_commit") == "local"
+        finally:
+            await db.close()
+    finally:
+        await conn.execute("ALTER DATABASE recall RESET synchronous_commit")
+        await conn.close()
+
+
+def _server_pids(server: EmbeddedPostgres) -> list[int]:
+    """The server's postmaster and every process it started (its backends)."""
+    postmaster = int((server.pgdata / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == postmaster:
+                children.append(int(entry.name))
+    return [*children, postmaster]
+
+
+async def test_a_replica_that_stops_answering_fails_no_request(
+    gateway_factory: Any, replicated: Replicated
+) -> None:
+    """A replica that hangs without dropping its connections (every process of it
+    stopped, as a paused VM): the read gives up on it within a share of the
+    request's deadline and runs on the primary."""
+    second = replicated.primary.start_standby(replicated.root / unique("standby"))
+    stopped: list[int] = []
+    try:
+        # no monitor sample after the first: the read itself must find out
+        gw = await gateway_factory(
+            replicas=[second], replica_check_interval_ms=60_000, request_timeout_ms=6000
+        )
+        replayed = format_lsn(await _replay(second.dsn))
+        await _until_replica(lambda: gw.recall(replayed))
+        for pid in _server_pids(second):
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+        body = await gw.recall(replayed)  # no error (Gateway.post checks)
+        served = _served(body)
+        assert served["servedBy"] == "primary", served
+        assert served["reason"] == "replica_timeout", served
+        # out of rotation now: the next read goes to the primary at once
+        assert _served(await gw.recall(replayed))["reason"] == "no_replica_in_rotation"
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
         await asyncio.to_thread(second.stop)
 
 

@@ -208,6 +208,7 @@ class Database:
         min_size: int = 1,
         max_size: int = 10,
         statement_timeout_ms: int = 5000,
+        settings: dict[str, str] | None = None,
     ) -> Database:
         counter = StatementCounter()
 
@@ -225,6 +226,7 @@ class Database:
                 server_settings={
                     "application_name": "recall-gateway",
                     "statement_timeout": str(statement_timeout_ms),
+                    **(settings or {}),
                 },
             )
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:

@@ -8,13 +8,26 @@ needs a *position* in the primary's write-ahead log (an LSN):
 - the position the client passes back (``X-Recall-Min-Position``: what a write
   answered with, or the largest it has seen), for read-your-writes without a
   round trip to the primary;
-- otherwise, for a current view, the primary's position now
-  (``pg_current_wal_lsn()``, one trivial statement), so a read without a
-  header still sees every write committed before it started;
+- otherwise, for a current view, the primary's position now (its WAL *flush*
+  position, one trivial statement), so a read without a header still sees
+  every write committed before it started;
+- for a ``knownAt`` instant that has not settled yet, the larger of the header
+  and the primary's position now: the header alone would let a replica that
+  lacks another client's write (made before the instant) answer, and the same
+  request would answer differently once the instant settled;
 - for a ``knownAt`` instant that has settled (older than the longest a write
-  transaction may stay open), the primary's position sampled just after it:
-  any replica past that point holds everything known at that instant, so
-  historical views never wait and need no round trip.
+  transaction may stay open, by the *database's* clock, which stamps
+  ``recordedAt``), the primary's position sampled just after it: any replica
+  past that point holds everything known at that instant, so historical views
+  never wait and need no round trip.
+
+Why the flush position (``pg_current_wal_flush_lsn()``): it is the end of the
+WAL a walsender may stream, so a replica can always reach it (the insert
+position may point past the next page's header, which no replica ever reports
+as replayed on a quiet primary); and with ``synchronous_commit`` not ``off``
+a COMMIT returns only after its record is flushed, so it is at or past every
+committed write. ``synchronous_commit = off`` would break that, so the
+gateway's own connections turn it back on (``local``) when replicas are set.
 
 Why LSNs and not replay timestamps (measured, docs/deploy.md): a replica's
 ``pg_last_xact_replay_timestamp()`` is the commit time of the last transaction
@@ -45,26 +58,34 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TypeVar
+from datetime import datetime
+from typing import Any, TypeVar
 
 import asyncpg
 
+from gateway import deadline
 from gateway.errors import DatabaseUnavailable, GatewayError
-from gateway.store.database import STORE_FAILURES, Database
+from gateway.store.database import STORE_FAILURES, Database, connect_once
 
 log = logging.getLogger("gateway.replicas")
 
 T = TypeVar("T")
 
 _LSN = re.compile(r"^([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})$")
-_PRIMARY_POSITION = "SELECT pg_current_wal_lsn()::text"
+# The database's clock with the position: knownAt instants are the database's times.
+_PRIMARY_POSITION = "SELECT clock_timestamp(), pg_current_wal_flush_lsn()::text"
 _REPLICA_STATE = "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text"
 _FAILURES: tuple[type[BaseException], ...] = (DatabaseUnavailable, *STORE_FAILURES)
 # A replica that does not answer the monitor within this is out of rotation.
 _PROBE_TIMEOUT_S = 1.0
 # Between two looks at a replica that is behind a read's position.
 _WAIT_POLL_S = 0.002
+# A read on a replica may use at most this share of what is left of the request's
+# deadline (and at most _REPLICA_ATTEMPT_MAX_S without one): a replica that stops
+# answering without dropping its connections (a paused VM, a blackholed network)
+# leaves the rest for the same read on the primary.
+_REPLICA_SHARE = 0.5
+_REPLICA_ATTEMPT_MAX_S = 5.0
 
 
 class InvalidPosition(GatewayError):
@@ -87,6 +108,27 @@ def _state(row: object) -> tuple[bool, str | None]:
         return False, None
     text: str | None = row[1]
     return bool(row[0]), text
+
+
+async def commit_settings(dsn: str) -> dict[str, str]:
+    """Connection settings the primary's pool needs for positions to mean what the
+    router takes them to: with ``synchronous_commit = off`` (server, database or
+    role default) a COMMIT returns before its record is flushed, before the
+    primary's flush position and before any replica can have it; ``local`` still
+    flushes locally (and does not wait for synchronous standbys, as ``off`` did
+    not). Any other value already flushes before returning, and is kept."""
+    conn = await connect_once(dsn)
+    try:
+        value = await conn.fetchval("SHOW synchronous_commit")
+    finally:
+        await conn.close()
+    return {"synchronous_commit": "local"} if value == "off" else {}
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    """Collect an abandoned replica read's outcome (it no longer has a caller)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("abandoned replica read ended with %r", task.exception())
 
 
 def format_lsn(value: int) -> str:
@@ -163,8 +205,13 @@ class Replica:
 
 @dataclass(frozen=True)
 class _Sample:
-    at: float  # wall clock (seconds since the epoch): knownAt instants are wall times
+    # The primary's clock (seconds since the epoch) when it had ``position``:
+    # knownAt instants are compared with recordedAt, stamped by the database, so
+    # the gateway's own clock (which may be ahead) must not decide what settled.
+    at: float
     position: int
+    # The gateway's monotonic clock at the sample, for the lag bound only.
+    seen: float = 0.0
 
 
 @dataclass
@@ -257,18 +304,23 @@ class ReadRouter:
 
     async def position(self) -> int:
         """The primary's current log position: everything committed so far is before it."""
+        return (await self._sample()).position
+
+    async def _sample(self) -> _Sample:
         async with self.primary.acquire() as conn:
-            text: str = await conn.fetchval(_PRIMARY_POSITION)
-        return parse_lsn(text)
+            row = await conn.fetchrow(_PRIMARY_POSITION)
+        assert row is not None
+        clock: datetime = row[0]
+        return _Sample(clock.timestamp(), parse_lsn(row[1]), time.monotonic())
 
     async def check(self) -> None:
         """Sample the primary's position, then each replica's state, and set the rotation."""
         try:
-            now = await self.position()
+            sample = await self._sample()
         except _FAILURES as exc:
             log.warning("primary position unavailable: %s", exc)
             return
-        self._samples.append(_Sample(time.time(), now))
+        self._samples.append(sample)
         await asyncio.gather(*(self._check_replica(r) for r in self.replicas))
 
     async def _check_replica(self, replica: Replica) -> None:
@@ -300,11 +352,11 @@ class ReadRouter:
         """How long ago the primary first had a position this replica has not replayed
         (0 when it has replayed the newest sample)."""
         behind = next((s for s in self._samples if s.position > replay), None)
-        return 0.0 if behind is None else max(0.0, time.time() - behind.at)
+        return 0.0 if behind is None else max(0.0, time.monotonic() - behind.seen)
 
     def _settled_position(self, known_at: datetime) -> int | None:
-        """The primary's position sampled at least ``settle_s`` after ``known_at``, or
-        None when that moment has not come yet (or is older than every sample)."""
+        """The primary's position sampled at least ``settle_s`` after ``known_at`` (by
+        the primary's clock), or None when that moment has not come yet."""
         t = known_at.timestamp() + self.settle_s
         if not self._samples or self._samples[-1].at < t:
             return None
@@ -355,8 +407,25 @@ class ReadRouter:
         if replica is None:
             return await work(self.primary, True)
         before = replica.db.server_failures
+        remaining = deadline.remaining()
+        budget = _REPLICA_ATTEMPT_MAX_S if remaining is None else remaining * _REPLICA_SHARE
+        # A task of its own, abandoned (cancelled, never awaited) past its budget: a
+        # cancelled read still rolls back on its hung connection, and the caller
+        # must not wait for that.
+        attempt = asyncio.ensure_future(work(replica.db, False))
         try:
-            result = await work(replica.db, False)
+            await asyncio.wait((attempt,), timeout=budget)
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        if not attempt.done():
+            attempt.cancel()
+            attempt.add_done_callback(_forget)
+            self._set(replica, False, "did not answer in time")
+            choice.served_by, choice.replica, choice.reason = "primary", None, "replica_timeout"
+            return await work(self.primary, True)
+        try:
+            result = attempt.result()
         except Exception as exc:
             if replica.db.server_failures == before and not isinstance(exc, DatabaseUnavailable):
                 raise
@@ -378,15 +447,20 @@ class ReadRouter:
         if not live:
             choice.reason = "no_replica_in_rotation"
             return None
-        need = MIN_POSITION.get()
-        if known_at is not None and known_at <= datetime.now(UTC):
-            settled = self._settled_position(known_at)
-            if settled is not None:
-                need = settled if need is None else max(need, settled)
-            elif need is None:
-                need = await self.position()
-        elif need is None:
-            need = await self.position()
+        header = MIN_POSITION.get()
+        settled = None if known_at is None else self._settled_position(known_at)
+        if settled is not None:
+            # everything known at the instant is before ``settled``
+            need = settled if header is None else max(header, settled)
+        elif known_at is None and header is not None:
+            # a current view: the client's own writes (read-your-writes)
+            need = header
+        else:
+            # an instant that has not settled may still gain writes committed before
+            # now by anyone: the header alone would let a replica that lacks them
+            # answer, and the view would move once the instant settled
+            now = await self.position()
+            need = now if header is None else max(header, now)
         choice.required = need
         start = len(live)
         turn = next(self._turn)
