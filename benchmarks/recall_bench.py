@@ -706,10 +706,17 @@ async def build_snapshots(dsn: str, teams: list[str]) -> None:
 
 
 def _timed_embeddings(app: Any) -> list[float]:
-    """Seconds the query embeddings take, accumulated in the returned one-item list."""
+    """Seconds the query embeddings take, accumulated in the returned one-item list.
+
+    Recall embeds its question through ``embed_queries`` when the provider has
+    one (asymmetric models, and the provider that follows the store's model),
+    else through ``embed``: time the method recall actually calls, or every
+    question would read as free.
+    """
     embedder = app.state.services.recall.embedder
     spent = [0.0]
-    original = embedder.embed
+    method = "embed_queries" if callable(getattr(embedder, "embed_queries", None)) else "embed"
+    original = getattr(embedder, method)
 
     async def timed(texts: Any) -> Any:
         started = time.perf_counter()
@@ -718,7 +725,7 @@ def _timed_embeddings(app: Any) -> list[float]:
         finally:
             spent[0] += time.perf_counter() - started
 
-    embedder.embed = timed
+    setattr(embedder, method, timed)
     return spent
 
 
