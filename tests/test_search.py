@@ -631,10 +631,11 @@ async def test_vector_list_is_complete_despite_crowding_teams(
     partition = f"evidence_embeddings_{space_a.hex}"
 
     async def vector_list(
-        *, force_index: bool = False
+        *, force_index: bool = False, as_of: datetime | None = None
     ) -> tuple[list[str], dict[tuple[str, str], int]]:
         return await _vector_search_with_scans(
-            dsn, team_a, branch, query, known_at, excluded, per_list, force_index=force_index
+            dsn, team_a, branch, query, known_at, excluded, per_list,
+            force_index=force_index, as_of=as_of,
         )
 
     # A small space: the exact scan, of team A's partition only.
@@ -661,6 +662,16 @@ async def test_vector_list_is_complete_despite_crowding_teams(
     assert got == sorted(got, key=ranked.index)
     assert len(set(got) & set(expected)) >= 0.9 * per_list, sorted(set(expected) - set(got))
 
+    # A knownAt view (db/0042: the rows visible at the instant, then a top-N
+    # sort): exact whatever the space's size, even when everything but the
+    # index is made to look expensive. Its ORDER BY ... LIMIT must not be
+    # answered by the HNSW index, which the planner otherwise picks on a large
+    # space: approximate, and ef_search rows at most.
+    for force_index in (False, True):
+        got, scans = await vector_list(force_index=force_index, as_of=known_at)
+        assert got == expected, force_index
+        assert "hnsw" not in {method for _, method in scans}, scans
+
 
 async def _vector_search_with_scans(
     dsn: str,
@@ -672,6 +683,7 @@ async def _vector_search_with_scans(
     per_list: int,
     *,
     force_index: bool,
+    as_of: datetime | None = None,
 ) -> tuple[list[str], dict[tuple[str, str], int]]:
     """The vector list, and which embedding partitions and indexes it scanned.
 
@@ -694,7 +706,7 @@ async def _vector_search_with_scans(
                 # index can deliver the rows in distance order.
                 await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
             query = CandidateQuery(
-                team, (branch,), None, vector, (), tuple(excluded), per_list, known_at
+                team, (branch,), None, vector, (), tuple(excluded), per_list, known_at, as_of
             )
             got = (await evidence_candidates(conn, query))[("shared", "vector")]
             rows = await conn.fetch(

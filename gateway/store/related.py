@@ -45,7 +45,7 @@ import numpy as np
 from gateway.store.connection import Conn
 from gateway.store.params import Params, float_literal
 from gateway.store.recall import RelationshipRow
-from gateway.store.search import ALWAYS_EXACT, BM25_B, BM25_K1, DIMENSIONS
+from gateway.store.search import BM25_B, BM25_K1, DIMENSIONS
 
 __all__ = [
     "EXACT_SEARCH_BELOW",
@@ -193,16 +193,27 @@ FROM (
 
 
 def _vector(p: Params) -> str:
+    # A knownAt view (no exact_below bound): db/0042, the exact top-N of the
+    # relationships visible at its instant.
+    projection = f"""(SELECT pr.generation FROM relationship_projections pr
+      WHERE pr.team_id = {p["team"]} AND pr.status = 'active')"""
+    if "exact_below" in p:
+        call = f"""relationship_vector_candidates(
+    {p["team"]}, {p["space"]}, {p["generation"]},
+    {projection},
+    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}, {p["exact_below"]}
+)"""
+    else:
+        call = f"""relationship_vector_candidates_as_of(
+    {p["team"]}, {p["space"]}, {p["generation"]},
+    {projection},
+    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}
+)"""
     return f"""
 SELECT 'vector'::text AS list_name,
        row_number() OVER (ORDER BY v.distance, v.relationship_id COLLATE "C") AS rank,
        v.relationship_id
-FROM relationship_vector_candidates(
-    {p["team"]}, {p["space"]}, {p["generation"]},
-    (SELECT pr.generation FROM relationship_projections pr
-      WHERE pr.team_id = {p["team"]} AND pr.status = 'active'),
-    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}, {p["exact_below"]}
-) v"""
+FROM {call} v"""
 
 
 def _query_idf(p: Params) -> str:
@@ -277,7 +288,8 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
         parts.append(_fulltext(p))
     if q.vector is not None:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
-        p.bind("exact_below", EXACT_SEARCH_BELOW if q.as_of is None else ALWAYS_EXACT, "bigint")
+        if q.as_of is None:
+            p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
         parts.append(_vector(p))
     team, space, gen, t, tv = p["team"], p["space"], p["generation"], p["t_sys"], p["t_valid"]
     if not parts:

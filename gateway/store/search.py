@@ -118,8 +118,6 @@ EXACT_SEARCH_BELOW: int = 10_000
 
 MAX_PER_LIST: Final = 500
 DIMENSIONS: Final = 384
-# The exact scan for every space size: a knownAt view's vector list.
-ALWAYS_EXACT: Final = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,16 +286,24 @@ query_idf AS MATERIALIZED (
 
 
 def _vector(p: Params, branch: str, space: str, generation: str) -> str:
-    """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates)."""
+    """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates;
+    a knownAt view: db/0042, the exact top-N of the rows visible at its instant)."""
+    if "exact_below" in p:
+        call = f"""evidence_vector_candidates(
+    {p["team"]}, {space}, {generation}, {p["vector"]},
+    {p["per_list"]}, {p["known_at"]},
+    {p["exclude"]}, {p["exact_below"]}
+)"""
+    else:
+        call = f"""evidence_vector_candidates_as_of(
+    {p["team"]}, {space}, {generation}, {p["vector"]},
+    {p["per_list"]}, {p["known_at"]}, {p["exclude"]}
+)"""
     return f"""
 SELECT {branch} AS branch, 'vector'::text AS list_name,
        row_number() OVER (ORDER BY v.distance, v.evidence_id COLLATE "C") AS rank,
        v.evidence_id
-FROM evidence_vector_candidates(
-    {p["team"]}, {space}, {generation}, {p["vector"]},
-    {p["per_list"]}, {p["known_at"]},
-    {p["exclude"]}, {p["exact_below"]}
-) v"""
+FROM {call} v"""
 
 
 def _entity(p: Params, branch: str, space: str, generation: str) -> str:
@@ -362,7 +368,8 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
             prelude = _fulltext_prelude_as_of(p)
     if "vector" in wanted:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
-        p.bind("exact_below", EXACT_SEARCH_BELOW if q.as_of is None else ALWAYS_EXACT, "bigint")
+        if q.as_of is None:
+            p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
     if "entity" in wanted:
         p.bind("entities", list(q.entity_ids), "text[]")
 
