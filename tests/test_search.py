@@ -667,10 +667,26 @@ async def test_vector_list_is_complete_despite_crowding_teams(
     # index is made to look expensive. Its ORDER BY ... LIMIT must not be
     # answered by the HNSW index, which the planner otherwise picks on a large
     # space: approximate, and ef_search rows at most.
-    for force_index in (False, True):
-        got, scans = await vector_list(force_index=force_index, as_of=known_at)
-        assert got == expected, force_index
-        assert "hnsw" not in {method for _, method in scans}, scans
+    # Both shapes: 200 of 330 rows visible (the nearest 60 + 130 hidden kept
+    # by a top-N sort), then, after 100 more later rows, 200 of 430 (the
+    # visible rows joined to their vectors).
+    for more_later in (0, 100):
+        if more_later:
+            async with admin_conn.transaction():
+                await _insert_direct(
+                    admin_conn,
+                    team_a,
+                    space_a,
+                    2,
+                    "src-2",
+                    [f"later-{i:03d}" for i in range(more_later)],
+                    _near(query, rng.uniform(0.05, 0.3, more_later), rng),
+                    model,
+                )
+        for force_index in (False, True):
+            got, scans = await vector_list(force_index=force_index, as_of=known_at)
+            assert got == expected, (more_later, force_index)
+            assert "hnsw" not in {method for _, method in scans}, scans
 
 
 async def _vector_search_with_scans(
