@@ -15,7 +15,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ from gateway.embeddings.local import (
 )
 from gateway.errors import ConfigurationError, EmbeddingError
 from gateway.settings import Settings
+
+from .loopback import serving
 
 API_KEY = "sk-test-" + secrets.token_hex(8)
 
@@ -322,16 +324,9 @@ def endpoint() -> Iterator[FakeEndpoint]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    holder.append(FakeEndpoint(f"http://127.0.0.1:{server.server_address[1]}"))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as url:
+        holder.append(FakeEndpoint(url))
         yield holder[0]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(autouse=True)

@@ -12,7 +12,7 @@ import json
 import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import httpx
@@ -27,6 +27,7 @@ from gateway.store.database import Database
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
+from .loopback import serving
 from .test_recall import token
 
 MODEL = "fake-embedding-model"
@@ -90,16 +91,9 @@ def endpoint() -> Iterator[Endpoint]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    ep.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(Handler) as url:
+        ep.url = f"{url}/v1"
         yield ep
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture(autouse=True)
