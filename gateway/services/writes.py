@@ -35,6 +35,7 @@ from gateway.errors import (
 from gateway.services import bulk_writes
 from gateway.services import records as rec
 from gateway.services.records import render_statement
+from gateway.store import bulk_writes as bulk_store
 from gateway.store import writes as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
@@ -677,6 +678,13 @@ class WriteService:
     def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
         self.db = db
         self.embedder = embedder
+
+    async def analyze_unplanned_tables(self) -> None:
+        """After a loader batch: planner statistics for referenced tables that have
+        rows but none yet, so that foreign-key checks stay lookups by key as a first
+        load grows (:func:`gateway.store.bulk_writes.analyze_unplanned` says why)."""
+        async with self.db.acquire() as conn:  # one statement of its own, no transaction
+            await bulk_store.analyze_unplanned(conn)
 
     async def supplied_model_problem(self, model: str, dimensions: int) -> str | None:
         """Why vectors of ``model`` cannot be stored as given, or None: they must be
