@@ -9,21 +9,9 @@
 -- dozen pages. Four bytes more per posting; no second index to maintain.
 --
 -- The keys are rebuilt once (on a large store this locks each table for the
--- build). Writers are unaffected: whatever inserts postings (the row triggers,
--- a set-based loader) fills the same columns.
-DO $$
-DECLARE
-    t text;
-    pk text;
-    id_column text;
-BEGIN
-    FOREACH t IN ARRAY ARRAY['evidence_terms', 'relationship_terms'] LOOP
-        SELECT conname INTO STRICT pk FROM pg_constraint
-         WHERE conrelid = t::regclass AND contype = 'p';
-        id_column := CASE t WHEN 'evidence_terms' THEN 'evidence_id' ELSE 'relationship_id' END;
-        EXECUTE format(
-            'ALTER TABLE %I DROP CONSTRAINT %I, '
-            'ADD PRIMARY KEY (team_id, space_id, lexeme, %I) INCLUDE (recorded_at, tf)',
-            t, pk, id_column);
-    END LOOP;
-END $$;
+-- build; db/0040 named both keys <table>_pkey). Writers are unaffected: the
+-- postings triggers (db/0055) fill the same columns.
+ALTER TABLE evidence_terms DROP CONSTRAINT evidence_terms_pkey,
+    ADD PRIMARY KEY (team_id, space_id, lexeme, evidence_id) INCLUDE (recorded_at, tf);
+ALTER TABLE relationship_terms DROP CONSTRAINT relationship_terms_pkey,
+    ADD PRIMARY KEY (team_id, space_id, lexeme, relationship_id) INCLUDE (recorded_at, tf);
