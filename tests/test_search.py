@@ -489,6 +489,33 @@ def _near(query: np.ndarray, angles: np.ndarray, rng: np.random.Generator) -> np
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
+async def _insert_evidence_rows(
+    conn: asyncpg.Connection,
+    team: str,
+    space: UUID,
+    generation: int,
+    source: str,
+    ids: Sequence[str],
+) -> None:
+    """Evidence rows (no vectors) written directly as the owner, with their triggers."""
+    await conn.copy_records_to_table(
+        "evidence",
+        columns=[
+            "team_id",
+            "id",
+            "space_id",
+            "generation",
+            "source_id",
+            "content",
+            "content_sha256",
+        ],
+        records=[
+            (team, i, space, generation, source, f"filler {i}", hashlib.sha256(i.encode()).digest())
+            for i in ids
+        ],
+    )
+
+
 async def _insert_direct(
     conn: asyncpg.Connection,
     team: str,
@@ -506,22 +533,7 @@ async def _insert_direct(
     busy machine (this is set-up, not the code under test).
     """
     await conn.execute("SET LOCAL statement_timeout = 0")
-    await conn.copy_records_to_table(
-        "evidence",
-        columns=[
-            "team_id",
-            "id",
-            "space_id",
-            "generation",
-            "source_id",
-            "content",
-            "content_sha256",
-        ],
-        records=[
-            (team, i, space, generation, source, f"filler {i}", hashlib.sha256(i.encode()).digest())
-            for i in ids
-        ],
-    )
+    await _insert_evidence_rows(conn, team, space, generation, source, ids)
     await conn.copy_records_to_table(
         "evidence_embeddings",
         columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
@@ -795,29 +807,13 @@ async def test_hnsw_walk_of_a_large_space_uses_its_ef_in_the_recall_transaction(
     ids = [f"v-{i:05d}" for i in range(len(angles))]
     async with admin_conn.transaction():
         await _insert_direct(admin_conn, team, branch.space_id, 1, "src", ids, vectors, model)
-        await admin_conn.copy_records_to_table(
-            "evidence",
-            columns=[
-                "team_id",
-                "id",
-                "space_id",
-                "generation",
-                "source_id",
-                "content",
-                "content_sha256",
-            ],
-            records=[
-                (
-                    team,
-                    f"t-{i:05d}",
-                    branch.space_id,
-                    1,
-                    "src",
-                    "text only",
-                    hashlib.sha256(f"t-{i}".encode()).digest(),
-                )
-                for i in range(20_000 - len(ids))
-            ],
+        await _insert_evidence_rows(
+            admin_conn,
+            team,
+            branch.space_id,
+            1,
+            "src",
+            [f"t-{i:05d}" for i in range(20_000 - len(ids))],
         )
     distances = 1.0 - vectors.astype(np.float64) @ query.astype(np.float64)
     exact = [ids[i] for i in np.argsort(distances, kind="stable")[:10]]
