@@ -12,10 +12,12 @@ while a bulk call runs on the same provider (the model is shared by both).
     python benchmarks/embed_bench.py --beir PATH_TO_SCIFACT --texts 500 \\
         --configs 64:inf:1,1:inf:1,4:inf:1,16:inf:1,64:256:2
 
-A configuration is ``batch:budget:workers``: at most ``batch`` texts per run,
-at most ``budget`` padded tokens per run (``inf``: none, one padded run per
-``batch`` texts of similar length, the former behaviour), ``workers`` bulk
-runs at once. ``--statements`` adds one short statement per document (as the
+A configuration is ``batch:budget:workers[:threads]``: at most ``batch``
+texts per run, at most ``budget`` padded tokens per run (``inf``: none, one
+padded run per ``batch`` texts of similar length, the former behaviour),
+``workers`` bulk runs at once, ``threads`` onnxruntime threads per run
+(default 2). ``64:inf:1:2`` is the provider as it was before the runs were
+cut by tokens. ``--statements`` adds one short statement per document (as the
 loader's relationships add), so the call has the SciFact load's mix.
 """
 
@@ -71,9 +73,14 @@ def peak_rss_mib() -> float:
     return float("nan")
 
 
-def parse_config(text: str) -> tuple[int, int, int]:
-    batch, budget, workers = text.split(":")
-    return int(batch), UNLIMITED if budget == "inf" else int(budget), int(workers)
+def parse_config(text: str) -> tuple[int, int, int, int]:
+    batch, budget, workers, *threads = text.split(":")
+    return (
+        int(batch),
+        UNLIMITED if budget == "inf" else int(budget),
+        int(workers),
+        int(threads[0]) if threads else 2,
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -110,17 +117,22 @@ async def bulk(provider: LocalEmbeddingProvider, texts: list[str]) -> dict[str, 
 
 
 async def run_config(
-    config: tuple[int, int, int], texts: list[str], queries: list[str], rounds: int
+    config: tuple[int, int, int, int], texts: list[str], queries: list[str], rounds: int
 ) -> None:
-    batch, budget, workers = config
-    provider = LocalEmbeddingProvider(batch_size=batch, token_budget=budget, bulk_workers=workers)
-    label = f"batch {batch}, budget {'none' if budget == UNLIMITED else budget}, workers {workers}"
+    batch, budget, workers, threads = config
+    provider = LocalEmbeddingProvider(
+        batch_size=batch, token_budget=budget, bulk_workers=workers, threads=threads
+    )
+    label = (
+        f"batch {batch}, budget {'none' if budget == UNLIMITED else budget}, "
+        f"workers {workers}, threads {threads}"
+    )
     try:
         await provider.embed(["load the model"])
         for _ in range(rounds):
             figures = await bulk(provider, texts)
             print(
-                f"{label:36s} {figures['texts_per_s']:7.2f} texts/s  {figures['wall_s']:7.1f} s  "
+                f"{label:46s} {figures['texts_per_s']:7.2f} texts/s  {figures['wall_s']:7.1f} s  "
                 f"user {figures['user_s']:6.1f} s  sys {figures['system_s']:5.1f} s  "
                 f"cores {figures['cores']:4.2f}  faults/text {figures['faults_per_text']:8.0f}  "
                 f"peak RSS {figures['peak_rss_mib']:6.0f} MiB",
@@ -134,7 +146,7 @@ async def run_config(
             still_running = not load.done()
             await load
             print(
-                f"{label:36s} query alone p50 {statistics.median(alone):6.1f} ms "
+                f"{label:46s} query alone p50 {statistics.median(alone):6.1f} ms "
                 f"p95 {percentile(alone, 0.95):6.1f} ms; during a bulk call p50 "
                 f"{statistics.median(during):6.1f} ms p95 {percentile(during, 0.95):6.1f} ms"
                 + ("" if still_running else " (the bulk call ended first)"),
