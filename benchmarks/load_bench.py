@@ -364,8 +364,69 @@ async def server_profile(dsn: str, seconds: float, rows: int = 200) -> None:
                 f"    {label:40} {total:8.0f} ms ({total / rows:.2f} ms/row); triggers "
                 f"{inside:.0f} ms{': ' + parts if parts else ''}"
             )
+        await vector_index_costs(conn)
     finally:
         await conn.close()
+
+
+_HNSW = "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
+
+
+async def vector_index_costs(conn: asyncpg.Connection) -> None:
+    """The evidence vectors of the largest space written into an HNSW index two
+    ways, each in a transaction rolled back: inserted into an indexed copy of the
+    table in batches of 500 (what a load does), and copied without the index,
+    then the index built at once (CREATE INDEX, with the default and a larger
+    maintenance_work_mem). The index's options are those of db/0001."""
+    part = await conn.fetchval(
+        "SELECT c.oid::regclass::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = 'evidence_embeddings'::regclass "
+        "ORDER BY pg_relation_size(c.oid) DESC LIMIT 1"
+    )
+    n = await conn.fetchval(f"SELECT count(*) FROM {part}")
+    print(f"  server: HNSW over the {n} evidence vectors of the largest space")
+
+    async def timed(label: str, setup: Sequence[str], work: Sequence[str]) -> None:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            for sql in setup:
+                await conn.execute(sql)
+            started = time.perf_counter()
+            for sql in work:
+                await conn.execute(sql)
+            seconds = time.perf_counter() - started
+        finally:
+            await tx.rollback()
+        print(f"    {label:52} {seconds:8.1f} s ({seconds * 1000 / max(n, 1):.2f} ms/vector)")
+
+    # ordinary tables (temporary ones would use the small local buffers), numbered
+    # so that each batch reads only its rows
+    source = [
+        "CREATE TABLE load_bench_src AS SELECT row_number() OVER () AS k, embedding "
+        f"FROM {part}",
+        "CREATE INDEX ON load_bench_src (k)",
+        "CREATE TABLE load_bench_v AS SELECT embedding FROM load_bench_src WITH NO DATA",
+    ]
+    batches = [
+        f"INSERT INTO load_bench_v SELECT embedding FROM load_bench_src "
+        f"WHERE k > {i} AND k <= {i + 500} ORDER BY k"
+        for i in range(0, n, 500)
+    ]
+    await timed(
+        "inserted into the index, batches of 500",
+        [*source, f"CREATE INDEX ON load_bench_v {_HNSW}"],
+        batches,
+    )
+    for memory in ("64MB", "512MB"):
+        await timed(
+            f"copied, then CREATE INDEX (maintenance_work_mem {memory})",
+            [*source, f"SET LOCAL maintenance_work_mem = '{memory}'"],
+            [
+                "INSERT INTO load_bench_v SELECT embedding FROM load_bench_src ORDER BY k",
+                f"CREATE INDEX ON load_bench_v {_HNSW}",
+            ],
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -35,9 +36,12 @@ from gateway.errors import (
 from gateway.services import bulk_writes
 from gateway.services import records as rec
 from gateway.services.records import render_statement
+from gateway.store import bulk_writes as bulk_store
 from gateway.store import writes as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
+
+log = logging.getLogger("gateway.load")
 
 
 @dataclass(frozen=True, slots=True)
@@ -677,6 +681,18 @@ class WriteService:
     def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
         self.db = db
         self.embedder = embedder
+
+    async def analyze_unplanned_tables(self) -> None:
+        """After a loader batch: planner statistics for referenced tables that have
+        rows but none yet, so that foreign-key checks stay lookups by key as a first
+        load grows (:func:`gateway.store.bulk_writes.analyze_unplanned` says why)."""
+        try:
+            async with self.db.acquire() as conn:  # one statement of its own, no transaction
+                await bulk_store.analyze_unplanned(conn)
+        except (asyncpg.PostgresError, GatewayError) as exc:  # a timeout, a lost server
+            # The batch is committed; statistics only make later batches faster,
+            # and autovacuum takes them later anyway: never fail a load for them.
+            log.warning("planner statistics not refreshed after a loader batch: %s", exc)
 
     async def supplied_model_problem(self, model: str, dimensions: int) -> str | None:
         """Why vectors of ``model`` cannot be stored as given, or None: they must be
