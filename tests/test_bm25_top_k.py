@@ -10,8 +10,9 @@ BM25 computed here over every document.
 
 from __future__ import annotations
 
+import json
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -20,7 +21,12 @@ import asyncpg
 from gateway.services.writes import WriteService
 from gateway.store import related
 from gateway.store.database import Database
-from gateway.store.search import BranchSearch, CandidateQuery, evidence_candidates
+from gateway.store.search import (
+    BranchSearch,
+    CandidateQuery,
+    build_statement,
+    evidence_candidates,
+)
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -62,7 +68,25 @@ async def _fulltext(
 ) -> list[str]:
     q = CandidateQuery(team, (branch,), text, None, (), tuple(exclude), per_list, known_at, as_of)
     async with db.tenant(team, [branch.space_id]) as conn:
-        return (await evidence_candidates(conn, q))[("shared", "fulltext")]
+        return (await evidence_candidates(conn, q))[(branch.branch, "fulltext")]
+
+
+def _plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from _plan_nodes(child)
+
+
+async def _documents_scored(db: Database, team: str, q: CandidateQuery) -> int:
+    """How many documents the full-text statement scored, from EXPLAIN ANALYZE: the
+    score is a scalar subquery per document, so its loops count the documents."""
+    sql, args = build_statement(q, ["fulltext"])
+    async with db.tenant(team, [b.space_id for b in q.branches]) as conn:
+        raw = await conn.fetchval("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, *args)
+    plan = json.loads(raw)[0]["Plan"]
+    scores = [n for n in _plan_nodes(plan) if n.get("Parent Relationship") == "SubPlan"]
+    assert scores  # the plan still scores through a subquery: the count is meaningful
+    return sum(int(n["Actual Loops"]) for n in scores)
 
 
 async def test_evidence_top_k_is_the_top_of_full_scoring(
@@ -115,6 +139,100 @@ async def test_evidence_top_k_when_the_best_bounds_are_not_visible(
         assert got == bm25_order(early, query)[:k], k
 
 
+def _private_source(team: str, owner: str) -> dict[str, Any]:
+    return {
+        "kind": "source",
+        "team": team,
+        "id": "src-private",
+        "space": f"private:{owner}",
+        "type": "conversation",
+        "title": "Private notes",
+    }
+
+
+# Many copies of the query words: the highest bounds of a space.
+STRONG = "replica replica replica replica lag lag kafka"
+
+
+async def test_evidence_top_k_of_both_branches_in_one_statement(
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """Shared and private in one statement, the private space holding the highest
+    bounds: each branch is ranked with its own statistics and its own threshold."""
+    team = unique("topk-both")
+    shared_docs = corpus(4, 70, "s")
+    private_docs = {**corpus(5, 40, "p"), **{f"p-strong{i:02d}": STRONG for i in range(15)}}
+    records = _team(team, "alice") + [_ev(team, d, t) for d, t in shared_docs.items()]
+    records.append(_private_source(team, "alice"))
+    records += [_ev(team, d, t, source="src-private") for d, t in private_docs.items()]
+    await load_jsonl(writes, jsonl(records))
+    shared = await _branch(admin_conn, team)
+    private = await _branch(admin_conn, team, "alice")
+    for query in ("replica lag kafka", "offset leader consumer kafka"):
+        want_shared = bm25_order(shared_docs, query)
+        want_private = bm25_order(private_docs, query)
+        for k in (1, 3, 10, 30):
+            q = CandidateQuery(team, (shared, private), query, None, (), (), k, None, None)
+            async with db.tenant(team, [shared.space_id, private.space_id]) as conn:
+                got = await evidence_candidates(conn, q)
+            assert got[("shared", "fulltext")] == want_shared[:k], (query, k)
+            assert got[("private", "fulltext")] == want_private[:k], (query, k)
+
+
+async def test_evidence_top_k_in_a_reset_space_scores_few_documents(
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """After a reset the old generation keeps its postings and the highest bounds; the
+    list is still that of full scoring, and the statement reads only a few documents
+    although most of the current generation matches (the threshold comes from the
+    visible hits, so the pruning does not switch off)."""
+    team = unique("topk-reset")
+    old = {**corpus(6, 40, "g"), **{f"g-strong{i:02d}": STRONG for i in range(40)}}
+    await load_jsonl(writes, jsonl(_team(team) + [_ev(team, d, t) for d, t in old.items()]))
+    reset = {"kind": "space_reset", "team": team, "id": "r1", "space": "shared"}
+    await load_jsonl(writes, jsonl([reset]))
+    new = corpus(7, 150, "n")
+    source = {"kind": "source", "team": team, "id": "src-2", "type": "document", "title": "N"}
+    await load_jsonl(
+        writes, jsonl([source] + [_ev(team, d, t, source="src-2") for d, t in new.items()])
+    )
+    branch = await _branch(admin_conn, team)
+    assert branch.generation == 2
+    query = "replica lag kafka"
+    # The present statistics cover every generation of the space.
+    ranked = [d for d in bm25_order({**old, **new}, query) if d in new]
+    assert len(ranked) > 100  # most of the current generation matches
+    for k in (1, 4, 10):
+        assert await _fulltext(db, team, branch, query, k) == ranked[:k], k
+    q = CandidateQuery(team, (branch,), query, None, (), (), 4, None, None)
+    scored = await _documents_scored(db, team, q)
+    assert 4 <= scored <= 40, scored
+
+
+async def test_evidence_top_k_scores_few_documents_when_later_ones_are_hidden(
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """A knownAt instant before the writes of highest bound: few documents scored."""
+    team = unique("topk-early")
+    early = corpus(8, 150, "e")
+    await load_jsonl(writes, jsonl(_team(team) + [_ev(team, d, t) for d, t in early.items()]))
+    t_early = await admin_conn.fetchval(
+        "SELECT max(recorded_at) FROM evidence WHERE team_id = $1", team
+    )
+    late = {f"l{i:02d}": STRONG for i in range(40)}
+    await load_jsonl(writes, jsonl([_ev(team, d, t) for d, t in late.items()]))
+    branch = await _branch(admin_conn, team)
+    query = "replica lag kafka"
+    ranked = bm25_order({**early, **late}, query)
+    assert len(visible_order(ranked, set(late), 1000)) > 100
+    for k in (1, 4, 10):
+        got = await _fulltext(db, team, branch, query, k, known_at=t_early)
+        assert got == visible_order(ranked, set(late), k), k
+    q = CandidateQuery(team, (branch,), query, None, (), (), 4, t_early, None)
+    scored = await _documents_scored(db, team, q)
+    assert 4 <= scored <= 40, scored
+
+
 # --- relationship discovery ---------------------------------------------------------
 
 
@@ -142,7 +260,13 @@ def _relationships(team: str, texts: dict[str, str]) -> list[dict[str, Any]]:
 
 
 async def _discover(
-    db: Database, team: str, branch: BranchSearch, text: str, per_list: int, t: datetime
+    db: Database,
+    team: str,
+    branch: BranchSearch,
+    text: str,
+    per_list: int,
+    t: datetime,
+    as_of: datetime | None = None,
 ) -> list[str]:
     q = related.DiscoveryQuery(
         team_id=team,
@@ -157,6 +281,7 @@ async def _discover(
         returned_relationship_ids=[],
         known_evidence_ids=[],
         known_relationship_ids=[],
+        as_of=as_of,
     )
     async with db.tenant(team, [branch.space_id]) as conn:
         found = await related.discover(conn, q)
@@ -186,3 +311,7 @@ async def test_discovery_top_k_is_the_top_of_full_scoring(
             # Earlier system time: the late ones are hidden, the statistics the present's.
             got = await _discover(db, team, branch, query, k, t_early)
             assert got == visible_order(ranked, set(late), k), (query, k)
+            # A knownAt view: the statistics of then, as if the late ones never were.
+            got = await _discover(db, team, branch, query, k, t_early, as_of=t_early)
+            early_statements = {rid: statements[rid] for rid in early}
+            assert got == bm25_order(early_statements, query)[:k], (query, k)

@@ -17,7 +17,11 @@ b dl / avgdl))`` only grows as the document length ``dl`` shrinks, so with
    (:func:`postings_cte`; no document row is read);
 2. scores exactly the ``2 k`` hits of highest bound and takes the ``k``-th best
    score among those visible in the view: a lower bound ``theta`` of the real
-   ``k``-th best score (a subset's ``k``-th best is never higher);
+   ``k``-th best score (a subset's ``k``-th best is never higher). When fewer
+   than ``k`` of them are visible (a knownAt instant before the newest writes,
+   a reset space whose old generation keeps its postings, long exclusions), it
+   walks the hits in bound order until ``2 k`` visible ones and takes the
+   ``k``-th best of those instead;
 3. scores exactly every hit whose bound reaches ``theta`` and returns the best
    ``k`` of them (:func:`top_k`).
 
@@ -26,8 +30,7 @@ visible documents that are scored: it could never have been among the ``k``.
 The answer is the one of scoring every hit, document for document and rank for
 rank (``theta`` is lowered by a relative 1e-9 so that rounding in the two sums
 cannot exclude a document whose score equals it). With fewer than ``k`` visible
-hits among the ``2 k``, ``theta`` is minus infinity and every hit is scored, as
-before. The score is computed by the same expression as before, over each
+hits in all, ``theta`` is minus infinity and every hit is scored, as before. The score is computed by the same expression as before, over each
 document's (IDF, tf) pairs in lexeme order, so equal documents tie exactly.
 """
 
@@ -46,9 +49,7 @@ BM25_K1: Final = 0.9
 BM25_B: Final = 0.4
 
 
-def postings_cte(
-    name: str, *, idf: str, space: str, postings: str, doc_id: str, team: str
-) -> str:
+def postings_cte(name: str, *, idf: str, space: str, postings: str, doc_id: str, team: str) -> str:
     """CTE ``name``: per (space, document) the (IDF, tf) pairs of its query lexemes,
     the space's average length, and the score bound.
 
@@ -87,9 +88,7 @@ def _score(g: str, doc: str) -> str:
         FROM unnest({g}.idfs, {g}.tfs) AS u (idf, tf))"""
 
 
-def top_k(
-    cte: str, *, space: str, doc_table: str, doc_join: str, visible: str, limit: str
-) -> str:
+def top_k(cte: str, *, space: str, doc_table: str, doc_join: str, visible: str, limit: str) -> str:
     """The best ``limit`` visible documents of ``space`` in CTE ``cte``
     (:func:`postings_cte`) by score, then ID in code-point order, as rows
     ``(doc_id, rank)``.
@@ -104,14 +103,31 @@ def top_k(
         JOIN {doc_table} d ON {doc_join}
         WHERE {visible}"""
 
-    best_bounds = f"""(SELECT * FROM {cte} x WHERE x.space_id = {space}
-              ORDER BY x.bound DESC, x.doc_id COLLATE "C" LIMIT 2 * {limit})"""
-    theta = f"""(SELECT CASE WHEN count(*) < {limit} THEN '-infinity'::double precision
-                 ELSE min(k.score) - 1e-9 * abs(min(k.score)) END
-          FROM (
-              {scored(best_bounds)}
-              ORDER BY 2 DESC LIMIT {limit}
-          ) k)"""
+    def floor(subset: str) -> str:
+        # The k-th best score of the subset's visible hits; NULL with fewer than k.
+        return f"""(SELECT CASE WHEN count(*) >= {limit}
+                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
+          FROM (SELECT v.score FROM ({subset}) v ORDER BY 1 DESC LIMIT {limit}) k)"""
+
+    # First the 2 k best bounds (a top-N of the hits), then, only if fewer than
+    # k of those are visible, the hits in bound order until 2 k visible ones
+    # (a sort of every hit, which the first way spares the common case; an
+    # initplan runs only when coalesce reaches it). Without the second, a view
+    # hiding most of the best bounds (a knownAt instant before the newest
+    # writes, a reset space's old generation, long exclusions) left theta at
+    # minus infinity: every hit looked up and scored.
+    best_bounds = scored(
+        f"(SELECT * FROM {cte} x WHERE x.space_id = {space} "
+        f'ORDER BY x.bound DESC, x.doc_id COLLATE "C" LIMIT 2 * {limit})'
+    )
+    in_bound_order = scored(
+        f"(SELECT * FROM {cte} x WHERE x.space_id = {space} "
+        'ORDER BY x.bound DESC, x.doc_id COLLATE "C")'
+    )
+    best_visible = f"""{in_bound_order}
+              ORDER BY g.bound DESC, g.doc_id COLLATE "C"
+              LIMIT 2 * {limit}"""
+    theta = f"coalesce({floor(best_bounds)}, {floor(best_visible)}, '-infinity'::double precision)"
     return f"""
 SELECT h.doc_id, row_number() OVER (ORDER BY h.score DESC, h.doc_id COLLATE "C") AS rank
 FROM (
