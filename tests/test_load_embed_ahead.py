@@ -23,6 +23,8 @@ class Counting:
 
     def __init__(self, inner: EmbeddingProvider) -> None:
         self.inner = inner
+        self.model = inner.model
+        self.dimensions = inner.dimensions
         self.calls: list[list[str]] = []
 
     @property
@@ -37,14 +39,6 @@ class Counting:
             if any(t.startswith("Document ") for t in call)
             and not all(t.startswith("Document ") for t in call)
         )
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def dimensions(self) -> int:
-        return self.inner.dimensions
 
     async def embed(self, texts: Sequence[str]) -> Vectors:
         self.calls.append(list(texts))
