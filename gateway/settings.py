@@ -119,7 +119,12 @@ class Settings(BaseSettings):
         "(a new store gets the default, MiniLM); `minilm` or `e5-small` names one.",
     )
     embedding_batch_size: int = Field(
-        default=64, ge=1, le=2048, description="Texts per embedding call."
+        default=64,
+        ge=1,
+        le=2048,
+        description="Most texts per embedding call (a request to the `openai` endpoint, a run "
+        "of a local model); the local MiniLM also caps a run at 256 padded tokens, so long "
+        "texts run one at a time.",
     )
     openai_base_url: str = Field(
         default="https://api.openai.com/v1", description="Base URL of the embeddings endpoint."

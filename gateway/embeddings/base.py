@@ -123,21 +123,50 @@ async def in_length_batches(
     return out
 
 
-class InferenceThread:
-    """The one worker thread a local model runs in.
+def token_batches(lengths: Sequence[int], max_texts: int, max_tokens: int) -> list[list[int]]:
+    """Indices of texts grouped shortest first, each group's padded size within a budget.
 
-    One thread, because each run already uses the cores it is given:
-    concurrent requests queue rather than oversubscribe them, and a large
-    input goes in one batch at a time so that a query can slip in between the
-    batches of a bulk load.
+    A batch costs its size times its longest text in tokens (everything is
+    padded to the longest), and on a CPU a large padded batch costs more per
+    text than a small one: the attention matrices grow with the square of the
+    length and fall out of the caches. So a group holds at most ``max_texts``
+    texts and, unless it is a single text, at most ``max_tokens`` padded
+    tokens: long texts go alone, short ones in groups.
+    """
+    if max_texts < 1 or max_tokens < 1:
+        raise ValueError("max_texts and max_tokens must be at least 1")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        # sorted: the newcomer is the longest of the group
+        if current and (len(current) >= max_texts or (len(current) + 1) * lengths[i] > max_tokens):
+            groups.append(current)
+            current = []
+        current.append(i)
+    if current:
+        groups.append(current)
+    return groups
+
+
+class InferenceThread:
+    """The worker thread(s) a local model runs in.
+
+    One thread by default, because each run already uses the cores it is
+    given: concurrent requests queue rather than oversubscribe them, and a
+    large input goes in one batch at a time so that a query can slip in
+    between the batches of a bulk load. A provider whose runtime takes
+    concurrent runs may give its bulk work a pool of ``workers`` of its own.
     """
 
-    def __init__(self, name: str, what: str) -> None:
+    def __init__(self, name: str, what: str, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError("workers must be at least 1")
         self.what = what
         self.closed = False
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
-    async def run(self, fn: Callable[..., Vectors], *args: Any) -> Vectors:
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         except RuntimeError as exc:  # the executor refuses work after close()

@@ -7,7 +7,8 @@ only**. One statement returns, for one recall:
   postings of relationship statements (``relationship_terms``, statistics in
   ``relationship_search_stats``, db/0003), OR semantics over the query's
   lexemes, exactly like the evidence full-text list, because hybrid fusion
-  only helps when the lexical list ranks like BM25 (docs/data-model.md);
+  only helps when the lexical list ranks like BM25 (docs/data-model.md), and
+  scoring only the hits that can reach the list (gateway/store/bm25.py);
 * the *vector* list: nearest relationship vectors of the team's **active**
   projection generation (``relationship_vector_candidates``, db/0003); with no
   active generation the list is empty and the caller says why;
@@ -42,10 +43,11 @@ from uuid import UUID
 
 import numpy as np
 
+from gateway.store.bm25 import postings_cte, top_k
 from gateway.store.connection import Conn
-from gateway.store.params import Params, float_literal
+from gateway.store.params import Params
 from gateway.store.recall import RelationshipRow
-from gateway.store.search import BM25_B, BM25_K1, DIMENSIONS
+from gateway.store.search import DIMENSIONS
 
 __all__ = [
     "EXACT_SEARCH_BELOW",
@@ -159,36 +161,20 @@ class Discovery:
 
 
 def _fulltext(p: Params) -> str:
-    team, space, limit = p["team"], p["space"], p["per_list"]
-    k1, b = float_literal(BM25_K1), float_literal(BM25_B)
+    """BM25 top ``per_list`` of the space's relationships in the view, scoring only
+    those whose bound can reach it (gateway/store/bm25.py)."""
+    team, space = p["team"], p["space"]
+    top = top_k(
+        "query_postings",
+        space=space,
+        doc_table="relationships",
+        doc_join=f"d.team_id = {team} AND d.space_id = {space} AND d.id = g.doc_id",
+        visible=f"d.generation = {p['generation']} AND d.recorded_at <= {p['t_sys']}",
+        limit=p["per_list"],
+    )
     return f"""
-SELECT 'fulltext'::text AS list_name, s.rank, s.relationship_id
-FROM (
-    SELECT h.relationship_id,
-           row_number() OVER (ORDER BY h.score DESC, h.relationship_id COLLATE "C") AS rank
-    FROM (
-        SELECT g.relationship_id,
-               (SELECT sum(u.idf * u.tf * ({k1} + 1)
-                           / (u.tf + {k1} * (1 - {b} + {b} * r.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.relationship_id::text AS relationship_id, array_agg(w.idf) AS idfs,
-                   array_agg(t.tf::double precision) AS tfs, min(w.avgdl) AS avgdl
-            -- The query's lexemes present in the space, with their IDF, computed
-            -- once in a materialised CTE (see build_discovery): inlined, the planner
-            -- counted df once per matching posting (the evidence list's bug, fixed
-            -- the same way in gateway/store/search.py).
-            FROM query_idf w
-            JOIN relationship_terms t
-              ON t.team_id = {team} AND t.space_id = {space} AND t.lexeme = w.lexeme
-            GROUP BY t.relationship_id
-        ) g
-        JOIN relationships r
-          ON r.team_id = {team} AND r.space_id = {space} AND r.id = g.relationship_id
-        WHERE r.generation = {p["generation"]} AND r.recorded_at <= {p["t_sys"]}
-    ) h
-    ORDER BY h.score DESC, h.relationship_id COLLATE "C"
-    LIMIT {limit}
+SELECT 'fulltext'::text AS list_name, s.rank, s.doc_id AS relationship_id
+FROM ({top}
 ) s"""
 
 
@@ -285,6 +271,19 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
             f"unnest(to_tsvector('english'::regconfig, {p['text']})) AS u)"
         )
         ctes.append(_query_idf(p) if q.as_of is None else _query_idf_as_of(p, q.as_of))
+        # The query lexemes' postings per relationship, computed once (the
+        # materialised CTEs also keep df from being counted once per posting, the
+        # evidence list's bug, fixed the same way in gateway/store/search.py).
+        ctes.append(
+            postings_cte(
+                "query_postings",
+                idf="query_idf",
+                space=p["space"],
+                postings="relationship_terms",
+                doc_id="relationship_id",
+                team=p["team"],
+            )
+        )
         parts.append(_fulltext(p))
     if q.vector is not None:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")

@@ -31,6 +31,9 @@ postings' primary-key prefix ``(team_id, space_id, lexeme)``, N and the total
 document length from ``evidence_search_stats`` (db/0002_search_stats.sql).
 These statistics cover the whole space, all generations and the present
 state; they shape the order of candidates, never which evidence qualifies.
+Of the hits (most of a space, for a question with a common word), only those
+whose score bound can reach the list are looked up and scored: the exact top
+``per_list`` at a fraction of the lookups (gateway/store/bm25.py).
 
 **A view of an earlier instant never moves** (``as_of``, the recall's
 ``knownAt``): its N, total length and df are counted over what was recorded at
@@ -79,8 +82,9 @@ from uuid import UUID
 
 import numpy as np
 
+from gateway.store.bm25 import BM25_B, BM25_K1, postings_cte, top_k
 from gateway.store.connection import Conn
-from gateway.store.params import Params, float_literal
+from gateway.store.params import Params
 
 __all__ = [
     "BM25_B",
@@ -101,12 +105,6 @@ __all__ = [
 ListName = Literal["fulltext", "vector", "entity"]
 LIST_NAMES: Final[tuple[ListName, ...]] = ("fulltext", "vector", "entity")
 BRANCHES: Final = frozenset({"shared", "private"})
-
-# BM25 parameters: the common defaults (Anserini's), which reach nDCG@10
-# 0.686 on SciFact here (benchmarks/fulltext_quality.py); the mild length
-# normalisation suits short evidence texts.
-BM25_K1: Final = 0.9
-BM25_B: Final = 0.4
 
 # Below this many vectors in a space the vector list is an exact scan, above it
 # the HNSW index is used. Measured on 2 cores with 384-dimension vectors: an
@@ -169,42 +167,35 @@ def _fulltext(p: Params, branch: str, space: str, generation: str) -> str:
 
     score(d) = sum over matching lexemes of
     idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)).
-    Postings are grouped per document first, so that each hit document is
-    looked up once (index-only, ``evidence_search_filter``) rather than once
-    per matching lexeme (SciFact, before that index: p95 35 ms down to 26 ms).
+    The postings are grouped per document in the prelude (``query_postings``);
+    only the documents whose score bound can reach the top are scored, each
+    looked up once (gateway/store/bm25.py says why the answer is the same).
     """
     team = p["team"]
-    limit = p["per_list"]
-    k1, b = float_literal(BM25_K1), float_literal(BM25_B)
+    top = top_k(
+        "query_postings",
+        space=space,
+        doc_table="evidence",
+        doc_join=f"d.team_id = {team} AND d.space_id = {space} AND d.id = g.doc_id",
+        visible=_visible(p, "d", space, generation),
+        limit=p["per_list"],
+    )
     return f"""
-SELECT {branch} AS branch, 'fulltext'::text AS list_name, s.rank, s.evidence_id
-FROM (
-    SELECT h.evidence_id,
-           row_number() OVER (ORDER BY h.score DESC, h.evidence_id COLLATE "C") AS rank
-    FROM (
-        SELECT g.evidence_id,
-               (SELECT sum(u.idf * u.tf * ({k1} + 1)
-                           / (u.tf + {k1} * (1 - {b} + {b} * e.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            -- avgdl is one value per space; min() only carries it through the grouping.
-            SELECT t.evidence_id::text AS evidence_id, array_agg(w.idf) AS idfs,
-                   array_agg(t.tf::double precision) AS tfs, min(w.avgdl) AS avgdl
-            -- The query's lexemes present in this space, with their IDF (computed
-            -- once, in the statement's prelude: see _fulltext_prelude).
-            FROM query_idf w
-            JOIN evidence_terms t
-              ON t.team_id = {team} AND t.space_id = {space} AND t.lexeme = w.lexeme
-            WHERE w.space_id = {space}
-            GROUP BY t.evidence_id
-        ) g
-        JOIN evidence e
-          ON e.team_id = {team} AND e.space_id = {space} AND e.id = g.evidence_id
-        WHERE {_visible(p, "e", space, generation)}
-    ) h
-    ORDER BY h.score DESC, h.evidence_id COLLATE "C"
-    LIMIT {limit}
+SELECT {branch} AS branch, 'fulltext'::text AS list_name, s.rank, s.doc_id AS evidence_id
+FROM ({top}
 ) s"""
+
+
+def _query_postings(p: Params) -> str:
+    """The prelude's last CTE: the query lexemes' postings grouped per document."""
+    return postings_cte(
+        "query_postings",
+        idf="query_idf",
+        space="w.space_id",
+        postings="evidence_terms",
+        doc_id="evidence_id",
+        team=p["team"],
+    )
 
 
 def _fulltext_prelude(p: Params) -> str:
@@ -239,7 +230,8 @@ query_idf AS MATERIALIZED (
         WHERE c.team_id = {team} AND c.space_id = b.space_id AND c.lexeme = ql.lexeme
     ) d
     WHERE d.df > 0 AND st.avgdl > 0
-)
+),
+{_query_postings(p)}
 """
 
 
@@ -281,7 +273,8 @@ query_idf AS MATERIALIZED (
           AND c.recorded_at <= {at}
     ) d
     WHERE d.df > 0 AND s.avgdl > 0
-)
+),
+{_query_postings(p)}
 """
 
 
