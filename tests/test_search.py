@@ -489,6 +489,33 @@ def _near(query: np.ndarray, angles: np.ndarray, rng: np.random.Generator) -> np
     return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
 
 
+async def _insert_evidence_rows(
+    conn: asyncpg.Connection,
+    team: str,
+    space: UUID,
+    generation: int,
+    source: str,
+    ids: Sequence[str],
+) -> None:
+    """Evidence rows (no vectors) written directly as the owner, with their triggers."""
+    await conn.copy_records_to_table(
+        "evidence",
+        columns=[
+            "team_id",
+            "id",
+            "space_id",
+            "generation",
+            "source_id",
+            "content",
+            "content_sha256",
+        ],
+        records=[
+            (team, i, space, generation, source, f"filler {i}", hashlib.sha256(i.encode()).digest())
+            for i in ids
+        ],
+    )
+
+
 async def _insert_direct(
     conn: asyncpg.Connection,
     team: str,
@@ -506,22 +533,7 @@ async def _insert_direct(
     busy machine (this is set-up, not the code under test).
     """
     await conn.execute("SET LOCAL statement_timeout = 0")
-    await conn.copy_records_to_table(
-        "evidence",
-        columns=[
-            "team_id",
-            "id",
-            "space_id",
-            "generation",
-            "source_id",
-            "content",
-            "content_sha256",
-        ],
-        records=[
-            (team, i, space, generation, source, f"filler {i}", hashlib.sha256(i.encode()).digest())
-            for i in ids
-        ],
-    )
+    await _insert_evidence_rows(conn, team, space, generation, source, ids)
     await conn.copy_records_to_table(
         "evidence_embeddings",
         columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
@@ -739,6 +751,86 @@ async def _vector_search_with_scans(
         return got, {(r["tbl"], r["method"]): r["n"] for r in rows}
     finally:
         await conn.close()
+
+
+async def test_hnsw_ef_search_grows_with_the_space(admin_conn: asyncpg.Connection) -> None:
+    """db/0060: ef_search = max(2 * limit, 100, space size / 100), at most 1000."""
+    cases = {
+        (0, 10): 100,
+        (10_000, 10): 100,
+        (10_000, 60): 120,
+        (20_000, 10): 200,
+        (50_000, 60): 500,
+        (100_000, 10): 1000,
+        (5_000_000, 10): 1000,
+        (1_000, 500): 1000,
+    }
+    got = {
+        (size, limit): await admin_conn.fetchval(
+            "SELECT evidence_vector_ef($1::bigint, $2::integer)", size, limit
+        )
+        for size, limit in cases
+    }
+    assert got == cases
+
+
+async def test_hnsw_walk_of_a_large_space_uses_its_ef_in_the_recall_transaction(
+    db: Database,
+    writes: WriteService,
+    admin_conn: asyncpg.Connection,
+    embedder: EmbeddingProvider,
+) -> None:
+    """In a recall's own transaction (tenant role, row-level security), the vector
+    list of a space of 20,000 evidence walks its HNSW graph with ef_search 200,
+    not the 100 of before db/0060, and returns the exact top 10 of the space.
+
+    The walk's ef is seen in the partition's fetched index tuples
+    (``pg_stat_xact_user_tables``): the iterative scan hands over ef_search rows,
+    all of which pass the filters here. 1,500 of the evidence have vectors (the
+    rest were written without: the size is the space's evidence count), the 10
+    nearest well apart from the others, so that the graph finds them."""
+    team = unique("ef-size")
+    await load_jsonl(writes, jsonl(_team(team)))
+    dims = 384
+    await admin_conn.execute(
+        "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        embedder.model,
+        dims,
+    )
+    model = await admin_conn.fetchval("SELECT name FROM embedding_models")
+    branch = await _branch(admin_conn, team)
+    rng = np.random.default_rng(60)
+    query = rng.standard_normal(dims)
+    query = (query / np.linalg.norm(query)).astype(np.float32)
+    angles = np.concatenate([np.linspace(0.20, 0.30, 10), rng.uniform(0.8, 1.4, 1490)])
+    vectors = _near(query, angles, rng)
+    ids = [f"v-{i:05d}" for i in range(len(angles))]
+    async with admin_conn.transaction():
+        await _insert_direct(admin_conn, team, branch.space_id, 1, "src", ids, vectors, model)
+        await _insert_evidence_rows(
+            admin_conn,
+            team,
+            branch.space_id,
+            1,
+            "src",
+            [f"t-{i:05d}" for i in range(20_000 - len(ids))],
+        )
+    distances = 1.0 - vectors.astype(np.float64) @ query.astype(np.float64)
+    exact = [ids[i] for i in np.argsort(distances, kind="stable")[:10]]
+    partition = f"evidence_embeddings_{branch.space_id.hex}"
+
+    async with db.unit(team, [branch.space_id]) as unit, unit.step() as conn:
+        assert await conn.fetchval("SELECT current_user") == APP_ROLE
+        # Only the index can deliver the rows in distance order (a sort of a
+        # full scan of 1,500 rows may look cheaper to the planner).
+        await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+        query_ = CandidateQuery(team, (branch,), None, query, (), (), 10, None)
+        got = (await evidence_candidates(conn, query_))[("shared", "vector")]
+        fetched = await conn.fetchval(
+            "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1", partition
+        )
+    assert got == exact
+    assert fetched == 200
 
 
 async def test_vector_settings_stay_inside_the_search(
