@@ -113,11 +113,13 @@ async def test_postings_are_written_per_statement(admin_conn: asyncpg.Connection
 async def test_a_first_load_leaves_the_foreign_key_checks_lookups_by_key(
     fresh_dsn: str, embedder: EmbeddingProvider
 ) -> None:
-    """On a new store, a load gives the referenced tables planner statistics, so
-    each posting's check of its evidence is planned as a lookup by key, not a scan
-    of the space through another (team_id, space_id, ...) index (which the
-    planner chose without statistics; docs/benchmarks.md has the plans and the
-    time). Autovacuum would analyse them only a minute or more later."""
+    """On a new store, a load gives the referenced tables planner statistics
+    (autovacuum would analyse them only a minute or more later). Why: without
+    them a posting's check of its evidence was once planned as a scan of the
+    space through another (team_id, space_id, ...) index; docs/data-model.md
+    ("Planner statistics on a new store") says when. This test pins that the
+    statistics are there, not the plan itself, which a small store does not
+    reproduce; tests/test_load_statistics.py covers locks and failures."""
     db = await Database.open(fresh_dsn, min_size=1, max_size=2)
     try:
         writes = WriteService(db, embedder)
