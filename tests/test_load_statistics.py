@@ -15,7 +15,8 @@ import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
-from gateway.services.writes import WriteService
+from gateway.services import loader
+from gateway.services.writes import Actor, WriteService
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -98,3 +99,58 @@ async def test_a_failed_refresh_is_logged_and_the_load_completes(
     assert stored == 6
     failed = [r for r in caplog.records if _REFRESH_FAILED in r.getMessage()]
     assert failed and all(r.levelno == logging.WARNING for r in failed)
+
+
+_CHECK = (
+    "SELECT 1 FROM ONLY evidence x WHERE team_id = $1 AND space_id = $2 AND id = $3 "
+    "FOR KEY SHARE OF x"
+)
+
+
+async def _check_plan(conn: asyncpg.Connection) -> str:
+    """The generic plan of a posting's foreign-key check of its evidence."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        await conn.execute(f"PREPARE fk_check(client_id, uuid, client_id) AS {_CHECK}")
+        try:
+            rows = await conn.fetch(
+                "EXPLAIN (COSTS OFF) EXECUTE fk_check('t', gen_random_uuid(), 'e')"
+            )
+        finally:
+            await conn.execute("DEALLOCATE fk_check")
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_without_statistics_the_check_scans_the_space_and_the_refresh_fixes_it(
+    fresh_dsn: str, embedder: EmbeddingProvider
+) -> None:
+    """The refresh's reason (docs/data-model.md, "Planner statistics on a new
+    store"): a batch written without it leaves evidence without statistics, and
+    the check is planned through another (team_id, space_id, ...) index with the
+    id a filter; after the loader's refresh it is a lookup on the whole key."""
+    db = await Database.open(fresh_dsn, min_size=1, max_size=2)
+    try:
+        writes = WriteService(db, embedder)
+        async with db.pool.acquire() as conn:  # this test's own store: no analysis but ours
+            await conn.execute("ALTER TABLE evidence SET (autovacuum_enabled = off)")
+        records = loader.parse(loader.split_lines(_retarget(_generated(30), unique("plan"))))
+        await writes.apply([r for _, r in records], Actor.operator())
+        async with db.pool.acquire() as conn:
+            # more rows in the same spaces, as a larger first batch would write
+            # (INSERT, like COPY, leaves the table without statistics)
+            columns = await conn.fetchval(
+                "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) "
+                "FROM pg_attribute WHERE attrelid = 'evidence'::regclass AND attnum > 0 "
+                "AND NOT attisdropped AND attname <> 'id'"
+            )
+            await conn.execute(
+                f"INSERT INTO evidence (id, {columns}) SELECT id || '-' || g, {columns} "
+                "FROM evidence, generate_series(1, 40) AS g"
+            )
+            before = await _check_plan(conn)
+            await writes.analyze_unplanned_tables()
+            after = await _check_plan(conn)
+    finally:
+        await db.close()
+    assert "Filter" in before and "id" in before.split("Filter")[1], before
+    assert "Filter" not in after and "id" in after.split("Index Cond")[1], after
