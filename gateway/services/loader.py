@@ -283,12 +283,16 @@ async def load(
     actor: Actor | None = None,
     progress: Callable[[int], None] | None = None,
     set_based: bool = True,
+    embed_ahead: bool = True,
 ) -> LoadReport:
     """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
     A list's ``embedding_model`` line is checked first; a stream's must have been
     checked by the caller (:func:`check`, then :func:`check_embedding_model`).
     ``set_based=False`` keeps every record on the record-at-a-time path (a test
-    compares the two)."""
+    compares the two). Once a batch has created evidence, the next batches'
+    evidence texts are embedded while their writes run (``embed_ahead``): the
+    model then works while the database does. A re-run creates nothing, so it
+    embeds nothing."""
     actor = actor or Actor.operator()
     report = LoadReport()
     if batch_size < 1:
@@ -297,9 +301,12 @@ async def load(
         for line, item in records:
             if isinstance(item, EmbeddingModelLine):
                 await check_embedding_model(service, line, item)
+    ahead = False
     for chunk in batches(records, batch_size):
         try:
-            result = await service.apply([r for _, r in chunk], actor, set_based=set_based)
+            result = await service.apply(
+                [r for _, r in chunk], actor, set_based=set_based, embed_ahead=ahead
+            )
         except RecordError as exc:
             if exc.index >= 0:
                 line = chunk[exc.index][0]
@@ -324,6 +331,7 @@ async def load(
         report.records += len(chunk)
         report.created.update(result.created)
         report.unchanged.update(result.unchanged)
+        ahead = embed_ahead and result.created["evidence"] > 0
         if progress is not None:
             progress(len(chunk))
     return report

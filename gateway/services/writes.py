@@ -713,22 +713,31 @@ class WriteService:
         return None
 
     async def apply(
-        self, records: Sequence[Any], actor: Actor, *, set_based: bool = True
+        self,
+        records: Sequence[Any],
+        actor: Actor,
+        *,
+        set_based: bool = True,
+        embed_ahead: bool = False,
     ) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal.
 
         The operator's runs of creation records go through the set-based path
         (:mod:`gateway.services.bulk_writes`) unless ``set_based`` is off; when
         that path cannot accept a run, the batch is applied again record by
-        record, which reports the refusal exactly as it always has."""
+        record, which reports the refusal exactly as it always has.
+        ``embed_ahead`` embeds the operator's evidence texts while the writes
+        run, as a principal's always are (see :meth:`_prefetched`)."""
         if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
             try:
-                return await self._apply(records, actor, set_based=True)
+                return await self._apply(records, actor, set_based=True, embed_ahead=embed_ahead)
             except bulk_writes.Fallback:
                 pass  # rolled back; the record-at-a-time path finds the refusal
-        return await self._apply(records, actor, set_based=False)
+        return await self._apply(records, actor, set_based=False, embed_ahead=embed_ahead)
 
-    async def _apply(self, records: Sequence[Any], actor: Actor, *, set_based: bool) -> BatchResult:
+    async def _apply(
+        self, records: Sequence[Any], actor: Actor, *, set_based: bool, embed_ahead: bool
+    ) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
         # embeddings: bounded by the statement timeout, like the loader's own writes,
@@ -740,7 +749,7 @@ class WriteService:
                 cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
             )
         )
-        async with self._prefetched(records, actor) as prefetch, transaction as conn:
+        async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
             batch = _Batch(conn, actor, self.embedder)
             batch.prefetch = prefetch
             index = 0
@@ -788,12 +797,14 @@ class WriteService:
 
     @asynccontextmanager
     async def _prefetched(
-        self, records: Sequence[Any], actor: Actor
+        self, records: Sequence[Any], actor: Actor, embed_ahead: bool
     ) -> AsyncIterator[tuple[list[str], asyncio.Task[np.ndarray]] | None]:
         """A principal's evidence texts start embedding at once, in the provider's
         thread, while the transaction's checks and inserts wait on the database:
-        a ``remember`` then costs about the longer of the two, not their sum. Not
-        for the loader: a re-run would embed texts that are already stored."""
+        a ``remember`` then costs about the longer of the two, not their sum. For
+        the loader only with ``embed_ahead``: a re-run would embed texts that are
+        already stored, so the loader asks for it only while a load is creating
+        evidence (:func:`gateway.services.loader.load`)."""
         texts = sorted(
             {
                 r.content
@@ -801,7 +812,7 @@ class WriteService:
                 if r.kind == "evidence" and getattr(r, "embedding", None) is None
             }
         )
-        if actor.is_operator or not texts:
+        if (actor.is_operator and not embed_ahead) or not texts:
             yield None
             return
         task = asyncio.create_task(self.embedder.embed(texts))
