@@ -383,6 +383,9 @@ async def vector_index_costs(conn: asyncpg.Connection) -> None:
         "WHERE i.inhparent = 'evidence_embeddings'::regclass "
         "ORDER BY pg_relation_size(c.oid) DESC LIMIT 1"
     )
+    if part is None:  # a store without any space's vector partition
+        print("  server: no evidence vectors, no HNSW costs to measure")
+        return
     n = await conn.fetchval(f"SELECT count(*) FROM {part}")
     print(f"  server: HNSW over the {n} evidence vectors of the largest space")
 

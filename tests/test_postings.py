@@ -113,11 +113,13 @@ async def test_postings_are_written_per_statement(admin_conn: asyncpg.Connection
 async def test_a_first_load_leaves_the_foreign_key_checks_lookups_by_key(
     fresh_dsn: str, embedder: EmbeddingProvider
 ) -> None:
-    """On a new store, a load gives the referenced tables planner statistics, so
-    each posting's check of its evidence is planned as a lookup by key, not a scan
-    of the space through another (team_id, space_id, ...) index (which the
-    planner chose without statistics; docs/benchmarks.md has the plans and the
-    time). Autovacuum would analyse them only a minute or more later."""
+    """On a new store, a load gives the referenced tables planner statistics
+    (autovacuum would analyse them only a minute or more later). Why: without
+    them a posting's check of its evidence was once planned as a scan of the
+    space through another (team_id, space_id, ...) index; docs/data-model.md
+    ("Planner statistics on a new store") says when. This test pins that the
+    statistics are there, not the plan itself, which a small store does not
+    reproduce; tests/test_load_statistics.py covers locks and failures."""
     db = await Database.open(fresh_dsn, min_size=1, max_size=2)
     try:
         writes = WriteService(db, embedder)
@@ -137,3 +139,31 @@ async def test_a_first_load_leaves_the_foreign_key_checks_lookups_by_key(
         ("evidence", True, True),
         ("relationships", True, True),
     ]
+
+
+async def test_the_search_document_does_not_depend_on_the_writers_search_path(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """db/0056: the triggers find tsvector_token_count and the postings tables
+    whatever the inserting session's search_path (here one without public),
+    like the generated columns they replaced. Run on a temporary table of the
+    same columns, rolled back."""
+    async with admin_conn.transaction():
+        for function, text in (
+            ("evidence_search_document", "content"),
+            ("relationship_search_document", "statement"),
+        ):
+            await admin_conn.execute(
+                f"CREATE TEMP TABLE t_{text} ({text} text, search_document tsvector, "
+                f"doc_length integer) ON COMMIT DROP; "
+                f"CREATE TRIGGER t BEFORE INSERT ON pg_temp.t_{text} "
+                f"FOR EACH ROW EXECUTE FUNCTION public.{function}()"
+            )
+        await admin_conn.execute("SET LOCAL search_path = pg_catalog")
+        for text in ("content", "statement"):
+            row = await admin_conn.fetchrow(
+                f"INSERT INTO pg_temp.t_{text} ({text}) VALUES ('Pumps pump the pumped water') "
+                "RETURNING search_document::text AS doc, doc_length"
+            )
+            assert row is not None
+            assert (row["doc"], row["doc_length"]) == ("'pump':1,2,4 'water':5", 4)

@@ -77,7 +77,9 @@ def _verify(path: Path) -> None:
 class E5EmbeddingProvider:
     """multilingual-e5-small on the CPU, loaded on first use, inference off the event loop.
 
-    Like the ONNX provider, it runs in one :class:`InferenceThread`.
+    It runs in one :class:`InferenceThread` for queries and bulk calls alike:
+    unlike onnxruntime's sessions, the engine is not known to take concurrent
+    runs, and its OpenMP threads starve when oversubscribed.
     """
 
     def __init__(

@@ -325,8 +325,6 @@ async def load(
                 f"{error}; lines {chunk[0][0]}-{chunk[-1][0]} were not written "
                 f"({report.records} earlier record(s) are committed; loading again skips them)",
             ) from exc
-        if result.created:
-            await service.analyze_unplanned_tables()
         report.batches += 1
         report.records += len(chunk)
         report.created.update(result.created)
@@ -334,6 +332,8 @@ async def load(
         ahead = embed_ahead and result.created["evidence"] > 0
         if progress is not None:
             progress(len(chunk))
+        if result.created:  # after the count: the batch is committed whatever happens here
+            await service.analyze_unplanned_tables()
     return report
 
 

@@ -225,23 +225,32 @@ async def copy_rows(conn: Conn, table: str, rows: Sequence[tuple[Any, ...]]) -> 
     await conn.copy_records_to_table(table, records=rows, columns=list(COPY_TABLES[table]))
 
 
-# Tables that a foreign key references and that hold rows but no planner
-# statistics yet (never analysed, or analysed while empty), analysed in one
-# round trip. ANALYZE of a table the connecting role may not analyse is skipped
-# by the server with a warning, not an error.
+# Tables of the gateway's schema that a foreign key references and that hold
+# rows but no planner statistics yet (never analysed, or analysed while empty),
+# analysed in one round trip. It never waits on another session's lock:
+# ANALYZE (SKIP_LOCKED) skips a table whose lock is held (a transaction that
+# creates a space holds a conflicting lock on evidence and relationships until
+# it commits, a loader's batch through its embedding) with a server warning, and
+# the next batch tries again; the short lock_timeout bounds the AccessShareLock
+# that pg_relation_size takes (only an ACCESS EXCLUSIVE holder, a migration or
+# an ALTER, blocks it; the refresh then fails fast and is logged, see
+# WriteService.analyze_unplanned_tables). ANALYZE of a table the connecting
+# role may not analyse is skipped by the server with a warning, not an error.
 _ANALYZE_UNPLANNED = """
 DO $$
 DECLARE
     t regclass;
 BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
     FOR t IN
         SELECT c.oid::regclass FROM pg_class c
         WHERE c.relkind = 'r' AND c.reltuples <= 0
+          AND c.relnamespace = 'public'::regnamespace
           AND c.oid IN (SELECT confrelid FROM pg_constraint WHERE contype = 'f')
           AND pg_relation_size(c.oid) > 0
         ORDER BY c.oid
     LOOP
-        EXECUTE format('ANALYZE %s', t);
+        EXECUTE format('ANALYZE (SKIP_LOCKED) %s', t);
     END LOOP;
 END $$
 """
@@ -252,11 +261,12 @@ async def analyze_unplanned(conn: Conn) -> None:
 
     Every inserted row's foreign-key check looks its parent up by key, e.g. a
     posting's evidence by (team_id, space_id, id). Without statistics the
-    planner costs every index led by (team_id, space_id) like that unique key
-    and may pick one such as evidence_space (team_id, space_id, generation),
-    with the id a mere filter: each check then reads the whole space, and a
-    first load into a new store grows quadratically until autovacuum analyses
-    the table (measured: 21 ms per evidence row at 2,000 documents; docs/
-    benchmarks.md). With any statistics the unique key wins, at every size.
+    planner may cost another index led by (team_id, space_id), such as
+    evidence_space (team_id, space_id, generation), like that unique key and
+    check through it with the id a mere filter: each check then reads the whole
+    space, and a first load into a new store grows quadratically until
+    autovacuum analyses the table. docs/data-model.md ("Planner statistics on a
+    new store") states when that plan was seen and when it was not. With
+    statistics the unique key wins.
     """
     await conn.execute(_ANALYZE_UNPLANNED)
