@@ -121,9 +121,15 @@ async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
     report = await build_communities(db, team, max_nodes=3, max_edges=10_000)
-    assert report.status == "too_large" and report.node_count == 8
+    assert report.status == "too_large" and report.node_count == 4  # counted up to limit + 1
+    assert report.error == "more than 3 semantic groups (limit 3)"
     result = await related(client, tok, q="billing ledger", limit=1)
     assert codes(result, "COMMUNITIES") == ["community_graph_too_large"]
+    async with db.admin(readonly=True) as conn:
+        stored = await conn.fetchrow(
+            "SELECT status, node_count, edge_count FROM community_runs WHERE id = $1", report.run_id
+        )
+    assert tuple(stored) == ("too_large", 4, 0)
     report = await build_communities(db, team, max_nodes=100, max_edges=2)
     assert report.status == "too_large"
 
@@ -136,6 +142,26 @@ async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch
     result = await related(client, tok, q="billing ledger", limit=1)
     assert codes(result, "COMMUNITIES") == ["community_detection_failed"]
     assert result["relatedCommunities"] == []
+
+
+async def test_node_limit_is_decided_before_the_graph_is_read(writes, db, monkeypatch) -> None:
+    """The shared graph has 8 eligible groups (and ineligible relationships of other
+    groups, which must not count): 7 is too_large without reading the graph, 8 builds."""
+    team = unique("comlim")
+    await load_graph(writes, team)
+    read = communities.store.shared_graph
+
+    def unread(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the whole graph was read for a space above the node limit")
+
+    monkeypatch.setattr(communities.store, "shared_graph", unread)
+    above = await build_communities(db, team, max_nodes=7, max_edges=10_000)
+    assert (above.status, above.node_count, above.edge_count) == ("too_large", 8, 0)
+    assert above.error == "more than 7 semantic groups (limit 7)"
+    monkeypatch.setattr(communities.store, "shared_graph", read)
+    at = await build_communities(db, team, max_nodes=8, max_edges=10_000)
+    assert (at.status, at.node_count) == ("succeeded", 8)
+    assert at.communities == 3 and at.sizes == [3, 2, 2]
 
 
 async def test_stale_snapshot_degrades_until_rebuilt(client, writes, db) -> None:

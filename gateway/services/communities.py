@@ -20,7 +20,11 @@ the number of its groups that touch them, then name) and top predicates (by
 the number of its relationships, then predicate): no language model.
 
 **Limits.** A graph above ``max_nodes`` groups or ``max_edges`` edges is not
-clustered; the run is stored as ``too_large`` so that recall can say so.
+clustered; the run is stored as ``too_large`` so that recall can say so. The
+groups are counted first, only up to ``max_nodes + 1``, so that a space far
+above the node limit is not read whole; its run records ``max_nodes + 1``
+nodes and no edges. The edge limit needs the graph, so it is checked after
+the read.
 
 **The snapshot** records what it was built from: the graph change counter of
 the space (db/0003) read in the same repeatable-read snapshot as the graph,
@@ -186,30 +190,36 @@ async def build_communities(
 ) -> BuildReport:
     """Build and store one community snapshot of the team's shared space."""
     say = progress or (lambda _stage: None)
-    say("reading the shared relationship graph")
+    say("counting the shared graph's groups")
     async with db.admin(isolation="repeatable_read", readonly=True) as conn:
         state = await store.graph_state(conn, team)
         if state is None:
             raise NotFound(f"no team '{team}' (or it has no shared space)")
-        rels = await store.shared_graph(conn, team, state)
-        entity_ids = sorted(
-            {r.subject_id for r in rels} | {r.object_id for r in rels if r.object_id}
-        )
-        names = await store.entity_names(conn, team, state.space_id, entity_ids)
-    nodes = len({r.group for r in rels})
+        # A bounded count first: a space far above the limit answers too_large
+        # after reading max_nodes + 1 groups, not after the whole graph (whose
+        # read, with every relationship's support paths, outlasted the statement
+        # timeout at 100,000 relationships per space).
+        nodes = await store.count_groups_upto(conn, team, state, max_nodes + 1)
+        if nodes > max_nodes:
+            rels: list[store.GraphRelationship] = []
+            names: dict[str, str] = {}
+        else:
+            say("reading the shared relationship graph")
+            rels = await store.shared_graph(conn, team, state)
+            entity_ids = sorted(
+                {r.subject_id for r in rels} | {r.object_id for r in rels if r.object_id}
+            )
+            names = await store.entity_names(conn, team, state.space_id, entity_ids)
+            nodes = len({r.group for r in rels})
     say("counting nodes and edges")
-    graph = (
-        Graph(tuple(sorted({r.group for r in rels})), {}, False)
-        if nodes > max_nodes
-        else build_graph(rels, max_edges)
-    )
+    graph = Graph((), {}, False) if nodes > max_nodes else build_graph(rels, max_edges)
     async with db.admin() as conn:
         run_id = await store.start_run(conn, team, state.space_id, ALGORITHM, seed)
     report = BuildReport(team, run_id, "running", nodes, len(graph.edges))
     if nodes > max_nodes or not graph.complete:
         report.status = "too_large"
         report.error = (
-            f"{nodes} semantic groups (limit {max_nodes})"
+            f"more than {max_nodes} semantic groups (limit {max_nodes})"
             if nodes > max_nodes
             else f"more than {max_edges} edges"
         )

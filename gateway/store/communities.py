@@ -124,6 +124,34 @@ _GRAPH_SQL = _GRAPH.format(
 )
 
 
+_GROUP_KEYS_SQL = (
+    "SELECT r.semantic_group_key FROM relationships r WHERE "
+    + eligible_relationship(
+        "r", "$1::text", "$2::uuid", "$3::integer", "$4::timestamptz", "$4::timestamptz"
+    )
+)
+
+
+async def count_groups_upto(conn: Conn, team: str, state: GraphState, limit: int) -> int:
+    """The number of semantic groups eligible now, counted only up to ``limit``.
+
+    Why a cursor and a count in Python rather than ``count(DISTINCT ...)`` or
+    ``DISTINCT ... LIMIT``: the statement has no sort or aggregate, so every plan
+    of it streams, and reading stops as soon as ``limit`` groups are seen; a
+    hashed DISTINCT would check the eligibility of every relationship of the
+    space first. Must run inside a transaction (the builder's snapshot).
+    """
+    seen: set[str] = set()
+    cursor = conn.cursor(
+        _GROUP_KEYS_SQL, team, state.space_id, state.generation, state.now, prefetch=1000
+    )
+    async for row in cursor:
+        seen.add(row["semantic_group_key"])
+        if len(seen) >= limit:
+            break
+    return len(seen)
+
+
 async def shared_graph(conn: Conn, team: str, state: GraphState) -> list[GraphRelationship]:
     """Every relationship of the shared space eligible now, with its supporting evidence."""
     rows = await conn.fetch(_GRAPH_SQL, team, state.space_id, state.generation, state.now)
