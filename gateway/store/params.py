@@ -25,9 +25,6 @@ class Params:
     def __getitem__(self, key: str) -> str:
         return self._refs[key]
 
-    def __contains__(self, key: str) -> bool:
-        return key in self._refs
-
 
 def float_literal(value: float) -> str:
     """A float8 literal for a module constant (never user input)."""

@@ -178,23 +178,20 @@ FROM ({top}
 ) s"""
 
 
-def _vector(p: Params) -> str:
-    # A knownAt view (no exact_below bound): db/0042, the exact top-N of the
-    # relationships visible at its instant.
+def _vector(p: Params, *, as_of: bool) -> str:
+    """Nearest relationship vectors of the active projection
+    (``relationship_vector_candidates``, db/0003 and db/0061); a knownAt view:
+    db/0042, the exact top-N of the relationships visible at its instant."""
     projection = f"""(SELECT pr.generation FROM relationship_projections pr
       WHERE pr.team_id = {p["team"]} AND pr.status = 'active')"""
-    if "exact_below" in p:
-        call = f"""relationship_vector_candidates(
-    {p["team"]}, {p["space"]}, {p["generation"]},
+    args = f"""{p["team"]}, {p["space"]}, {p["generation"]},
     {projection},
-    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}, {p["exact_below"]}
-)"""
-    else:
-        call = f"""relationship_vector_candidates_as_of(
-    {p["team"]}, {p["space"]}, {p["generation"]},
-    {projection},
-    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}
-)"""
+    {p["vector"]}, {p["per_list"]}, {p["t_sys"]}"""
+    call = (
+        f"relationship_vector_candidates_as_of(\n    {args}\n)"
+        if as_of
+        else f"relationship_vector_candidates(\n    {args}, {p['exact_below']}\n)"
+    )
     return f"""
 SELECT 'vector'::text AS list_name,
        row_number() OVER (ORDER BY v.distance, v.relationship_id COLLATE "C") AS rank,
@@ -289,7 +286,7 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")
         if q.as_of is None:
             p.bind("exact_below", EXACT_SEARCH_BELOW, "bigint")
-        parts.append(_vector(p))
+        parts.append(_vector(p, as_of=q.as_of is not None))
     team, space, gen, t, tv = p["team"], p["space"], p["generation"], p["t_sys"], p["t_valid"]
     if not parts:
         raise ValueError("discovery needs a query text or a query vector")

@@ -281,19 +281,30 @@ query_idf AS MATERIALIZED (
 
 
 def _vector(p: Params, branch: str, space: str, generation: str) -> str:
-    """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates;
-    a knownAt view: db/0042, the exact top-N of the rows visible at its instant)."""
-    if "exact_below" in p:
-        call = f"""evidence_vector_candidates(
+    """Nearest neighbours inside the space's partition (db/0002: evidence_vector_candidates)."""
+    return _vector_list(
+        branch,
+        f"""evidence_vector_candidates(
     {p["team"]}, {space}, {generation}, {p["vector"]},
     {p["per_list"]}, {p["known_at"]},
     {p["exclude"]}, {p["exact_below"]}
-)"""
-    else:
-        call = f"""evidence_vector_candidates_as_of(
+)""",
+    )
+
+
+def _vector_as_of(p: Params, branch: str, space: str, generation: str) -> str:
+    """A knownAt view's vector list: db/0042, the exact top-N of the rows visible
+    at its instant."""
+    return _vector_list(
+        branch,
+        f"""evidence_vector_candidates_as_of(
     {p["team"]}, {space}, {generation}, {p["vector"]},
     {p["per_list"]}, {p["known_at"]}, {p["exclude"]}
-)"""
+)""",
+    )
+
+
+def _vector_list(branch: str, call: str) -> str:
     return f"""
 SELECT {branch} AS branch, 'vector'::text AS list_name,
        row_number() OVER (ORDER BY v.distance, v.evidence_id COLLATE "C") AS rank,
@@ -368,13 +379,14 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
     if "entity" in wanted:
         p.bind("entities", list(q.entity_ids), "text[]")
 
+    builders = _BUILDERS if q.as_of is None else {**_BUILDERS, "vector": _vector_as_of}
     parts = []
     for i in range(1, len(q.branches) + 1):
         branch = f"({p['branches']})[{i}]"
         space = f"({p['spaces']})[{i}]"
         generation = f"({p['generations']})[{i}]"
         for name in wanted:
-            parts.append(_BUILDERS[name](p, branch, space, generation))
+            parts.append(builders[name](p, branch, space, generation))
     union = "\nUNION ALL\n".join(f"({part}\n)" for part in parts)
     sql = f"{prelude}SELECT c.branch, c.list_name, c.rank, c.evidence_id FROM (\n{union}\n) c"
     return sql, p.values
