@@ -8,7 +8,10 @@ between batches that a second run (or ``build-vector-indexes``) finishes.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,9 +90,11 @@ async def _build(db: Database, progress: list[int] | None = None) -> vector_inde
 
 
 async def _space(conn: asyncpg.Connection, team: str) -> UUID:
-    return await conn.fetchval(
+    space = await conn.fetchval(
         "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", team
     )
+    assert isinstance(space, UUID)
+    return space
 
 
 async def _vectors(conn: asyncpg.Connection, table: str, key: str, team: str) -> dict[str, Any]:
@@ -290,3 +295,59 @@ def test_the_command_loads_then_indexes_and_the_finishing_command_is_idle_after(
     finish = run(["build-vector-indexes"], dsn)
     assert finish.returncode == 0, finish.stderr
     assert finish.stdout == ""
+
+
+def _kill_once_rows_are_committed(path: Path, dsn: str) -> int:
+    """Run ``load --index-after`` and SIGKILL it at its first progress line that
+    counts committed records; returns its exit status."""
+    from .test_cli import CLI
+
+    environ = {k: v for k, v in os.environ.items() if k != "RECALL_DATABASE_URL"}
+    environ.update(DATABASE_URL=dsn, RECALL_LOAD_PROGRESS_INTERVAL_S="0.01")
+    proc = subprocess.Popen(
+        [*CLI, "load", "--index-after", "--batch-size", "10", str(path)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=environ,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            match = re.match(r"loading: ([\d,]+)/", line)
+            if match and int(match.group(1).replace(",", "")) > 0:
+                break
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    return proc.returncode
+
+
+async def test_a_killed_load_is_finished_by_running_it_again(
+    dsn: str, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, tmp_path: Path
+) -> None:
+    """SIGKILL in the middle of a load (whatever its batch was doing): every
+    committed evidence keeps its vector, detached; the same command again
+    finishes the rows and the indexes."""
+    from .test_cli import run
+
+    team = unique("ixkill")
+    docs = 300
+    path = tmp_path / "memory.jsonl"
+    path.write_text(jsonl(_records(team, embedder.model, docs=docs)))
+    assert _kill_once_rows_are_committed(path, dsn) == -signal.SIGKILL
+    space = await _space(admin_conn, team)
+    table = vector_partitions.partition_name("evidence_embeddings", space)
+    written = await admin_conn.fetchval("SELECT count(*) FROM evidence WHERE team_id = $1", team)
+    assert 0 < written < docs, "killed in the middle"
+    assert await admin_conn.fetchval(f'SELECT count(*) FROM "{table}"') == written
+    assert await admin_conn.fetchval(
+        "SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)", table
+    ) is False
+
+    again = run(["load", "--index-after", "--batch-size", "10", str(path)], dsn)
+    assert again.returncode == 0, again.stderr
+    assert "indexed" in again.stdout
+    for _table, attached, methods in await _state(admin_conn, space):
+        assert attached is True and "hnsw:True" in methods
+    assert len(await _vectors(admin_conn, "evidence_embeddings", "evidence_id", team)) == docs
