@@ -280,6 +280,7 @@ async def run_load(
         if index_after:
             settings = Settings()
             index_started = time.perf_counter()
+            steps: list[int] = []
             built = await vector_indexes.build_pending(
                 db,
                 await vector_indexes.pending(db),
@@ -289,10 +290,13 @@ async def run_load(
                     if args.index_workers is None
                     else args.index_workers
                 ),
+                progress=steps.append,
             )
             index_seconds = time.perf_counter() - index_started
             for table, rows, seconds in built.per_table:
                 print(f"  built {table.split('_')[0]} index: {rows} vectors, {seconds:.1f} s")
+            # one step per table comes at its end; the others are the server's reports
+            print(f"  index progress steps  {len(steps):10d}   (for {built.tables} tables)")
         elapsed = time.perf_counter() - started
         return {
             "index_seconds": index_seconds,
