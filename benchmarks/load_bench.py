@@ -112,6 +112,27 @@ class HashEmbedder:
         return None
 
 
+TOPICS = 20
+_CENTROIDS = np.random.default_rng(20261203).standard_normal((TOPICS, 384))
+_CENTROIDS /= np.linalg.norm(_CENTROIDS, axis=1, keepdims=True)
+
+
+class ClusteredEmbedder(HashEmbedder):
+    """Vectors around :data:`TOPICS` centroids (a topic and the noise drawn from a
+    hash of the text), closer to how a model's vectors bunch than uniform random
+    ones, on which an HNSW graph is at its worst."""
+
+    def vector(self, text: str) -> Vectors:
+        return clustered(int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest()))
+
+
+def clustered(seed: int) -> Vectors:
+    rng = np.random.default_rng(seed)
+    row = _CENTROIDS[int(rng.integers(TOPICS))] + rng.standard_normal(384) * 0.045
+    out: Vectors = (row / np.linalg.norm(row)).astype(np.float32)
+    return out
+
+
 class TimedEmbedder:
     """Wraps a provider and adds up the wall time spent inside ``embed``."""
 
@@ -188,13 +209,16 @@ def document_records(ident: str, title: str, text: str) -> list[dict[str, Any]]:
 
 
 def write_file(
-    path: Path, docs: Iterator[tuple[str, str, str]], supplied: EmbeddingProvider | None
+    path: Path,
+    docs: Iterator[tuple[str, str, str]],
+    supplied: EmbeddingProvider | None,
+    vectors: str = "random",
 ) -> tuple[int, int]:
     """The loader file, with vectors in it when ``supplied`` names a model (made
     by :class:`HashEmbedder`: their values do not matter to the write path);
     returns (records, evidence)."""
     records = evidence = 0
-    hasher = HashEmbedder()
+    hasher = ClusteredEmbedder() if vectors == "clustered" else HashEmbedder()
     with path.open("w", encoding="utf-8") as f:
         if supplied is not None:
             header = {
@@ -313,7 +337,7 @@ async def run_load(
         await db.close()
 
 
-async def vector_recall(dsn: str, queries: int, seed: int) -> float:
+async def vector_recall(dsn: str, queries: int, seed: int, vectors: str = "random") -> float:
     """Mean recall@10 of the evidence vector list (HNSW path forced) against the
     same function's exact scan, over random unit queries."""
     conn = await asyncpg.connect(dsn)
@@ -329,8 +353,11 @@ async def vector_recall(dsn: str, queries: int, seed: int) -> float:
         )
         hits = 0
         for _ in range(queries):
-            q = rng.standard_normal(384).astype(np.float32)
-            q /= np.linalg.norm(q)
+            if vectors == "clustered":
+                q = clustered(int(rng.integers(2**62)))
+            else:
+                q = rng.standard_normal(384).astype(np.float32)
+                q /= np.linalg.norm(q)
             approx = {r[0] for r in await conn.fetch(sql, team, space, q, 0)}
             exact = {r[0] for r in await conn.fetch(sql, team, space, q, 2**62)}
             hits += len(approx & exact)
@@ -359,7 +386,9 @@ async def measure(
         if args.server_profile:
             await server_profile(dsn, figures["seconds"])
         if args.recall_queries:
-            figures["recall_at_10"] = await vector_recall(dsn, args.recall_queries, args.seed)
+            figures["recall_at_10"] = await vector_recall(
+                dsn, args.recall_queries, args.seed, args.vectors
+            )
         return figures
 
 
@@ -545,6 +574,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="measure the evidence vector list's recall@10 against an exact search "
         "with this many random queries after each load (0: not measured)",
     )
+    parser.add_argument(
+        "--vectors",
+        choices=("random", "clustered"),
+        default="random",
+        help="supplied vectors (and recall queries): uniform random unit vectors from a "
+        "hash of the text (default), or bunched around 20 topic centroids",
+    )
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     args = parser.parse_args(argv)
 
@@ -557,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             docs = generated_documents(args.docs or 500, args.seed)
             source = "generated SciFact-shaped documents"
         supplied = create_provider(Settings()) if args.embedder == "supplied" else None
-        n_records, n_evidence = write_file(path, docs, supplied)
+        n_records, n_evidence = write_file(path, docs, supplied, args.vectors)
         print(
             f"{n_evidence} documents ({source}), {n_records} records, "
             f"{path.stat().st_size / 1e6:.1f} MB; embedder {args.embedder}, "
