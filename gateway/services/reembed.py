@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import asyncpg
 
 from gateway.embeddings.base import EmbeddingProvider
-from gateway.errors import EmbeddingMismatch, GatewayError
+from gateway.errors import EmbeddingMismatch, GatewayError, VectorIndexPending
 from gateway.store import reembed as store
+from gateway.store import vector_partitions
 from gateway.store.database import Database, connect_once
 from gateway.store.writes import store_embedding_model
 
@@ -73,6 +74,12 @@ async def reembed(
         if not await store.try_lock(conn):
             raise ReembedBusy("another reembed is running on this store")
         try:
+            if await vector_partitions.deferred(conn):
+                # Their vectors are outside the tables a re-embed reads and switches.
+                raise VectorIndexPending(
+                    "vectors of a 'load --index-after' wait for their index; finish it "
+                    "('recall-gateway build-vector-indexes') before re-embedding"
+                )
             current = await store_embedding_model(conn)
             if current is None:
                 return ReembedReport(
