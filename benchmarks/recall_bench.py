@@ -982,6 +982,74 @@ async def filtered_vector_recall(
     }
 
 
+async def relationship_vector_recall(
+    dsn: str, data: dict[str, Any], n_queries: int, seed: int
+) -> dict[str, float]:
+    """Relationship discovery's vector list (``relationship_vector_candidates``, the
+    function the discovery statement calls) vs an exact scan of the same space's
+    active-projection vectors: recall@10 of a list of 10 and recall@N of the list of
+    N that discovery asks for at the default limits, with each list's median time
+    (ms). Every generated relationship is eligible (one generation, recorded before
+    now), so the exact reference needs no other filter; it computes every distance
+    below an ``OFFSET 0`` fence, like the evidence reference, so that no index can
+    answer its ``ORDER BY``."""
+    from gateway.services.recall_types import overfetch
+    from gateway.store.related import EXACT_SEARCH_BELOW
+
+    rng = np.random.default_rng(seed + 5)
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    # relationshipLimit 5, communityLimit 3 (gateway/services/related.py)
+    wide = overfetch(5)
+    hits = {10: 0, wide: 0}
+    total = {10: 0, wide: 0}
+    times: dict[int, list[float]] = {10: [], wide: []}
+    try:
+        teams = list(data["teams"].items())
+        for i in range(n_queries):
+            team, space = teams[i % len(teams)]
+            topic = int(rng.integers(0, len(TOPICS)))
+            qv = unit(
+                data["centroids"][topic] + rng.standard_normal(DIM).astype(np.float32) * 0.045
+            )
+            rows = await conn.fetch(
+                "SELECT s.relationship_id FROM (SELECT relationship_id::text AS relationship_id, "
+                "embedding <=> $3 AS distance FROM relationship_embeddings "
+                "WHERE team_id = $1 AND space_id = $2 AND projection_generation = 1 OFFSET 0) s "
+                'ORDER BY s.distance, s.relationship_id COLLATE "C" LIMIT $4',
+                team,
+                space,
+                qv,
+                max(wide, 10),
+            )
+            exact = [r["relationship_id"] for r in rows]
+            for k in (10, wide):
+                async with conn.transaction():
+                    started = time.perf_counter()
+                    got = await conn.fetch(
+                        "SELECT relationship_id FROM relationship_vector_candidates("
+                        "$1, $2, 1, 1, $3, $4, now(), $5)",
+                        team,
+                        space,
+                        qv,
+                        k,
+                        EXACT_SEARCH_BELOW,
+                    )
+                    times[k].append(time.perf_counter() - started)
+                approx = [r["relationship_id"] for r in got]
+                hits[k] += len(set(approx) & set(exact[:k]))
+                total[k] += len(exact[:k])
+    finally:
+        await conn.close()
+    return {
+        "recall10": hits[10] / total[10] if total[10] else 0.0,
+        "recall_wide": hits[wide] / total[wide] if total[wide] else 0.0,
+        "wide": wide,
+        "ms10": statistics.median(times[10]) * 1000,
+        "ms_wide": statistics.median(times[wide]) * 1000,
+    }
+
+
 async def query_lexeme_spread(
     dsn: str, data: dict[str, Any], queries: list[str]
 ) -> tuple[float, float, float]:
@@ -1152,6 +1220,13 @@ def main() -> None:
             vector_recall = asyncio.run(
                 filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed)
             )
+            rel_recall = (
+                asyncio.run(
+                    relationship_vector_recall(dsn, data, min(args.queries, 100), args.seed)
+                )
+                if args.related
+                else None
+            )
             spread = asyncio.run(query_lexeme_spread(dsn, data, queries))
             stages = asyncio.run(stage_latency(dsn, data, queries))
     if args.answers_only:
@@ -1200,6 +1275,14 @@ def main() -> None:
         f"{vr['recall_wide']:.3f} (list of {vr['wide']:.0f}, as a recall of limit 10 "
         f"asks, median {vr['ms_wide']:.1f} ms)"
     )
+    if rel_recall is not None:
+        rr = rel_recall
+        print(
+            f"relationship vector recall@10 vs exact search under the space filter: "
+            f"{rr['recall10']:.3f} (list of 10, median {rr['ms10']:.1f} ms); "
+            f"recall@{rr['wide']:.0f} {rr['recall_wide']:.3f} (list of {rr['wide']:.0f}, as "
+            f"discovery asks at the default limits, median {rr['ms_wide']:.1f} ms)"
+        )
     sys.exit(1 if differ else 0)
 
 
