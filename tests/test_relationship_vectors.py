@@ -27,6 +27,7 @@ import pytest_asyncio
 
 from gateway.services.writes import WriteService
 from gateway.store.database import APP_ROLE, Database
+from gateway.store.related import EXACT_SEARCH_BELOW
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -229,7 +230,7 @@ def _exact(s: Space, query: np.ndarray, limit: int) -> list[str]:
 
 
 async def _candidates(
-    db: Database, s: Space, query: np.ndarray, limit: int
+    db: Database, s: Space, query: np.ndarray, limit: int, *, exact_below: int = HNSW_FROM
 ) -> tuple[list[str], int]:
     """The function's list in a recall's own transaction (tenant role, row-level
     security), and how many rows the space's partition handed over by index
@@ -255,7 +256,7 @@ async def _candidates(
                 query,
                 limit,
                 s.t_sys,
-                HNSW_FROM,
+                exact_below,
             )
         ]
         fetched = await conn.fetchval(
@@ -310,3 +311,38 @@ async def test_both_vector_lists_sort_their_walk_without_trusting_its_order(
     }
     for r in rows:
         assert "enable_incremental_sort=off" in r["proconfig"], r["proname"]
+
+
+@pytest.mark.slow
+async def test_hnsw_walk_of_a_large_relationship_space_uses_the_space_size_ef(
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """db/0061: relationship discovery's vector list follows the ef_search rule of
+    db/0060. In a recall's own transaction (tenant role, row-level security), a
+    space of 20,001 relationships walks its HNSW graph with ef_search 200, not the
+    fixed 100 of before, and returns the exact top 10 of the space.
+
+    The walk's ef is seen in the partition's fetched index tuples
+    (``pg_stat_xact_user_tables``): the scan hands over ef rows, all of which
+    pass the filters here. 1,500 of the relationships have vectors of the active
+    projection (the rest have none: the size is the space's relationship count),
+    the 10 nearest well apart from the others, so that the graph finds them."""
+    team, space, generation, projection, model = await _team(writes, admin_conn, "rel-ef")
+    rng = np.random.default_rng(61)
+    query = _unit(rng.standard_normal(DIMS))
+    angles = np.concatenate([np.linspace(0.20, 0.30, 10), rng.uniform(0.8, 1.4, 1490)])
+    vectors = _near(query, angles, rng)
+    ids = [f"r-{i:05d}" for i in range(20_000)]
+    async with admin_conn.transaction():
+        # Set-up, not the code under test: index maintenance may outlast the timeout.
+        await admin_conn.execute("SET LOCAL statement_timeout = 0")
+        await _relationships(admin_conn, team, space, generation, ids)
+        await _vectors(
+            admin_conn,
+            [(team, space, ids[n], projection, model, v) for n, v in enumerate(vectors)],
+        )
+    t_sys = await admin_conn.fetchval("SELECT now()")
+    s = Space(team, space, generation, projection, t_sys, ids[: len(vectors)], vectors)
+    got, fetched = await _candidates(db, s, query, 10, exact_below=EXACT_SEARCH_BELOW)
+    assert got == _exact(s, query, 10)
+    assert fetched == 200
