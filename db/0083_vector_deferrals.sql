@@ -16,7 +16,8 @@
 
 CREATE TABLE vector_deferrals (
     team_id     client_id NOT NULL,
-    space_id    uuid PRIMARY KEY,
+    space_id    uuid NOT NULL,
+    PRIMARY KEY (team_id, space_id),
     deferred_at timestamptz NOT NULL DEFAULT now(),
     FOREIGN KEY (team_id, space_id) REFERENCES memory_spaces (team_id, id)
 );

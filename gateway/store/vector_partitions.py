@@ -176,7 +176,7 @@ async def detach(conn: Conn, team: str, space: UUID, *, locked: bool = False) ->
             await conn.execute(f'DROP INDEX "{name}"')
     await conn.execute(
         "INSERT INTO vector_deferrals (team_id, space_id) VALUES ($1, $2) "
-        "ON CONFLICT (space_id) DO NOTHING",
+        "ON CONFLICT (team_id, space_id) DO NOTHING",
         team,
         space,
     )
