@@ -11,8 +11,10 @@
 -- built and attached. The row also lets a re-embed and the migration runner
 -- refuse while vectors are detached, and names the spaces in their messages.
 --
--- The application role gets no grant: only the loader (the tables' owner)
--- reads or writes it.
+-- Row-level security as on every tenant table: the application role may read
+-- the rows of its own team's allowed spaces (recall can then say that a
+-- space's vector list waits for its index), and never writes here; only the
+-- loader, the tables' owner, does.
 
 CREATE TABLE vector_deferrals (
     team_id     client_id NOT NULL,
@@ -21,3 +23,8 @@ CREATE TABLE vector_deferrals (
     deferred_at timestamptz NOT NULL DEFAULT now(),
     FOREIGN KEY (team_id, space_id) REFERENCES memory_spaces (team_id, id)
 );
+
+ALTER TABLE vector_deferrals ENABLE ROW LEVEL SECURITY;
+CREATE POLICY space_wall ON vector_deferrals TO recall_app
+    USING (team_id = recall_current_team() AND space_id = ANY (recall_allowed_spaces()));
+GRANT SELECT ON vector_deferrals TO recall_app;
