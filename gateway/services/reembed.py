@@ -74,12 +74,6 @@ async def reembed(
         if not await store.try_lock(conn):
             raise ReembedBusy("another reembed is running on this store")
         try:
-            if await vector_partitions.deferred(conn):
-                # Their vectors are outside the tables a re-embed reads and switches.
-                raise VectorIndexPending(
-                    "vectors of a 'load --index-after' wait for their index; finish it "
-                    "('recall-gateway build-vector-indexes') before re-embedding"
-                )
             current = await store_embedding_model(conn)
             if current is None:
                 return ReembedReport(
@@ -102,6 +96,12 @@ async def reembed(
                     False,
                     None,
                     f"the store already holds vectors of model '{target.model}'",
+                )
+            deferred = await vector_partitions.deferred_spaces(conn)
+            if deferred:  # it would miss them, and its switch would relabel them
+                raise VectorIndexPending(
+                    f"not re-embedding: {vector_partitions.pending_message(deferred)}, then "
+                    "run reembed"
                 )
             async with conn.transaction():
                 run = await store.start_run(conn, current[0], target.model)
