@@ -13,6 +13,7 @@ given).
     python benchmarks/load_bench.py --beir PATH_TO_SCIFACT --embedder local
     python benchmarks/load_bench.py --docs 2000 --embedder hash --profile load.prof
     python benchmarks/load_bench.py --docs 25000 --embedder supplied --server-profile
+    python benchmarks/load_bench.py --docs 2000 --embedder supplied --index-after both
 
 The file is written to a temporary folder as JSON Lines and loaded through the
 loader (parse, then batches through ``WriteService``) on a fresh embedded
@@ -29,6 +30,15 @@ never runs.
 ``--embedder hash`` is a stand-in that makes a unit vector from a hash of the
 text in microseconds: it isolates the cost of the write path itself, and is
 what a file with embeddings supplied costs when the loader cannot take them.
+
+``--index-after on`` loads as ``recall-gateway load --index-after`` does (the
+space's vectors into its detached tables, the HNSW indexes built at the end;
+the build's time is counted in the load's and printed as a share of it);
+``both`` loads the same file into two fresh databases, without then with it,
+an A/B in one run. Either way the vector list's recall@10 against an exact
+search is printed (``--recall-queries`` random unit queries through
+``evidence_vector_candidates`` forced onto the HNSW index, against the same
+function's exact scan), so that the two graphs are compared on the same rows.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ from typing import Any
 
 import asyncpg
 import numpy as np
+from pgvector.asyncpg import register_vector
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -58,7 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from beir_eval import scratch_database, server  # noqa: E402
 
 from gateway.embeddings import EmbeddingProvider, Vectors, create_provider  # noqa: E402
-from gateway.services import loader  # noqa: E402
+from gateway.services import loader, vector_indexes  # noqa: E402
 from gateway.services.writes import Actor, WriteService  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.bulk_writes import COPY_TABLES  # noqa: E402
@@ -236,7 +247,7 @@ def peak_rss_mb() -> float:
 
 
 async def run_load(
-    dsn: str, path: Path, args: argparse.Namespace, set_based: bool
+    dsn: str, path: Path, args: argparse.Namespace, set_based: bool, index_after: bool = False
 ) -> dict[str, float]:
     db = await Database.open(dsn, min_size=1, max_size=2, statement_timeout_ms=600_000)
     inner: EmbeddingProvider = (
@@ -263,9 +274,32 @@ async def run_load(
             batch_size=args.batch_size,
             actor=Actor.operator(),
             set_based=set_based,
+            index_after=index_after,
         )
+        index_seconds = 0.0
+        if index_after:
+            settings = Settings()
+            index_started = time.perf_counter()
+            steps: list[int] = []
+            built = await vector_indexes.build_pending(
+                db,
+                await vector_indexes.pending(db),
+                maintenance_work_mem_mb=args.index_memory_mb or settings.index_build_memory_mb,
+                workers=(
+                    settings.index_build_workers
+                    if args.index_workers is None
+                    else args.index_workers
+                ),
+                progress=steps.append,
+            )
+            index_seconds = time.perf_counter() - index_started
+            for table, rows, seconds in built.per_table:
+                print(f"  built {table.split('_')[0]} index: {rows} vectors, {seconds:.1f} s")
+            # one step per table comes at its end; the others are the server's reports
+            print(f"  index progress steps  {len(steps):10d}   (for {built.tables} tables)")
         elapsed = time.perf_counter() - started
         return {
+            "index_seconds": index_seconds,
             "seconds": elapsed,
             "parse_seconds": parsed_at - started,
             "embed_seconds": embedder.seconds,
@@ -279,8 +313,38 @@ async def run_load(
         await db.close()
 
 
+async def vector_recall(dsn: str, queries: int, seed: int) -> float:
+    """Mean recall@10 of the evidence vector list (HNSW path forced) against the
+    same function's exact scan, over random unit queries."""
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    try:
+        team, space = TEAM, await conn.fetchval(
+            "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", TEAM
+        )
+        rng = np.random.default_rng(seed)
+        sql = (
+            "SELECT evidence_id FROM evidence_vector_candidates($1, $2, 1, $3, 10, NULL, "
+            "ARRAY[]::text[], $4)"
+        )
+        hits = 0
+        for _ in range(queries):
+            q = rng.standard_normal(384).astype(np.float32)
+            q /= np.linalg.norm(q)
+            approx = {r[0] for r in await conn.fetch(sql, team, space, q, 0)}
+            exact = {r[0] for r in await conn.fetch(sql, team, space, q, 2**62)}
+            hits += len(approx & exact)
+        return hits / (10 * queries)
+    finally:
+        await conn.close()
+
+
 async def measure(
-    admin_dsn: str, path: Path, args: argparse.Namespace, set_based: bool
+    admin_dsn: str,
+    path: Path,
+    args: argparse.Namespace,
+    set_based: bool,
+    index_after: bool = False,
 ) -> dict[str, float]:
     async with scratch_database(admin_dsn) as dsn:
         if args.server_profile:
@@ -291,9 +355,11 @@ async def measure(
                 await admin.execute(f'ALTER DATABASE "{name}" SET track_functions = \'pl\'')
             finally:
                 await admin.close()
-        figures = await run_load(dsn, path, args, set_based)
+        figures = await run_load(dsn, path, args, set_based, index_after)
         if args.server_profile:
             await server_profile(dsn, figures["seconds"])
+        if args.recall_queries:
+            figures["recall_at_10"] = await vector_recall(dsn, args.recall_queries, args.seed)
         return figures
 
 
@@ -459,6 +525,26 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="also print where the database's time went: trigger functions' time, rows "
         "per table, EXPLAIN ANALYZE of inserting more rows like the loaded ones",
     )
+    parser.add_argument(
+        "--index-after",
+        choices=("off", "on", "both"),
+        default="off",
+        help="load as 'load --index-after' does (on), not (off), or both one after the "
+        "other on fresh databases",
+    )
+    parser.add_argument(
+        "--index-memory-mb", type=int, default=None, help="RECALL_INDEX_BUILD_MEMORY_MB"
+    )
+    parser.add_argument(
+        "--index-workers", type=int, default=None, help="RECALL_INDEX_BUILD_WORKERS"
+    )
+    parser.add_argument(
+        "--recall-queries",
+        type=int,
+        default=0,
+        help="measure the evidence vector list's recall@10 against an exact search "
+        "with this many random queries after each load (0: not measured)",
+    )
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     args = parser.parse_args(argv)
 
@@ -479,16 +565,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             flush=True,
         )
         paths = {"set": [True], "record": [False], "both": [False, True]}[args.path]
+        modes = {"off": [False], "on": [True], "both": [False, True]}[args.index_after]
         with server(args.database_url) as admin_dsn:
             for set_based in paths:
-                profiler = cProfile.Profile() if args.profile else None
-                if profiler is not None:
-                    profiler.enable()
-                figures = asyncio.run(measure(admin_dsn, path, args, set_based))
-                if profiler is not None:
-                    profiler.disable()
-                    profiler.dump_stats(str(args.profile))
-                report(figures, n_evidence, "set-based" if set_based else "record at a time")
+                for index_after in modes:
+                    profiler = cProfile.Profile() if args.profile else None
+                    if profiler is not None:
+                        profiler.enable()
+                    figures = asyncio.run(measure(admin_dsn, path, args, set_based, index_after))
+                    if profiler is not None:
+                        profiler.disable()
+                        profiler.dump_stats(str(args.profile))
+                    label = "set-based" if set_based else "record at a time"
+                    label += ", index after" if index_after else ", index per insert"
+                    report(figures, n_evidence, label)
 
 
 def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
@@ -505,6 +595,13 @@ def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
         f"   ({int(figures['embedded_texts'])} texts, {figures['embed_seconds']:.2f} s)"
     )
     print(f"  statements/1k records {figures['statements'] * 1000 / figures['records']:10.0f}")
+    if figures["index_seconds"]:
+        print(
+            f"  index build share     {figures['index_seconds'] / seconds:10.1%}"
+            f"   ({figures['index_seconds']:.1f} s)"
+        )
+    if "recall_at_10" in figures:
+        print(f"  vector recall@10      {figures['recall_at_10']:10.3f}   (against exact search)")
     print(f"  peak RSS (loader)     {peak_rss_mb():10.0f} MB")
     print(f"  load average after    {os.getloadavg()[0]:10.2f}", flush=True)
 

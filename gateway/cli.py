@@ -118,8 +118,45 @@ def _input(path: str) -> Iterator[LineSource]:
     yield reopened
 
 
+async def _build_vector_indexes(settings: Settings, db: Any, out: TextIO) -> None:
+    """Build and attach the vector tables that ``load --index-after`` left detached
+    (this run's, or an interrupted run's), with a progress bar of their own."""
+    from gateway.progress import report_progress
+    from gateway.services import vector_indexes
+
+    items = await vector_indexes.pending(db)
+    if not items:
+        return
+    async with report_progress(
+        sum(i.rows for i in items),
+        sys.stderr,
+        terminal=sys.stderr.isatty(),
+        label="indexing",
+        interval_s=settings.load_progress_interval_s,
+        unit="vectors",
+    ) as advance:
+        report = await vector_indexes.build_pending(
+            db,
+            items,
+            maintenance_work_mem_mb=settings.index_build_memory_mb,
+            workers=settings.index_build_workers,
+            progress=advance,
+        )
+    print(
+        f"indexed {report.vectors} vector(s) of {report.tables} table(s) in "
+        f"{report.seconds:.1f} s; recall finds them by vector now",
+        file=out,
+    )
+
+
 def _load_lines(
-    settings: Settings, dsn: str, lines: LineSource, batch_size: int, out: TextIO
+    settings: Settings,
+    dsn: str,
+    lines: LineSource,
+    batch_size: int,
+    out: TextIO,
+    *,
+    index_after: bool = False,
 ) -> int:
     from gateway.services import loader
 
@@ -142,15 +179,27 @@ def _load_lines(
             terminal=sys.stderr.isatty(),
             interval_s=settings.load_progress_interval_s,
         ) as advance:
-            return await loader.load(
-                service, loader.stream(lines()), batch_size=batch_size, progress=advance
+            loaded = await loader.load(
+                service,
+                loader.stream(lines()),
+                batch_size=batch_size,
+                progress=advance,
+                index_after=index_after,
             )
+        if index_after:
+            await _build_vector_indexes(settings, service.db, out)
+        return loaded
 
     started = time.perf_counter()
     try:
         report = asyncio.run(_with_services(dsn, settings, work))
     except loader.LoadError as exc:
         _err(exc.message)
+        if index_after:
+            _err(
+                "vectors written with --index-after are not yet indexed: load the file "
+                "again with --index-after, or run 'recall-gateway build-vector-indexes'"
+            )
         return 1
     elapsed = time.perf_counter() - started
     created = sum(report.created.values())
@@ -171,8 +220,30 @@ def _load_lines(
 def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
     with _input(args.file) as lines, database(settings) as dsn:
         return _load_lines(
-            settings, dsn, lines, args.batch_size or settings.load_batch_size, sys.stdout
+            settings,
+            dsn,
+            lines,
+            args.batch_size or settings.load_batch_size,
+            sys.stdout,
+            index_after=args.index_after,
         )
+
+
+def cmd_build_vector_indexes(settings: Settings, args: argparse.Namespace) -> int:
+    """Finish what an interrupted ``load --index-after`` left: build and attach."""
+    from gateway.store.database import Database, prepare
+
+    async def run() -> None:
+        await prepare(dsn, migrate=True)
+        db = await Database.open(dsn, min_size=1, max_size=2)
+        try:
+            await _build_vector_indexes(settings, db, sys.stdout)
+        finally:
+            await db.close()
+
+    with database(settings) as dsn:
+        asyncio.run(run())
+    return 0
 
 
 def _issue(
@@ -617,7 +688,21 @@ def _parser() -> argparse.ArgumentParser:
         type=_positive,
         help="records per transaction (RECALL_LOAD_BATCH_SIZE, default 500)",
     )
+    load.add_argument(
+        "--index-after",
+        action="store_true",
+        help="into spaces without vectors only: build their vector indexes once, after "
+        "the rows (much faster for a large load); until it ends recall finds the new "
+        "evidence by full text, not by vector",
+    )
     load.set_defaults(func=cmd_load)
+
+    build = sub.add_parser(
+        "build-vector-indexes",
+        help="build and attach the vector indexes that an interrupted 'load --index-after' "
+        "left unbuilt",
+    )
+    build.set_defaults(func=cmd_build_vector_indexes)
 
     demo = sub.add_parser("demo", help="load the bundled demo data, print a token and serve it")
     demo.add_argument("--host")

@@ -90,3 +90,15 @@ class RequestTimeout(GatewayError):
     """The request's deadline passed (``RECALL_REQUEST_TIMEOUT_MS``); its work was cancelled."""
 
     code = "REQUEST_TIMEOUT"
+
+
+class SpaceHasVectors(GatewayError):
+    """``load --index-after`` met a space whose vectors readers can already find."""
+
+    code = "SPACE_HAS_VECTORS"
+
+
+class VectorIndexPending(GatewayError):
+    """A write met a space whose vectors wait for ``load --index-after`` to index them."""
+
+    code = "VECTOR_INDEX_PENDING"

@@ -149,6 +149,21 @@ class Settings(BaseSettings):
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )
+    index_build_memory_mb: int = Field(
+        default=1024,
+        ge=64,
+        le=65_536,
+        description="maintenance_work_mem (MB) of the vector index builds that end a "
+        "'load --index-after'; an HNSW graph built in memory needs about 2 KB per "
+        "384-dimension vector.",
+    )
+    index_build_workers: int = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="Parallel workers (besides the server process leading it) of each "
+        "vector index build that ends a 'load --index-after'.",
+    )
     load_progress_interval_s: float = Field(
         default=5.0,
         gt=0,

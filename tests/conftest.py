@@ -152,7 +152,7 @@ async def admin_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
 
 def app_for(dsn: str, **settings: Any) -> Any:
     """The gateway app on the test database (its lifespan is the caller's to run)."""
-    return create_app(Settings(database_url=dsn, pool_max_size=4, **settings))
+    return create_app(Settings(**{"database_url": dsn, "pool_max_size": 4, **settings}))
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -284,6 +284,7 @@ async def load(
     progress: Callable[[int], None] | None = None,
     set_based: bool = True,
     embed_ahead: bool = True,
+    index_after: bool = False,
 ) -> LoadReport:
     """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
     A list's ``embedding_model`` line is checked first; a stream's must have been
@@ -292,7 +293,9 @@ async def load(
     compares the two). Once a batch has created evidence, the next batches'
     evidence texts are embedded while their writes run (``embed_ahead``): the
     model then works while the database does. A re-run creates nothing, so it
-    embeds nothing."""
+    embeds nothing. ``index_after`` keeps the vectors of the spaces it writes
+    (empty ones only) in detached tables; the caller then builds their indexes
+    (:func:`gateway.services.vector_indexes.build_pending`)."""
     actor = actor or Actor.operator()
     report = LoadReport()
     if batch_size < 1:
@@ -305,7 +308,11 @@ async def load(
     for chunk in batches(records, batch_size):
         try:
             result = await service.apply(
-                [r for _, r in chunk], actor, set_based=set_based, embed_ahead=ahead
+                [r for _, r in chunk],
+                actor,
+                set_based=set_based,
+                embed_ahead=ahead,
+                index_after=index_after,
             )
         except RecordError as exc:
             if exc.index >= 0:

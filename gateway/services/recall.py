@@ -74,6 +74,16 @@ __all__ = ["QUERY_EMBEDDING_CACHE", "RecallService"]
 
 MODEL_MISMATCH: Final = "query_embedding_model_mismatch"
 
+RECALL_PLAN_CACHE_MODE: Final = "force_generic_plan"
+"""How PostgreSQL plans a recall's statements (set for its transaction only).
+Each connection prepares a recall's statements once (their texts depend only on
+the recall's shape); with a generic plan it also plans them once, instead of
+once per recall: the combined first round took about 5 ms to plan, a fifth of
+its time, and its generic plan ran no slower (docs/benchmarks.md, "Prepared
+once, planned once"). The vector searches inside it are functions that plan
+their own query with every call (``force_custom_plan`` in their definitions),
+and no statement of a recall reads a partitioned table outside them."""
+
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
 and type-ahead frontends repeat queries, and an embedding is the largest
@@ -166,6 +176,7 @@ class RecallService:
         self.embeddings = QueryEmbeddings(embedder, store_model=store_model)
         # None: recalls are not persisted for feedback (no snapshot, no suggestion).
         self.feedback = feedback
+        self.plan_cache_mode: str | None = RECALL_PLAN_CACHE_MODE
 
     async def recall(self, principal: Principal, request: RecallRequest) -> RecallOutcome:
         persist = self.feedback is not None and self.feedback.enabled
@@ -188,7 +199,10 @@ class RecallService:
         recall's own transaction (``db`` is the primary)."""
         degradations: list[Degradation] = []
         async with db.unit(
-            principal.team_id, principal.readable_space_ids, readonly=not snapshot
+            principal.team_id,
+            principal.readable_space_ids,
+            readonly=not snapshot,
+            plan_cache_mode=self.plan_cache_mode,
         ) as unit:
             # 1. Scope, while the query is embedded (in the provider's thread or remotely).
             embedding = asyncio.ensure_future(self.embeddings.vector(request.query, degradations))

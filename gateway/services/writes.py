@@ -32,11 +32,14 @@ from gateway.errors import (
     IdempotencyConflict,
     InvalidInput,
     NotFound,
+    SpaceHasVectors,
+    VectorIndexPending,
 )
 from gateway.services import bulk_writes
 from gateway.services import records as rec
 from gateway.services.records import render_statement
 from gateway.store import bulk_writes as bulk_store
+from gateway.store import vector_partitions
 from gateway.store import writes as store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
@@ -154,10 +157,15 @@ HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
 class _Batch:
     """State of one batch inside its transaction."""
 
-    def __init__(self, conn: Conn, actor: Actor, embedder: EmbeddingProvider) -> None:
+    def __init__(
+        self, conn: Conn, actor: Actor, embedder: EmbeddingProvider, *, index_after: bool = False
+    ) -> None:
         self.conn = conn
         self.actor = actor
         self.embedder = embedder
+        # ``load --index-after``: vectors go to the space's detached tables (only the
+        # operator, who owns them; see gateway/store/vector_partitions.py).
+        self.index_after = index_after and actor.is_operator
         self.evidence_texts: list[tuple[str, UUID, str, str]] = []
         self.relationship_texts: list[tuple[str, UUID, str, str]] = []
         # Vectors supplied by a loader file, by (kind, team, id): not embedded again.
@@ -616,6 +624,29 @@ class _Batch:
                 f"the configured provider makes '{model}' ({dims}): refusing to mix them"
             )
         vectors = await self._vectors(dims)
+        try:
+            if self.index_after:
+                await self._store_deferred(vectors, model)
+            else:
+                await self._store_vectors(vectors, model)
+        except asyncpg.CheckViolationError as exc:
+            # db/0001 makes a space's partitions with the space; only a load with
+            # --index-after, unfinished, leaves a space without them.
+            if "no partition of relation" not in str(exc):
+                raise
+            raise VectorIndexPending(
+                "the space's vectors wait for an unfinished 'load --index-after' to index "
+                "them; nothing was written: retry after it ends, or run "
+                "'recall-gateway build-vector-indexes'"
+            ) from exc
+
+    async def _generations(self) -> dict[str, int]:
+        generations: dict[str, int] = {}
+        for team in {t[0] for t in self.relationship_texts}:
+            generations[team] = await store.active_projection(self.conn, team, self.embedder.model)
+        return generations
+
+    async def _store_vectors(self, vectors: np.ndarray, model: str) -> None:
         n = len(self.evidence_texts)
         if self.evidence_texts:
             await store.insert_evidence_embeddings(
@@ -626,9 +657,7 @@ class _Batch:
                 copy=self.actor.is_operator,
             )
         if self.relationship_texts:
-            generations: dict[str, int] = {}
-            for team in {t[0] for t in self.relationship_texts}:
-                generations[team] = await store.active_projection(self.conn, team, model)
+            generations = await self._generations()
             await store.insert_relationship_embeddings(
                 self.conn,
                 [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
@@ -636,6 +665,47 @@ class _Batch:
                 model,
                 copy=self.actor.is_operator,
             )
+
+    async def _store_deferred(self, vectors: np.ndarray, model: str) -> None:
+        """Per space: detach its vector partitions if still attached (refused when
+        they hold vectors that readers find), then copy into the detached tables."""
+        n = len(self.evidence_texts)
+        spaces = sorted(
+            {t[1] for t in self.evidence_texts} | {t[1] for t in self.relationship_texts}
+        )
+        for space in spaces:
+            if not await vector_partitions.defer_space(self.conn, space):
+                team, ref = await vector_partitions.space_reference(self.conn, space)
+                raise SpaceHasVectors(
+                    f"space '{ref}' of team '{team}' already holds vectors that recall finds; "
+                    "--index-after loads only into spaces without vectors (load this file "
+                    "without it)"
+                )
+        generations = await self._generations() if self.relationship_texts else {}
+        for space in spaces:
+            ev = [k for k, t in enumerate(self.evidence_texts) if t[1] == space]
+            if ev:
+                await store.insert_evidence_embeddings(
+                    self.conn,
+                    [self.evidence_texts[k][:3] for k in ev],
+                    vectors[ev],
+                    model,
+                    copy=True,
+                    into=vector_partitions.partition_name("evidence_embeddings", space),
+                )
+            rel = [k for k, t in enumerate(self.relationship_texts) if t[1] == space]
+            if rel:
+                await store.insert_relationship_embeddings(
+                    self.conn,
+                    [
+                        (t, s, r, generations[t])
+                        for t, s, r, _ in (self.relationship_texts[k] for k in rel)
+                    ],
+                    vectors[[n + k for k in rel]],
+                    model,
+                    copy=True,
+                    into=vector_partitions.partition_name("relationship_embeddings", space),
+                )
 
     async def _vectors(self, dims: int) -> np.ndarray:
         """Rows for the batch's evidence then relationships: supplied ones as given
@@ -719,6 +789,7 @@ class WriteService:
         *,
         set_based: bool = True,
         embed_ahead: bool = False,
+        index_after: bool = False,
     ) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal.
 
@@ -727,16 +798,26 @@ class WriteService:
         that path cannot accept a run, the batch is applied again record by
         record, which reports the refusal exactly as it always has.
         ``embed_ahead`` embeds the operator's evidence texts while the writes
-        run, as a principal's always are (see :meth:`_prefetched`)."""
+        run, as a principal's always are (see :meth:`_prefetched`).
+        ``index_after`` (the operator only) stores the batch's vectors in their
+        spaces' detached tables, indexed when the load ends
+        (:mod:`gateway.services.vector_indexes`)."""
+        options = {"embed_ahead": embed_ahead, "index_after": index_after}
         if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
             try:
-                return await self._apply(records, actor, set_based=True, embed_ahead=embed_ahead)
+                return await self._apply(records, actor, set_based=True, **options)
             except bulk_writes.Fallback:
                 pass  # rolled back; the record-at-a-time path finds the refusal
-        return await self._apply(records, actor, set_based=False, embed_ahead=embed_ahead)
+        return await self._apply(records, actor, set_based=False, **options)
 
     async def _apply(
-        self, records: Sequence[Any], actor: Actor, *, set_based: bool, embed_ahead: bool
+        self,
+        records: Sequence[Any],
+        actor: Actor,
+        *,
+        set_based: bool,
+        embed_ahead: bool,
+        index_after: bool,
     ) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
@@ -750,7 +831,7 @@ class WriteService:
             )
         )
         async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
-            batch = _Batch(conn, actor, self.embedder)
+            batch = _Batch(conn, actor, self.embedder, index_after=index_after)
             batch.prefetch = prefetch
             index = 0
             while index < len(records):

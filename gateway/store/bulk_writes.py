@@ -218,11 +218,14 @@ COPY_TABLES: dict[str, tuple[str, ...]] = {
 }
 
 
-async def copy_rows(conn: Conn, table: str, rows: Sequence[tuple[Any, ...]]) -> None:
-    """``COPY`` the rows into one of :data:`COPY_TABLES` (binary, one round trip)."""
+async def copy_rows(
+    conn: Conn, table: str, rows: Sequence[tuple[Any, ...]], *, into: str | None = None
+) -> None:
+    """``COPY`` the rows into one of :data:`COPY_TABLES` (binary, one round trip), or
+    into ``into``, a table of the same columns (a detached vector partition)."""
     if not rows:
         return
-    await conn.copy_records_to_table(table, records=rows, columns=list(COPY_TABLES[table]))
+    await conn.copy_records_to_table(into or table, records=rows, columns=list(COPY_TABLES[table]))
 
 
 # Tables of the gateway's schema that a foreign key references and that hold

@@ -31,7 +31,19 @@ _ENTER_TENANT = (
     "set_config('statement_timeout', $5, true)"
 )
 
+# The same, and how PostgreSQL plans the unit's prepared statements (see Unit).
+_ENTER_TENANT_PLANNED = _ENTER_TENANT + ", set_config('plan_cache_mode', $6, true)"
+
 _SET_SPACES = "SELECT set_config('recall.space_ids', $1, true)"
+
+STATEMENT_CACHE_MAX_BYTES = 64 * 1024
+"""The longest SQL text a connection keeps prepared (asyncpg's
+``max_cacheable_statement_size``). asyncpg's default, 15 KiB, is shorter than a
+recall's combined first round (gateway/store/round_trips.py, about 20 KB at
+one branch): that statement was sent unnamed, so every recall paid a round trip
+to parse and describe it and planned it anew (docs/benchmarks.md, "Prepared
+once, planned once"). The combined statements' texts depend only on the
+recall's shape (branches, lists, view), so a connection prepares a handful."""
 
 # What asyncpg and the socket raise when the server is away, restarting or
 # refusing connections. Such failures become DATABASE_UNAVAILABLE, fast,
@@ -223,6 +235,7 @@ class Database:
                 min_size=min_size,
                 max_size=max_size,
                 init=init,
+                max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
                 server_settings={
                     "application_name": "recall-gateway",
                     "statement_timeout": str(statement_timeout_ms),
@@ -291,13 +304,20 @@ class Database:
 
     @asynccontextmanager
     async def unit(
-        self, team_id: str, space_ids: Sequence[UUID], *, readonly: bool = True
+        self,
+        team_id: str,
+        space_ids: Sequence[UUID],
+        *,
+        readonly: bool = True,
+        plan_cache_mode: str | None = None,
     ) -> AsyncIterator[Unit]:
         """One connection and one tenant transaction for every statement of one
         request (a recall): ``BEGIN``, the tenant settings and ``COMMIT`` once,
-        instead of once per statement. See :class:`Unit`."""
+        instead of once per statement. ``plan_cache_mode`` (PostgreSQL's setting,
+        for the unit's transaction only; None: the server's) is set with the tenant
+        settings, in the same statement. See :class:`Unit`."""
         async with self.acquire() as conn:
-            unit = Unit(self, conn, team_id, space_ids, readonly)
+            unit = Unit(self, conn, team_id, space_ids, readonly, plan_cache_mode)
             try:
                 yield unit
             except BaseException:
@@ -341,12 +361,14 @@ class Unit:
         team_id: str,
         space_ids: Sequence[UUID],
         readonly: bool,
+        plan_cache_mode: str | None = None,
     ) -> None:
         self._db = db
         self._conn = conn
         self._team_id = team_id
         self._space_ids = space_ids
         self._readonly = readonly
+        self._plan_cache_mode = plan_cache_mode
         self._tx: Transaction | None = None
         self._spaces: tuple[UUID, ...] = ()
 
@@ -355,14 +377,11 @@ class Unit:
         await tx.start()
         self._tx = tx
         budget = str(deadline.remaining_ms(self._db.statement_timeout_ms))
-        await self._conn.execute(
-            _ENTER_TENANT,
-            APP_ROLE,
-            self._team_id,
-            _space_literal(space_ids),
-            self._db.lock_timeout,
-            budget,
-        )
+        args = [APP_ROLE, self._team_id, _space_literal(space_ids), self._db.lock_timeout, budget]
+        if self._plan_cache_mode is None:
+            await self._conn.execute(_ENTER_TENANT, *args)
+        else:
+            await self._conn.execute(_ENTER_TENANT_PLANNED, *args, self._plan_cache_mode)
         self._spaces = tuple(space_ids)
 
     @asynccontextmanager

@@ -432,9 +432,11 @@ async def insert_evidence_embeddings(
     model: str,
     *,
     copy: bool = False,
+    into: str | None = None,
 ) -> None:
     """``copy``: one binary COPY (the owner only: COPY refuses tables under row-level
-    security for the application role), else one pipelined INSERT per row."""
+    security for the application role), else one pipelined INSERT per row.
+    ``into``: copy into that table (the space's detached partition) instead."""
     dims = int(vectors.shape[1])
     if not copy:
         await conn.executemany(
@@ -447,6 +449,7 @@ async def insert_evidence_embeddings(
         conn,
         "evidence_embeddings",
         [(t, s, e, model, dims, vectors[i]) for i, (t, s, e) in enumerate(rows)],
+        into=into,
     )
 
 
@@ -543,6 +546,7 @@ async def insert_relationship_embeddings(
     model: str,
     *,
     copy: bool = False,
+    into: str | None = None,
 ) -> None:
     """As :func:`insert_evidence_embeddings`."""
     dims = int(vectors.shape[1])
@@ -558,6 +562,7 @@ async def insert_relationship_embeddings(
         conn,
         "relationship_embeddings",
         [(t, s, r, g, model, dims, vectors[i]) for i, (t, s, r, g) in enumerate(rows)],
+        into=into,
     )
 
 

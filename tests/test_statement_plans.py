@@ -1,0 +1,64 @@
+"""A recall's statements are prepared once per connection and planned once.
+
+The combined first round (gateway/store/round_trips.py) is longer than asyncpg's
+default limit for statements it keeps prepared (15 KiB); unprepared, it cost
+every recall a round trip to parse and describe it and a fresh plan. The pool
+keeps longer statements (gateway/store/database.py), and a recall's transaction
+asks PostgreSQL for generic plans (gateway/services/recall.py), so a second
+recall of the same shape on the same connection reuses both.
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from .conftest import app_for, load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_recall import ids, more_evidence, recall, token
+
+FIRST_ROUND = "WITH cands AS MATERIALIZED%"
+
+
+async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writes) -> None:
+    team = unique("plans")
+    await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
+    tok = await token(writes, team, "alice")
+    app = app_for(dsn, pool_max_size=1)  # one connection: every recall meets its own statements
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            first = await recall(client, tok, q="billing note invoices")
+            for q in ("billing service owner", "invoice batch", "who owns billing"):
+                assert (await recall(client, tok, q=q))["results"]
+            again = await recall(client, tok, q="billing note invoices")
+            async with app.state.services.db.pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE $1",
+                    FIRST_ROUND,
+                )
+                # Outside a recall's transaction the server's own mode is back.
+                mode = await conn.fetchval("SELECT current_setting('plan_cache_mode')")
+    assert ids(again) == ids(first)
+    # One prepared text for the five recalls of one shape (shared and private
+    # branch, full text and vector lists, discovery), longer than asyncpg's default.
+    assert len(rows) == 1, [r["statement"][:200] for r in rows]
+    assert len(rows[0]["statement"]) > 15 * 1024
+    # Planned once, generically, and that plan reused by the four recalls after it.
+    assert (rows[0]["generic_plans"], rows[0]["custom_plans"]) == (5, 0)
+    assert mode == "auto"
+
+
+async def test_other_transactions_keep_the_servers_plan_mode(db) -> None:
+    """The recall's plan mode is set for its own transaction: a unit without it,
+    and the next transaction on the same connection, plan as the server says."""
+    async with db.unit("t-plans", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            inside = await conn.fetchval("SELECT current_setting('plan_cache_mode')")
+            pid = await conn.fetchval("SELECT pg_backend_pid()")
+    async with db.unit("t-plans", []) as unit:
+        async with unit.step() as conn:
+            plain = await conn.fetchval("SELECT current_setting('plan_cache_mode')")
+    assert inside == "force_generic_plan"
+    assert plain == "auto"
+    assert isinstance(pid, int)
