@@ -86,12 +86,13 @@ def prune_from(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 
 async def _documents_looked_up(db: Database, team: str, q: CandidateQuery) -> int:
-    """How many evidence rows the full-text statement fetched through an index (each
-    hit's visibility check and each scored document's lookup), from the
-    transaction's own statistics: the function's plan is not in EXPLAIN."""
+    """How many evidence lookups the full-text statement made (each hit's visibility
+    check and each scored document's lookup is one index scan, plain or
+    index-only), from the transaction's own statistics: the function's plan is
+    not in EXPLAIN."""
     sql, args = build_statement(q, ["fulltext"])
     count = (
-        "SELECT coalesce(sum(idx_tup_fetch), 0) FROM pg_stat_xact_user_tables "
+        "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_xact_user_tables "
         "WHERE relname = 'evidence'"
     )
     async with db.tenant(team, [b.space_id for b in q.branches]) as conn:
