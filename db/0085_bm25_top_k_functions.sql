@@ -11,7 +11,14 @@
 --    (EXPLAIN ANALYZE, 100,000-evidence benchmark, 20 questions). A PL/pgSQL
 --    function's query is prepared once per connection, and with
 --    plan_cache_mode = force_generic_plan its plan is built once: its shape is
---    fixed by the LATERAL ... OFFSET 0 fences whatever the parameters.
+--    fixed by the LATERAL ... OFFSET 0 fences whatever the parameters. One
+--    plan for the connection's life (until an ANALYZE of a table it reads)
+--    must not depend on how big the tables were when it was made: a plan
+--    built while the store was nearly empty chose sequential scans of
+--    `evidence` for the per-document lookups (seen in the test suite), which
+--    on a large store would read the whole table per hit. Every access here is
+--    meant to go through a primary key, so enable_seqscan = off (local to the
+--    function) keeps the planner on the indexes whatever the statistics.
 -- 2. The caller's statement stays one round trip: the function is called in
 --    it, once per branch, like the vector list's function (db/0002).
 --
@@ -47,6 +54,7 @@ CREATE FUNCTION evidence_fulltext_top_k(
     LANGUAGE plpgsql STABLE
     SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan
+    SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
@@ -315,6 +323,7 @@ CREATE FUNCTION relationship_fulltext_top_k(
     LANGUAGE plpgsql STABLE
     SET search_path = public, pg_temp
     SET plan_cache_mode = force_generic_plan
+    SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 BEGIN
