@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -909,6 +909,54 @@ async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> d
     return {k: statistics.median(v) * 1000 for k, v in times.items()}
 
 
+Approx = Callable[[asyncpg.Connection, str, UUID, np.ndarray, int], Awaitable[list[str]]]
+
+
+async def _recall_against_exact(
+    dsn: str,
+    data: dict[str, Any],
+    n_queries: int,
+    rng: np.random.Generator,
+    wide: int,
+    exact_sql: str,
+    approx: Approx,
+) -> dict[str, float]:
+    """recall@10 of a list of 10 and recall@``wide`` of a list of ``wide`` from
+    ``approx`` against ``exact_sql`` (team, space, query vector, limit: the exact
+    top IDs), and the median time of each list (ms), over synthetic query vectors
+    near the topic centroids, the teams taken in turn."""
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    hits = {10: 0, wide: 0}
+    total = {10: 0, wide: 0}
+    times: dict[int, list[float]] = {10: [], wide: []}
+    try:
+        teams = list(data["teams"].items())
+        for i in range(n_queries):
+            team, space = teams[i % len(teams)]
+            topic = int(rng.integers(0, len(TOPICS)))
+            qv = unit(
+                data["centroids"][topic] + rng.standard_normal(DIM).astype(np.float32) * 0.045
+            )
+            exact = [r[0] for r in await conn.fetch(exact_sql, team, space, qv, max(wide, 10))]
+            for k in (10, wide):
+                async with conn.transaction():
+                    started = time.perf_counter()
+                    got = await approx(conn, team, space, qv, k)
+                    times[k].append(time.perf_counter() - started)
+                hits[k] += len(set(got[:k]) & set(exact[:k]))
+                total[k] += len(exact[:k])
+    finally:
+        await conn.close()
+    return {
+        "recall10": hits[10] / total[10] if total[10] else 0.0,
+        "recall_wide": hits[wide] / total[wide] if total[wide] else 0.0,
+        "wide": wide,
+        "ms10": statistics.median(times[10]) * 1000,
+        "ms_wide": statistics.median(times[wide]) * 1000,
+    }
+
+
 async def filtered_vector_recall(
     dsn: str, data: dict[str, Any], n_queries: int, seed: int
 ) -> dict[str, float]:
@@ -925,61 +973,76 @@ async def filtered_vector_recall(
     from gateway.services.recall_types import overfetch
     from gateway.store import search
 
+    async def approx(
+        conn: asyncpg.Connection, team: str, space: UUID, qv: np.ndarray, k: int
+    ) -> list[str]:
+        got = await search.evidence_candidates(
+            conn,
+            search.CandidateQuery(
+                team_id=team,
+                branches=(search.BranchSearch("shared", space, 1),),
+                text=None,
+                vector=qv,
+                entity_ids=(),
+                exclude_ids=(),
+                per_list=k,
+                known_at=None,
+            ),
+        )
+        return got[("shared", "vector")]
+
+    exact_sql = (
+        "SELECT s.evidence_id FROM (SELECT evidence_id::text AS evidence_id, "
+        "embedding <=> $3 AS distance FROM evidence_embeddings "
+        "WHERE team_id = $1 AND space_id = $2 OFFSET 0) s "
+        'ORDER BY s.distance, s.evidence_id COLLATE "C" LIMIT $4'
+    )
     rng = np.random.default_rng(seed + 1)
-    conn = await asyncpg.connect(dsn)
-    await register_vector(conn)
-    wide = overfetch(10)
-    hits = {10: 0, wide: 0}
-    total = {10: 0, wide: 0}
-    times: dict[int, list[float]] = {10: [], wide: []}
-    try:
-        teams = list(data["teams"].items())
-        for i in range(n_queries):
-            team, space = teams[i % len(teams)]
-            topic = int(rng.integers(0, len(TOPICS)))
-            qv = unit(
-                data["centroids"][topic] + rng.standard_normal(DIM).astype(np.float32) * 0.045
-            )
-            rows = await conn.fetch(
-                "SELECT s.evidence_id FROM (SELECT evidence_id::text AS evidence_id, "
-                "embedding <=> $3 AS distance FROM evidence_embeddings "
-                "WHERE team_id = $1 AND space_id = $2 OFFSET 0) s "
-                'ORDER BY s.distance, s.evidence_id COLLATE "C" LIMIT $4',
-                team,
-                space,
-                qv,
-                wide,
-            )
-            exact = [r["evidence_id"] for r in rows]
-            for k in (10, wide):
-                async with conn.transaction():
-                    started = time.perf_counter()
-                    got = await search.evidence_candidates(
-                        conn,
-                        search.CandidateQuery(
-                            team_id=team,
-                            branches=(search.BranchSearch("shared", space, 1),),
-                            text=None,
-                            vector=qv,
-                            entity_ids=(),
-                            exclude_ids=(),
-                            per_list=k,
-                            known_at=None,
-                        ),
-                    )
-                    times[k].append(time.perf_counter() - started)
-                approx = got[("shared", "vector")][:k]
-                hits[k] += len(set(approx) & set(exact[:k]))
-                total[k] += len(exact[:k])
-    finally:
-        await conn.close()
-    return {
-        "recall10": hits[10] / total[10] if total[10] else 0.0,
-        "recall_wide": hits[wide] / total[wide] if total[wide] else 0.0,
-        "wide": wide,
-        "ms10": statistics.median(times[10]) * 1000,
-        "ms_wide": statistics.median(times[wide]) * 1000,
-    }
+    return await _recall_against_exact(
+        dsn, data, n_queries, rng, overfetch(10), exact_sql, approx
+    )
+
+
+async def relationship_vector_recall(
+    dsn: str, data: dict[str, Any], n_queries: int, seed: int
+) -> dict[str, float]:
+    """Relationship discovery's vector list (``relationship_vector_candidates``, the
+    function the discovery statement calls) vs an exact scan of the same space's
+    active-projection vectors: recall@10 of a list of 10 and recall@N of the list of
+    N that discovery asks for at the default limits, with each list's median time
+    (ms). Every generated relationship is eligible (one generation, recorded before
+    now), so the exact reference needs no other filter; it computes every distance
+    below an ``OFFSET 0`` fence, like the evidence reference, so that no index can
+    answer its ``ORDER BY``."""
+    from gateway.services.recall_types import overfetch
+    from gateway.store.related import EXACT_SEARCH_BELOW
+
+    async def approx(
+        conn: asyncpg.Connection, team: str, space: UUID, qv: np.ndarray, k: int
+    ) -> list[str]:
+        rows = await conn.fetch(
+            "SELECT relationship_id FROM relationship_vector_candidates("
+            "$1, $2, 1, 1, $3, $4, now(), $5)",
+            team,
+            space,
+            qv,
+            k,
+            EXACT_SEARCH_BELOW,
+        )
+        return [r[0] for r in rows]
+
+    exact_sql = (
+        "SELECT s.relationship_id FROM (SELECT relationship_id::text AS relationship_id, "
+        "embedding <=> $3 AS distance FROM relationship_embeddings "
+        "WHERE team_id = $1 AND space_id = $2 AND projection_generation = 1 OFFSET 0) s "
+        'ORDER BY s.distance, s.relationship_id COLLATE "C" LIMIT $4'
+    )
+    rng = np.random.default_rng(seed + 5)
+    # relationshipLimit 5, communityLimit 3: discovery asks for overfetch(5)
+    # (gateway/services/related.py)
+    return await _recall_against_exact(
+        dsn, data, n_queries, rng, overfetch(5), exact_sql, approx
+    )
 
 
 async def query_lexeme_spread(
@@ -1152,6 +1215,13 @@ def main() -> None:
             vector_recall = asyncio.run(
                 filtered_vector_recall(dsn, data, min(args.queries, 100), args.seed)
             )
+            rel_recall = (
+                asyncio.run(
+                    relationship_vector_recall(dsn, data, min(args.queries, 100), args.seed)
+                )
+                if args.related
+                else None
+            )
             spread = asyncio.run(query_lexeme_spread(dsn, data, queries))
             stages = asyncio.run(stage_latency(dsn, data, queries))
     if args.answers_only:
@@ -1200,6 +1270,14 @@ def main() -> None:
         f"{vr['recall_wide']:.3f} (list of {vr['wide']:.0f}, as a recall of limit 10 "
         f"asks, median {vr['ms_wide']:.1f} ms)"
     )
+    if rel_recall is not None:
+        rr = rel_recall
+        print(
+            f"relationship vector recall@10 vs exact search under the space filter: "
+            f"{rr['recall10']:.3f} (list of 10, median {rr['ms10']:.1f} ms); "
+            f"recall@{rr['wide']:.0f} {rr['recall_wide']:.3f} (list of {rr['wide']:.0f}, as "
+            f"discovery asks at the default limits, median {rr['ms_wide']:.1f} ms)"
+        )
     sys.exit(1 if differ else 0)
 
 

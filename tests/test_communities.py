@@ -164,6 +164,96 @@ async def test_node_limit_is_decided_before_the_graph_is_read(writes, db, monkey
     assert at.communities == 3 and at.sizes == [3, 2, 2]
 
 
+def hub_records(team: str, n: int) -> list[dict[str, Any]]:
+    """``n`` relationships of ``n`` semantic groups that all have the entity ``hub``
+    as object, each supported by evidence of its own: C(n, 2) edges, all through
+    the hub, whichever relationships are read first."""
+    records: list[dict[str, Any]] = [
+        {"kind": "team", "id": team, "name": f"Team {team}"},
+        {"kind": "principal", "team": team, "id": "alice", "display_name": "Alice"},
+        {"kind": "source", "team": team, "id": "src", "type": "document", "title": "Wiki"},
+        {"kind": "entity", "team": team, "id": "hub", "name": "Hub", "type": "thing"},
+    ]
+    for i in range(n):
+        records += [
+            {"kind": "entity", "team": team, "id": f"leaf-{i}", "name": f"Leaf {i}", "type": "thing"},
+            {"kind": "evidence", "team": team, "id": f"e-{i}", "source": "src",
+             "content": f"Leaf {i} feeds the hub."},
+            rel(team, f"r-{i:02d}", f"leaf-{i}", "feeds", "hub", evidence=(f"e-{i}",)),
+        ]
+    return records
+
+
+async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeypatch) -> None:
+    """40 groups under the node limit, 780 edges: with an edge limit of 100 the
+    builder stops reading the graph at the relationship that makes the 101st edge
+    (the 15th: C(14, 2) = 91, C(15, 2) = 105) and stores too_large, instead of
+    reading every relationship and its support paths first (which outlasted the
+    statement timeout at 100,000 relationships per space)."""
+    team = unique("comedge")
+    await load_jsonl(writes, jsonl(hub_records(team, 40)))
+    read = communities.store.shared_graph
+    seen: list[str] = []
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        async for r in read(*args, **kwargs):
+            seen.append(r.id)
+            yield r
+
+    monkeypatch.setattr(communities.store, "shared_graph", counted)
+    above = await build_communities(db, team, max_nodes=1000, max_edges=100)
+    assert (above.status, above.node_count, above.edge_count) == ("too_large", 40, 101)
+    assert above.error == "more than 100 edges"
+    assert len(seen) == 15
+    async with db.admin(readonly=True) as conn:
+        stored = await conn.fetchrow(
+            "SELECT status, node_count, edge_count, graph_fingerprint FROM community_runs "
+            "WHERE id = $1",
+            above.run_id,
+        )
+    assert tuple(stored) == ("too_large", 40, 101, None)
+
+
+async def test_edge_limit_just_above_and_at_the_graph(writes, db) -> None:
+    """The same graph of 780 edges: a limit of 779 is too_large, 780 builds it
+    whole (one community of the 40 groups), the same as with no near limit."""
+    team = unique("comedge")
+    await load_jsonl(writes, jsonl(hub_records(team, 40)))
+    below = await build_communities(db, team, max_nodes=1000, max_edges=779)
+    assert (below.status, below.node_count, below.edge_count) == ("too_large", 40, 780)
+    at = await build_communities(db, team, max_nodes=40, max_edges=780)
+    assert (at.status, at.node_count, at.edge_count) == ("succeeded", 40, 780)
+    assert at.sizes == [40]
+    free = await build_communities(db, team, **LIMITS)
+    assert (free.status, free.edge_count, free.sizes) == ("succeeded", 780, [40])
+    async with db.admin(readonly=True) as conn:
+        prints = await conn.fetch(
+            "SELECT graph_fingerprint FROM community_runs WHERE id = ANY ($1::uuid[])",
+            [at.run_id, free.run_id],
+        )
+    assert len({r["graph_fingerprint"] for r in prints}) == 1
+
+
+def test_graph_builder_matches_whole_graph_pairs_in_any_order() -> None:
+    """Edges and weights do not depend on the order the relationships come in:
+    a pair sharing two evidence fragments and an entity weighs 3."""
+    rel_ = communities.store.GraphRelationship
+    rels = [
+        rel_("r1", "g1", "p", "a", "b", ("e1", "e2")),
+        rel_("r2", "g2", "p", "a", None, ("e1", "e2")),
+        rel_("r3", "g1", "q", "c", None, ("e3",)),  # a second relationship of g1
+        rel_("r4", "g3", "p", "c", "b", ("e3",)),
+        rel_("r5", "g4", "p", "d", "d", ()),  # subject and object the same: no self edge
+    ]
+    expected = {("g1", "g2"): 3, ("g1", "g3"): 3}
+    for order in (rels, rels[::-1], rels[2:] + rels[:2]):
+        graph = communities.build_graph(order)
+        assert graph.edges == expected and graph.complete
+        assert graph.nodes == ("g1", "g2", "g3", "g4")
+    assert not communities.build_graph(rels, max_edges=1).complete
+    assert communities.build_graph(rels, max_edges=2).complete
+
+
 async def test_stale_snapshot_degrades_until_rebuilt(client, writes, db) -> None:
     team = unique("coms")
     await load_graph(writes, team)

@@ -8,19 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import asyncpg
 import httpx
-import numpy as np
 
-from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
-from gateway.store.database import APP_ROLE, Database
-from gateway.store.search import EXACT_SEARCH_BELOW
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
 from .test_recall import token
-from .test_search import _near, _spaces
 
 RELATED = """
 query Related($q: String, $limit: Int, $rel: Int, $com: Int, $comRel: Int,
@@ -459,114 +453,3 @@ async def test_known_at_view_of_related_is_unchanged_by_later_writes(client, wri
     ]
     assert strip(past) == strip(before)
 
-
-async def test_hnsw_walk_of_a_large_relationship_space_uses_the_space_size_ef(
-    db: Database,
-    writes: WriteService,
-    admin_conn: asyncpg.Connection,
-    embedder: EmbeddingProvider,
-) -> None:
-    """db/0061: relationship discovery's vector list follows the ef_search rule of
-    db/0060. In a recall's own transaction (tenant role, row-level security), a
-    space of 20,001 relationships walks its HNSW graph with ef_search 200, not the
-    fixed 100 of before, and returns the exact top 10 of the space.
-
-    The walk's ef is seen in the partition's fetched index tuples
-    (``pg_stat_xact_user_tables``): the scan hands over ef rows, all of which
-    pass the filters here. 1,500 of the relationships have vectors of the active
-    projection (the rest have none: the size is the space's relationship count),
-    the 10 nearest well apart from the others, so that the graph finds them."""
-    team = unique("rel-ef")
-    records: list[dict[str, Any]] = [
-        {"kind": "team", "id": team, "name": f"Team {team}"},
-        {"kind": "principal", "team": team, "id": "alice", "display_name": "Alice"},
-        {"kind": "entity", "team": team, "id": "a", "name": "A", "type": "thing"},
-        rel(team, "r-first", "a", "weighs", value="1"),
-    ]
-    await load_jsonl(writes, jsonl(records))
-    space = (await _spaces(admin_conn, team))[None]
-    first = await admin_conn.fetchrow(
-        "SELECT r.generation, re.projection_generation, re.model FROM relationships r "
-        "JOIN relationship_embeddings re ON re.team_id = r.team_id AND re.relationship_id = r.id "
-        "WHERE r.team_id = $1 AND r.id = 'r-first'",
-        team,
-    )
-    assert first is not None  # written with its vector of the active projection
-    generation, projection, model = first
-    dims = 384
-    rng = np.random.default_rng(61)
-    query = rng.standard_normal(dims)
-    query = (query / np.linalg.norm(query)).astype(np.float32)
-    angles = np.concatenate([np.linspace(0.20, 0.30, 10), rng.uniform(0.8, 1.4, 1490)])
-    vectors = _near(query, angles, rng)
-    ids = [f"r-{i:05d}" for i in range(20_000)]
-    async with admin_conn.transaction():
-        # Set-up, not the code under test: index maintenance may outlast the timeout.
-        await admin_conn.execute("SET LOCAL statement_timeout = 0")
-        await admin_conn.copy_records_to_table(
-            "relationships",
-            columns=[
-                "team_id",
-                "id",
-                "space_id",
-                "generation",
-                "subject_entity_id",
-                "predicate",
-                "object_value",
-                "owner_principal_id",
-                "semantic_group_key",
-                "statement",
-            ],
-            records=[
-                (team, i, space, generation, "a", "weighs", i, "alice", i, f"A weighs {i}")
-                for i in ids
-            ],
-        )
-        await admin_conn.copy_records_to_table(
-            "relationship_embeddings",
-            columns=[
-                "team_id",
-                "space_id",
-                "relationship_id",
-                "projection_generation",
-                "model",
-                "dimensions",
-                "embedding",
-            ],
-            records=[
-                (team, space, ids[n], projection, model, dims, vectors[n])
-                for n in range(len(vectors))
-            ],
-        )
-    distances = 1.0 - vectors.astype(np.float64) @ query.astype(np.float64)
-    exact = [ids[i] for i in np.argsort(distances, kind="stable")[:10]]
-    partition = f"relationship_embeddings_{space.hex}"
-
-    async with db.unit(team, [space]) as unit, unit.step() as conn:
-        assert await conn.fetchval("SELECT current_user") == APP_ROLE
-        # Only the index can deliver the rows in distance order; and the
-        # function's final ORDER BY as a full sort of the ef rows its walk
-        # hands over, so that their count shows the ef (an incremental sort on
-        # the index's order would stop the walk after 11 rows, whatever the ef).
-        await conn.execute(
-            "SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off; "
-            "SET LOCAL enable_incremental_sort = off"
-        )
-        got = [
-            r["relationship_id"]
-            for r in await conn.fetch(
-                "SELECT relationship_id FROM relationship_vector_candidates("
-                "$1, $2, $3, $4, $5, 10, now(), $6)",
-                team,
-                space,
-                generation,
-                projection,
-                query,
-                EXACT_SEARCH_BELOW,
-            )
-        ]
-        fetched = await conn.fetchval(
-            "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1", partition
-        )
-    assert got == exact
-    assert fetched == 200

@@ -20,11 +20,14 @@ the number of its groups that touch them, then name) and top predicates (by
 the number of its relationships, then predicate): no language model.
 
 **Limits.** A graph above ``max_nodes`` groups or ``max_edges`` edges is not
-clustered; the run is stored as ``too_large`` so that recall can say so. The
-groups are counted first, only up to ``max_nodes + 1``, so that a space far
-above the node limit is not read whole; its run records ``max_nodes + 1``
-nodes and no edges. The edge limit needs the graph, so it is checked after
-the read.
+clustered; the run is stored as ``too_large`` so that recall can say so.
+Neither limit needs the whole graph: the groups are counted first, only up to
+``max_nodes + 1``, so that a space far above the node limit is not read at
+all (its run records ``max_nodes + 1`` nodes and no edges); then the graph is
+read by a cursor and its edges counted as it comes (:class:`GraphBuilder`),
+and the read stops as soon as there are more than ``max_edges`` (the run
+records the groups and ``max_edges + 1`` edges). So a space over either limit
+answers ``too_large`` promptly instead of running into the statement timeout.
 
 **The snapshot** records what it was built from: the graph change counter of
 the space (db/0003) read in the same repeatable-read snapshot as the graph,
@@ -43,7 +46,6 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from itertools import combinations
 from uuid import UUID
 
 import networkx as nx
@@ -91,25 +93,60 @@ class CommunityBuildFailed(GatewayError):
     code = "COMMUNITY_BUILD_FAILED"
 
 
+class GraphBuilder:
+    """The weighted group graph, built one relationship at a time, so that the
+    builder can stop reading the graph as soon as it has more than ``max_edges``
+    edges.
+
+    Each evidence fragment and each entity keeps the groups that touch it; a
+    group that joins one is paired with every group already there (a pair is
+    counted once per shared fragment or entity: the weight). That is, pair by
+    pair, the weight of every pair within each fragment's and entity's groups,
+    whatever the order of the relationships; and the number of distinct pairs
+    only grows, so a graph that exceeds the limit part-way exceeds it whole.
+    """
+
+    def __init__(self, max_edges: int | None = None) -> None:
+        self.max_edges = max_edges
+        self.groups: set[str] = set()
+        self.edges: Counter[tuple[str, str]] = Counter()
+        self._touching: dict[tuple[str, str], set[str]] = defaultdict(set)
+
+    @property
+    def over_limit(self) -> bool:
+        return self.max_edges is not None and len(self.edges) > self.max_edges
+
+    def add(self, r: store.GraphRelationship) -> bool:
+        """Add one relationship; False (and the rest of it unadded) once the
+        graph has more than ``max_edges`` edges."""
+        self.groups.add(r.group)
+        keys = [("evidence", e) for e in r.evidence_ids] + [("entity", r.subject_id)]
+        if r.object_id is not None:
+            keys.append(("entity", r.object_id))
+        for key in keys:
+            there = self._touching[key]
+            if r.group in there:  # paired with all of them when it joined or they did
+                continue
+            for other in there:
+                self.edges[(other, r.group) if other < r.group else (r.group, other)] += 1
+                if self.over_limit:
+                    return False
+            there.add(r.group)
+        return True
+
+    def graph(self) -> Graph:
+        return Graph(tuple(sorted(self.groups)), dict(self.edges), not self.over_limit)
+
+
 def build_graph(rels: Iterable[store.GraphRelationship], max_edges: int | None = None) -> Graph:
     """Nodes and weighted edges; stops counting once ``max_edges`` is exceeded."""
     rels = list(rels)
-    by_evidence: dict[str, set[str]] = defaultdict(set)
-    by_entity: dict[str, set[str]] = defaultdict(set)
+    builder = GraphBuilder(max_edges)
     for r in rels:
-        for e in r.evidence_ids:
-            by_evidence[e].add(r.group)
-        by_entity[r.subject_id].add(r.group)
-        if r.object_id is not None:
-            by_entity[r.object_id].add(r.group)
-    edges: Counter[tuple[str, str]] = Counter()
-    for shared in (by_evidence, by_entity):
-        for key in sorted(shared):
-            for a, b in combinations(sorted(shared[key]), 2):
-                edges[(a, b)] += 1
-                if max_edges is not None and len(edges) > max_edges:
-                    return Graph(tuple(sorted({r.group for r in rels})), dict(edges), False)
-    return Graph(tuple(sorted({r.group for r in rels})), dict(edges), True)
+        if not builder.add(r):
+            break
+    graph = builder.graph()
+    return Graph(tuple(sorted({r.group for r in rels})), graph.edges, graph.complete)
 
 
 def cluster(graph: Graph, seed: int = SEED) -> list[list[str]]:
@@ -200,19 +237,28 @@ async def build_communities(
         # read, with every relationship's support paths, outlasted the statement
         # timeout at 100,000 relationships per space).
         nodes = await store.count_groups_upto(conn, team, state, max_nodes + 1)
-        if nodes > max_nodes:
-            rels: list[store.GraphRelationship] = []
-            names: dict[str, str] = {}
-        else:
+        rels: list[store.GraphRelationship] = []
+        names: dict[str, str] = {}
+        graph = Graph((), {}, False)
+        if nodes <= max_nodes:
+            # Then the edges, counted as the graph is read, which stops at the
+            # edge limit: a space under the node limit but with many
+            # relationships per group answers too_large without reading on.
             say("reading the shared relationship graph")
-            rels = await store.shared_graph(conn, team, state)
-            entity_ids = sorted(
-                {r.subject_id for r in rels} | {r.object_id for r in rels if r.object_id}
-            )
-            names = await store.entity_names(conn, team, state.space_id, entity_ids)
-            nodes = len({r.group for r in rels})
-    say("counting nodes and edges")
-    graph = Graph((), {}, False) if nodes > max_nodes else build_graph(rels, max_edges)
+            builder = GraphBuilder(max_edges)
+            async for r in store.shared_graph(conn, team, state):
+                rels.append(r)
+                if not builder.add(r):
+                    break
+            graph = builder.graph()
+            say(f"read {len(rels)} relationships: {len(graph.edges)} edges")
+            if graph.complete:
+                rels.sort(key=lambda r: r.id)
+                entity_ids = sorted(
+                    {r.subject_id for r in rels} | {r.object_id for r in rels if r.object_id}
+                )
+                names = await store.entity_names(conn, team, state.space_id, entity_ids)
+                nodes = len(graph.nodes)
     async with db.admin() as conn:
         run_id = await store.start_run(conn, team, state.space_id, ALGORITHM, seed)
     report = BuildReport(team, run_id, "running", nodes, len(graph.edges))

@@ -12,7 +12,7 @@ Every statement names the team and the shared space.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -101,7 +101,6 @@ SELECT rel.id, rel.semantic_group_key, rel.predicate, rel.subject_entity_id,
              AND {ev_status} = 'active' AND {src_status} = 'active'
        ), '{{}}') AS evidence_ids
 FROM rel
-ORDER BY rel.id COLLATE "C"
 """
 
 
@@ -152,11 +151,29 @@ async def count_groups_upto(conn: Conn, team: str, state: GraphState, limit: int
     return len(seen)
 
 
-async def shared_graph(conn: Conn, team: str, state: GraphState) -> list[GraphRelationship]:
-    """Every relationship of the shared space eligible now, with its supporting evidence."""
-    rows = await conn.fetch(_GRAPH_SQL, team, state.space_id, state.generation, state.now)
-    return [
-        GraphRelationship(
+# Rows per round trip of the graph's cursor: the server checks at most this many
+# relationships beyond the point where the builder stops reading.
+GRAPH_BATCH = 1000
+
+
+async def shared_graph(
+    conn: Conn, team: str, state: GraphState
+) -> AsyncIterator[GraphRelationship]:
+    """Every relationship of the shared space eligible now, with its supporting
+    evidence, streamed in no particular order.
+
+    A cursor with no sort: the relationships are checked and their support paths
+    read only as the builder asks for them, so that a builder that stops at its
+    edge limit has not read the whole graph (whose read outlasted the statement
+    timeout at 100,000 relationships per space). The materialised CTE is still
+    evaluated lazily, row by row as the cursor reads it. Must run inside the
+    builder's transaction (its snapshot).
+    """
+    cursor = conn.cursor(
+        _GRAPH_SQL, team, state.space_id, state.generation, state.now, prefetch=GRAPH_BATCH
+    )
+    async for r in cursor:
+        yield GraphRelationship(
             id=r["id"],
             group=r["semantic_group_key"],
             predicate=r["predicate"],
@@ -164,8 +181,6 @@ async def shared_graph(conn: Conn, team: str, state: GraphState) -> list[GraphRe
             object_id=r["object_entity_id"],
             evidence_ids=tuple(r["evidence_ids"]),
         )
-        for r in rows
-    ]
 
 
 async def entity_names(
