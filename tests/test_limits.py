@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,8 @@ from graphql import parse
 from gateway.app import create_app
 from gateway.http import cost as http_cost
 from gateway.http import limits as http_limits
+from gateway.http.limits import PARSED_DOCUMENTS
+from gateway.http.validation import parse_cache
 from gateway.schema import build_schema
 from gateway.settings import Settings
 
@@ -656,3 +659,26 @@ async def test_a_get_query_string_over_64_kib_is_a_coded_413() -> None:
     assert sent[0]["status"] == 413
     error = json.loads(sent[1]["body"])["errors"][0]
     assert error["extensions"] == {"code": "REQUEST_TOO_LARGE", "maxBytes": 65_536}
+
+
+async def test_a_repeated_document_is_parsed_once_and_an_oversized_one_refused_each_time(
+    make_client,
+) -> None:
+    """Documents are parsed once per process (gateway/http/validation.py,
+    CachedParse); the token limit is part of the cache's key and a refusal is
+    never cached."""
+    client = await make_client(max_tokens=40)
+    parsed: Any = parse_cache(PARSED_DOCUMENTS)
+    document = "{ a: __typename b: __typename } # " + secrets.token_hex(8)
+    before = parsed.cache_info()
+    for _ in range(3):
+        assert (await post(client, document)).json() == {"data": {"a": "Query", "b": "Query"}}
+    after = parsed.cache_info()
+    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+    aliases = [f"a{i}" for i in range(15)]  # 47 tokens
+    oversized = "{ " + " ".join(f"{a}: __typename" for a in aliases) + " } # " + secrets.token_hex(8)
+    for _ in range(2):
+        assert code(await post(client, oversized)) == "TOO_MANY_TOKENS"
+    # The same text under a higher limit (another key) parses and runs.
+    roomy = await make_client(max_tokens=1000)
+    assert (await post(roomy, oversized)).json() == {"data": dict.fromkeys(aliases, "Query")}

@@ -13,9 +13,11 @@ requests (and ``/healthz``) meanwhile. Answers are cached by document text.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from graphql import (
     ASTValidationRule,
@@ -23,6 +25,7 @@ from graphql import (
     GraphQLError,
     GraphQLSchema,
     OperationDefinitionNode,
+    parse,
 )
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import validate_document
@@ -119,4 +122,39 @@ class DocumentValidation(SchemaExtension):
             ctx.pre_execution_errors = await self.validator.validate(
                 ctx.schema._schema, ctx.graphql_document, ctx.query, ctx.validation_rules
             )
+        yield
+
+
+Parse = Callable[..., DocumentNode]
+
+
+@functools.cache
+def parse_cache(size: int) -> Parse:
+    """graphql-core's ``parse`` behind a bounded LRU keyed by the text and the parse
+    options (the token limit among them), one per size and process: every app
+    and request of the process shares it. A document that fails to parse
+    raises, and a raise is never cached."""
+    return functools.lru_cache(maxsize=size)(parse)
+
+
+class CachedParse(SchemaExtension):
+    """Strawberry's parsing step from ``parse`` (a :func:`parse_cache`).
+
+    Strawberry parses only when no extension has set the document. A document
+    that does not parse is left to that parse, which raises the same error where
+    strawberry turns it into a coded GraphQL error (raised from this hook, it
+    would be an internal error); strawberry's own ``ParserCache`` raises here."""
+
+    def __init__(self, parse: Parse) -> None:
+        super().__init__()
+        self.parse = parse
+
+    def on_parse(self) -> Iterator[None]:
+        ctx = self.execution_context
+        if ctx.query and ctx.graphql_document is None:
+            options: dict[str, Any] = dict(ctx.parse_options)
+            try:
+                ctx.graphql_document = self.parse(ctx.query, **options)
+            except GraphQLError:
+                pass
         yield
