@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
+from uuid import UUID
 
 from gateway import __version__, tokens
 from gateway.embedded import EmbeddedPostgres
@@ -118,15 +119,18 @@ def _input(path: str) -> Iterator[LineSource]:
     yield reopened
 
 
-async def _build_vector_indexes(settings: Settings, db: Any, out: TextIO) -> None:
+async def _build_vector_indexes(
+    settings: Settings, db: Any, out: TextIO, spaces: list[UUID] | None = None
+) -> int:
     """Build and attach the vector tables that ``load --index-after`` left detached
-    (this run's, or an interrupted run's), with a progress bar of their own."""
+    (``spaces``: this load's; None: every space no running load holds), with a
+    progress bar of their own. Returns the exit status: 1 when a table failed."""
     from gateway.progress import report_progress
     from gateway.services import vector_indexes
 
-    items = await vector_indexes.pending(db)
+    items = await vector_indexes.pending(db, spaces)
     if not items:
-        return
+        return 0
     async with report_progress(
         sum(i.rows for i in items),
         sys.stderr,
@@ -142,11 +146,25 @@ async def _build_vector_indexes(settings: Settings, db: Any, out: TextIO) -> Non
             workers=settings.index_build_workers,
             progress=advance,
         )
-    print(
-        f"indexed {report.vectors} vector(s) of {report.tables} table(s) in "
-        f"{report.seconds:.1f} s; recall finds them by vector now",
-        file=out,
-    )
+    if report.tables:
+        print(
+            f"indexed {report.vectors} vector(s) of {report.tables} table(s) in "
+            f"{report.seconds:.1f} s; recall finds them by vector now",
+            file=out,
+        )
+    for space in report.busy:
+        print(
+            f"skipped {space}: a running 'load --index-after' still fills it and builds it "
+            "when it ends",
+            file=out,
+        )
+    for table, space, reason in report.failed:
+        _err(
+            f"error {vector_indexes.VectorIndexBuildFailed.code}: the vector index of {space} "
+            f"(table {table}) could not be built and attached, and the table stays detached: "
+            f"{reason}"
+        )
+    return 1 if report.failed else 0
 
 
 def _load_lines(
@@ -186,16 +204,20 @@ def _load_lines(
                 progress=advance,
                 index_after=index_after,
             )
-        if index_after:
-            await _build_vector_indexes(settings, service.db, out)
+        if loaded.deferred and await _build_vector_indexes(
+            settings, service.db, out, loaded.deferred
+        ):
+            built[0] = False
         return loaded
+
+    built = [True]
 
     started = time.perf_counter()
     try:
         report = asyncio.run(_with_services(dsn, settings, work))
     except loader.LoadError as exc:
         _err(exc.message)
-        if index_after:
+        if exc.deferred:
             _err(
                 "vectors written with --index-after are not yet indexed: load the file "
                 "again with --index-after, or run 'recall-gateway build-vector-indexes'"
@@ -214,7 +236,7 @@ def _load_lines(
             f"  {kind:24} {report.created[kind]:6} written {report.unchanged[kind]:6} unchanged",
             file=out,
         )
-    return 0
+    return 0 if built[0] else 1
 
 
 def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
@@ -231,19 +253,24 @@ def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_build_vector_indexes(settings: Settings, args: argparse.Namespace) -> int:
     """Finish what an interrupted ``load --index-after`` left: build and attach."""
-    from gateway.store.database import Database, prepare
+    from gateway.store.database import Database, connect_once, ensure_vector_available
 
-    async def run() -> None:
-        await prepare(dsn, migrate=True)
+    async def run() -> int:
+        # No migration first: the migration runner refuses while tables are detached
+        # (it would miss them), and this command is how they stop being so.
+        conn = await connect_once(dsn)
+        try:
+            await ensure_vector_available(conn)
+        finally:
+            await conn.close()
         db = await Database.open(dsn, min_size=1, max_size=2)
         try:
-            await _build_vector_indexes(settings, db, sys.stdout)
+            return await _build_vector_indexes(settings, db, sys.stdout)
         finally:
             await db.close()
 
     with database(settings) as dsn:
-        asyncio.run(run())
-    return 0
+        return asyncio.run(run())
 
 
 def _issue(

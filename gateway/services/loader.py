@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from pydantic import (
     BaseModel,
@@ -28,6 +29,7 @@ from pydantic import (
 
 from gateway.errors import GatewayError
 from gateway.services.records import Record
+from gateway.services.vector_indexes import Deferral
 from gateway.services.writes import Actor, RecordError, WriteService
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
@@ -70,6 +72,8 @@ class LoadError(GatewayError):
         super().__init__(detail)
         self.errors = errors
         self.committed = committed
+        # Spaces a ``load --index-after`` left detached before it was refused.
+        self.deferred: list[UUID] = []
 
 
 @dataclass
@@ -78,6 +82,8 @@ class LoadReport:
     batches: int = 0
     created: Counter[str] = field(default_factory=Counter)
     unchanged: Counter[str] = field(default_factory=Counter)
+    deferred: list[UUID] = field(default_factory=list)
+    """Spaces whose vectors this load (``index_after``) left for the index build."""
 
 
 def _loc(loc: tuple[int | str, ...]) -> str | None:
@@ -285,6 +291,7 @@ async def load(
     set_based: bool = True,
     embed_ahead: bool = True,
     index_after: bool = False,
+    deferral: Deferral | None = None,
 ) -> LoadReport:
     """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
     A list's ``embedding_model`` line is checked first; a stream's must have been
@@ -295,7 +302,26 @@ async def load(
     model then works while the database does. A re-run creates nothing, so it
     embeds nothing. ``index_after`` keeps the vectors of the spaces it writes
     (empty ones only) in detached tables; the caller then builds their indexes
-    (:func:`gateway.services.vector_indexes.build_pending`)."""
+    (:func:`gateway.services.vector_indexes.build_pending`, for the spaces in
+    ``report.deferred``). The load holds those spaces against other builds while
+    it runs; a caller that builds at the end passes its own ``deferral`` (the
+    spaces stay held until it releases them)."""
+    if index_after and deferral is None:
+        async with Deferral(service.db) as own:
+            try:
+                return await load(
+                    service,
+                    records,
+                    batch_size=batch_size,
+                    actor=actor,
+                    progress=progress,
+                    set_based=set_based,
+                    embed_ahead=embed_ahead,
+                    deferral=own,
+                )
+            except LoadError as exc:
+                exc.deferred = list(own.spaces)
+                raise
     actor = actor or Actor.operator()
     report = LoadReport()
     if batch_size < 1:
@@ -312,7 +338,7 @@ async def load(
                 actor,
                 set_based=set_based,
                 embed_ahead=ahead,
-                index_after=index_after,
+                deferral=deferral,
             )
         except RecordError as exc:
             if exc.index >= 0:
@@ -341,6 +367,8 @@ async def load(
             progress(len(chunk))
         if result.created:  # after the count: the batch is committed whatever happens here
             await service.analyze_unplanned_tables()
+    if deferral is not None:
+        report.deferred = list(deferral.spaces)
     return report
 
 

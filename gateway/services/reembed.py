@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import asyncpg
 
 from gateway.embeddings.base import EmbeddingProvider
-from gateway.errors import EmbeddingMismatch, GatewayError
+from gateway.errors import EmbeddingMismatch, GatewayError, VectorIndexPending
 from gateway.store import reembed as store
+from gateway.store import vector_partitions
 from gateway.store.database import Database, connect_once
 from gateway.store.writes import store_embedding_model
 
@@ -95,6 +96,12 @@ async def reembed(
                     False,
                     None,
                     f"the store already holds vectors of model '{target.model}'",
+                )
+            deferred = await vector_partitions.deferred_spaces(conn)
+            if deferred:  # it would miss them, and its switch would relabel them
+                raise VectorIndexPending(
+                    f"not re-embedding: {vector_partitions.pending_message(deferred)}, then "
+                    "run reembed"
                 )
             async with conn.transaction():
                 run = await store.start_run(conn, current[0], target.model)

@@ -38,6 +38,7 @@ from gateway.errors import (
 from gateway.services import bulk_writes
 from gateway.services import records as rec
 from gateway.services.records import render_statement
+from gateway.services.vector_indexes import Deferral, reembed_running
 from gateway.store import bulk_writes as bulk_store
 from gateway.store import vector_partitions
 from gateway.store import writes as store
@@ -158,14 +159,19 @@ class _Batch:
     """State of one batch inside its transaction."""
 
     def __init__(
-        self, conn: Conn, actor: Actor, embedder: EmbeddingProvider, *, index_after: bool = False
+        self,
+        conn: Conn,
+        actor: Actor,
+        embedder: EmbeddingProvider,
+        *,
+        deferral: Deferral | None = None,
     ) -> None:
         self.conn = conn
         self.actor = actor
         self.embedder = embedder
         # ``load --index-after``: vectors go to the space's detached tables (only the
         # operator, who owns them; see gateway/store/vector_partitions.py).
-        self.index_after = index_after and actor.is_operator
+        self.deferral = deferral if actor.is_operator else None
         self.evidence_texts: list[tuple[str, UUID, str, str]] = []
         self.relationship_texts: list[tuple[str, UUID, str, str]] = []
         # Vectors supplied by a loader file, by (kind, team, id): not embedded again.
@@ -623,9 +629,11 @@ class _Batch:
                 f"the store holds vectors of model '{registered[0]}' ({registered[1]} dimensions); "
                 f"the configured provider makes '{model}' ({dims}): refusing to mix them"
             )
+        if self.deferral is not None:
+            await self._defer_spaces(self.deferral)
         vectors = await self._vectors(dims)
         try:
-            if self.index_after:
+            if self.deferral is not None:
                 await self._store_deferred(vectors, model)
             else:
                 await self._store_vectors(vectors, model)
@@ -666,21 +674,44 @@ class _Batch:
                 copy=self.actor.is_operator,
             )
 
-    async def _store_deferred(self, vectors: np.ndarray, model: str) -> None:
-        """Per space: detach its vector partitions if still attached (refused when
-        they hold vectors that readers find), then copy into the detached tables."""
-        n = len(self.evidence_texts)
+    async def _defer_spaces(self, deferral: Deferral) -> None:
+        """Before the batch's vectors are computed: each space they go to must be
+        held by this load and detached. A space this transaction created (its
+        partitions' creation holds the parents' lock already) is detached here; one
+        that existed before is detached outside the batch, in a short transaction
+        of its own (:meth:`Deferral.claim`): :class:`_DetachFirst` rolls the batch
+        back for that, and :meth:`WriteService.apply` runs it again after."""
         spaces = sorted(
-            {t[1] for t in self.evidence_texts} | {t[1] for t in self.relationship_texts}
+            {t[:2] for t in self.evidence_texts} | {t[:2] for t in self.relationship_texts}
         )
-        for space in spaces:
-            if not await vector_partitions.defer_space(self.conn, space):
+        outside: list[tuple[str, UUID]] = []
+        for team, space in spaces:
+            attached, full = await vector_partitions.attached_state(self.conn, space)
+            if attached and full:
                 team, ref = await vector_partitions.space_reference(self.conn, space)
                 raise SpaceHasVectors(
                     f"space '{ref}' of team '{team}' already holds vectors that recall finds; "
                     "--index-after loads only into spaces without vectors (load this file "
                     "without it)"
                 )
+            if not attached:
+                await deferral.hold(space)
+            elif await vector_partitions.holds_parents_exclusively(self.conn):
+                await deferral.hold(space)
+                outcome = await vector_partitions.detach(self.conn, team, space, locked=True)
+                if outcome is vector_partitions.Detach.REEMBED_RUNNING:
+                    raise reembed_running()  # started after the load did
+            else:
+                outside.append((team, space))
+        if outside:
+            raise _DetachFirst(outside)
+
+    async def _store_deferred(self, vectors: np.ndarray, model: str) -> None:
+        """Copy the vectors into their spaces' detached tables (see _defer_spaces)."""
+        n = len(self.evidence_texts)
+        spaces = sorted(
+            {t[1] for t in self.evidence_texts} | {t[1] for t in self.relationship_texts}
+        )
         generations = await self._generations() if self.relationship_texts else {}
         for space in spaces:
             ev = [k for k, t in enumerate(self.evidence_texts) if t[1] == space]
@@ -730,6 +761,17 @@ class _Batch:
             out[given] = validate_vectors([self.supplied[keys[k]] for k in given], len(given), dims)
         return out
 
+
+class _DetachFirst(Exception):
+    """The batch stores vectors into spaces to detach first, outside its transaction."""
+
+    def __init__(self, spaces: list[tuple[str, UUID]]) -> None:
+        super().__init__(spaces)
+        self.spaces = spaces
+
+
+# A batch rolled back for its spaces' detach runs again once they are detached.
+_DETACH_ROUNDS = 3
 
 # Refusals that say nothing about the record: a lock or statement timeout, a
 # deadlock. Reported as DATABASE_UNAVAILABLE (retry), never as bad input.
@@ -789,7 +831,7 @@ class WriteService:
         *,
         set_based: bool = True,
         embed_ahead: bool = False,
-        index_after: bool = False,
+        deferral: Deferral | None = None,
     ) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal.
 
@@ -799,16 +841,45 @@ class WriteService:
         record, which reports the refusal exactly as it always has.
         ``embed_ahead`` embeds the operator's evidence texts while the writes
         run, as a principal's always are (see :meth:`_prefetched`).
-        ``index_after`` (the operator only) stores the batch's vectors in their
-        spaces' detached tables, indexed when the load ends
-        (:mod:`gateway.services.vector_indexes`)."""
-        options = {"embed_ahead": embed_ahead, "index_after": index_after}
+        ``deferral`` (``load --index-after``; the operator only) stores the batch's
+        vectors in their spaces' detached tables, indexed when the load ends
+        (:mod:`gateway.services.vector_indexes`); a space still attached is
+        detached between two tries of the batch, outside its transaction."""
+        for _ in range(_DETACH_ROUNDS):
+            try:
+                return await self._apply_either(
+                    records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
+                )
+            except _DetachFirst as first:
+                assert deferral is not None
+                try:
+                    for team, space in first.spaces:
+                        await deferral.claim(team, space)
+                except GatewayError as exc:
+                    raise RecordError(-1, None, exc) from exc
+        raise RecordError(  # pragma: no cover - a claimed space stays detached
+            -1, None, DatabaseUnavailable("the batch's spaces could not be detached; load again")
+        )
+
+    async def _apply_either(
+        self,
+        records: Sequence[Any],
+        actor: Actor,
+        *,
+        set_based: bool,
+        embed_ahead: bool,
+        deferral: Deferral | None,
+    ) -> BatchResult:
         if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
             try:
-                return await self._apply(records, actor, set_based=True, **options)
+                return await self._apply(
+                    records, actor, set_based=True, embed_ahead=embed_ahead, deferral=deferral
+                )
             except bulk_writes.Fallback:
                 pass  # rolled back; the record-at-a-time path finds the refusal
-        return await self._apply(records, actor, set_based=False, **options)
+        return await self._apply(
+            records, actor, set_based=False, embed_ahead=embed_ahead, deferral=deferral
+        )
 
     async def _apply(
         self,
@@ -817,7 +888,7 @@ class WriteService:
         *,
         set_based: bool,
         embed_ahead: bool,
-        index_after: bool,
+        deferral: Deferral | None,
     ) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
@@ -831,7 +902,7 @@ class WriteService:
             )
         )
         async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
-            batch = _Batch(conn, actor, self.embedder, index_after=index_after)
+            batch = _Batch(conn, actor, self.embedder, deferral=deferral)
             batch.prefetch = prefetch
             index = 0
             while index < len(records):

@@ -13,6 +13,8 @@ from uuid import UUID
 
 import numpy as np
 
+from gateway.errors import VectorIndexPending
+from gateway.store import vector_partitions
 from gateway.store.connection import Conn
 
 # pg_advisory_lock key of a run: one re-embed at a time per database.
@@ -192,6 +194,14 @@ async def switch(conn: Conn, run: Run) -> int:
         "LOCK TABLE embedding_models, evidence_embeddings, relationship_embeddings, "
         "relationship_projections IN SHARE ROW EXCLUSIVE MODE"
     )
+    # A load --index-after detaches under ACCESS EXCLUSIVE on the same tables, so
+    # this sees every detach: the rename below would relabel detached vectors too.
+    deferred = await vector_partitions.deferred_spaces(conn)
+    if deferred:
+        raise VectorIndexPending(
+            f"not switching models: {vector_partitions.pending_message(deferred)}, then run "
+            "reembed again (it resumes)"
+        )
     missing = await conn.fetchval(
         """
         SELECT (SELECT count(*) FROM evidence_embeddings ee

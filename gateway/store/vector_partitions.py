@@ -9,12 +9,23 @@ the space's two partitions, drop their (empty) HNSW indexes, copy its vectors
 into the detached tables, and at the end build each index and attach the table
 again; PostgreSQL adopts the matching index instead of building another.
 
-The state lives in the catalogue only, so it survives a crash as it stands: a
-vector table of a space that is not a partition is *deferred*. Each step is
-transactional (a batch's detach commits with its rows; an index build commits
-with its attach), so a load that dies leaves either an attached partition or
-a detached table holding every committed vector, never something between, and
-:func:`build_and_attach` can finish the work later.
+The state is kept in ``vector_deferrals`` (db/0083), changed in the same
+transaction as the DDL it records, so it survives a crash as it stands: a
+space with a row there has its vector tables detached (or one of them, while a
+build is half done). Only those tables are ever built and attached. A load
+that dies leaves either an attached partition or a detached table holding
+every committed vector, never something between, and :func:`build_and_attach`
+can finish the work later.
+
+Locks. ``DETACH PARTITION`` takes ACCESS EXCLUSIVE on the parent, which every
+team's recall reads. :func:`detach` therefore runs in a transaction of its own,
+not in a loader batch, and waits at most :data:`DETACH_LOCK_TIMEOUT` for the
+parents (a waiting ACCESS EXCLUSIVE request queues every new reader behind
+it); the caller retries. ``ATTACH`` takes only SHARE UPDATE EXCLUSIVE on the
+parent. A per-space advisory lock (:func:`try_hold_filling`, shared, held by
+each load filling the space for its lifetime; :func:`try_hold_building`,
+exclusive, held by a build) keeps a build from attaching a space that a
+running load is still filling.
 
 The loader runs as the owner of the tables (it copies rows under row-level
 security, which only the owner may), so detaching, attaching and building
@@ -24,7 +35,7 @@ partition itself: a detached table is unreadable to it.
 
 from __future__ import annotations
 
-import re
+import enum
 from dataclasses import dataclass
 from uuid import UUID
 
@@ -32,7 +43,34 @@ from gateway.store.connection import Conn
 
 VECTOR_TABLES = ("evidence_embeddings", "relationship_embeddings")
 
-_DEFERRED = re.compile(r"^(evidence_embeddings|relationship_embeddings)_([0-9a-f]{32})$")
+# How long a detach may wait for the parents' lock before it gives up and the
+# caller retries: every recall queues behind a waiting ACCESS EXCLUSIVE request.
+DETACH_LOCK_TIMEOUT = "100ms"
+
+# First key of the per-space advisory locks (the second is the space's hash);
+# an arbitrary constant, unlike the migration runner's and reembed's keys.
+_SPACE_LOCK = 720_261_083
+
+# (team, space, kind, owner) of the spaces of vector_deferrals, for messages.
+_DEFERRED_SPACES = (
+    "SELECT d.team_id, d.space_id, s.kind, s.owner_principal_id FROM vector_deferrals d "
+    "JOIN memory_spaces s ON s.team_id = d.team_id AND s.id = d.space_id "
+    "ORDER BY d.team_id, d.space_id"
+)
+
+
+FINISH = "recall-gateway build-vector-indexes"
+
+
+def pending_message(spaces: list[DeferredSpace]) -> str:
+    """Names the spaces whose vectors wait, and the command that finishes them."""
+    shown = ", ".join(str(s) for s in spaces[:5])
+    more = f" and {len(spaces) - 5} more" if len(spaces) > 5 else ""
+    return (
+        f"the vectors of {len(spaces)} space(s) wait in detached tables for their index "
+        f"({shown}{more}): run '{FINISH}' first (it skips a space a running "
+        "'load --index-after' still fills: let that load end)"
+    )
 
 
 def partition_name(parent: str, space: UUID) -> str:
@@ -50,6 +88,26 @@ class Deferred:
     rows: int
 
 
+@dataclass(frozen=True, slots=True)
+class DeferredSpace:
+    """A space whose vectors wait in detached tables, named as users name it."""
+
+    team: str
+    space: UUID
+    ref: str  # "shared" or "private:<owner>"
+
+    def __str__(self) -> str:
+        return f"space '{self.ref}' of team '{self.team}'"
+
+
+class Detach(enum.Enum):
+    """What :func:`detach` found."""
+
+    DETACHED = "detached"  # by this call or an earlier one
+    HAS_VECTORS = "has_vectors"  # a partition holds vectors readers find: nothing changed
+    REEMBED_RUNNING = "reembed_running"  # a re-embed would miss detached vectors
+
+
 async def _is_partition(conn: Conn, table: str) -> bool | None:
     """Whether ``table`` is attached; None when there is no such table."""
     value = await conn.fetchval(
@@ -58,30 +116,93 @@ async def _is_partition(conn: Conn, table: str) -> bool | None:
     return None if value is None else bool(value)
 
 
-async def defer_space(conn: Conn, space: UUID) -> bool:
-    """Inside a loader batch's transaction, before it stores the space's vectors:
-    detach the space's vector partitions if they are attached and empty. Returns
-    False (having changed nothing the caller keeps: it must roll back) when a
-    partition already holds vectors, which readers can find and which must not
-    vanish from their vector list. Already deferred: nothing to do.
+async def attached_state(conn: Conn, space: UUID) -> tuple[bool, bool]:
+    """(both partitions attached, either holds vectors), without a lock: the caller
+    decides from it whether a detach is worth trying (:func:`detach` checks again
+    under the lock)."""
+    attached, full = True, False
+    for parent in VECTOR_TABLES:
+        table = partition_name(parent, space)
+        state = await _is_partition(conn, table)
+        if state is None:
+            raise LookupError(f"no vector table {table}")
+        attached = attached and state
+        if state and await conn.fetchval(f'SELECT EXISTS (SELECT 1 FROM "{table}")'):
+            full = True
+    return attached, full
 
-    ``DETACH PARTITION`` locks the parent tables until the batch commits, as the
-    creation of a space's partitions does; it happens once per space."""
+
+async def holds_parents_exclusively(conn: Conn) -> bool:
+    """Whether this transaction already holds ACCESS EXCLUSIVE on both parents (it
+    created a space, whose partitions ``CREATE TABLE ... PARTITION OF`` made):
+    then detaching here costs no lock it does not hold anyway."""
+    held = await conn.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND granted "
+        "AND locktype = 'relation' AND mode = 'AccessExclusiveLock' "
+        "AND relation = ANY (ARRAY[$1::regclass, $2::regclass])",
+        *VECTOR_TABLES,
+    )
+    return int(held) == len(VECTOR_TABLES)
+
+
+async def detach(conn: Conn, team: str, space: UUID, *, locked: bool = False) -> Detach:
+    """In the caller's transaction, which should hold nothing else: detach the
+    space's vector partitions if they are attached and empty, drop their (empty)
+    HNSW indexes and record the deferral. The parents' lock is taken first, with
+    :data:`DETACH_LOCK_TIMEOUT` (asyncpg's LockNotAvailableError when it runs
+    out: retry), so the checks that follow (still attached, still empty, no
+    re-embed running) and the detach see one state that no writer can change.
+    ``locked``: the transaction holds the parents already (it created the space)."""
+    if not locked:
+        await conn.execute("SELECT set_config('lock_timeout', $1, true)", DETACH_LOCK_TIMEOUT)
+        await conn.execute(
+            "LOCK TABLE evidence_embeddings, relationship_embeddings IN ACCESS EXCLUSIVE MODE"
+        )
+    if await reembed_running(conn):
+        return Detach.REEMBED_RUNNING
+    tables = []
     for parent in VECTOR_TABLES:
         table = partition_name(parent, space)
         attached = await _is_partition(conn, table)
         if attached is None:
             raise LookupError(f"no vector table {table}")
-        if not attached:
-            continue
-        # Detach first: its lock keeps any other writer out between the check and
-        # the detach, and the caller's rollback undoes it when the check fails.
+        if attached:
+            if await conn.fetchval(f'SELECT EXISTS (SELECT 1 FROM "{table}")'):
+                return Detach.HAS_VECTORS
+            tables.append((parent, table))
+    for parent, table in tables:
         await conn.execute(f'ALTER TABLE {parent} DETACH PARTITION "{table}"')
-        if await conn.fetchval(f'SELECT EXISTS (SELECT 1 FROM "{table}")'):
-            return False
         for name in await _hnsw_indexes(conn, table):
             await conn.execute(f'DROP INDEX "{name}"')
-    return True
+    await conn.execute(
+        "INSERT INTO vector_deferrals (team_id, space_id) VALUES ($1, $2) "
+        "ON CONFLICT (team_id, space_id) DO NOTHING",
+        team,
+        space,
+    )
+    return Detach.DETACHED
+
+
+async def reembed_running(conn: Conn) -> bool:
+    """Whether a re-embed run is under way (or interrupted: it resumes), which
+    would neither see nor re-embed vectors held in detached tables."""
+    return bool(
+        await conn.fetchval("SELECT EXISTS (SELECT 1 FROM reembed_runs WHERE status = 'running')")
+    )
+
+
+async def deferred_spaces(conn: Conn) -> list[DeferredSpace]:
+    """Every space whose vectors wait in detached tables, for refusals' messages."""
+    if not await conn.fetchval("SELECT to_regclass('vector_deferrals') IS NOT NULL"):
+        return []  # a store older than db/0083 (the migration runner asks first)
+    return [
+        DeferredSpace(
+            r["team_id"],
+            r["space_id"],
+            "shared" if r["kind"] == "shared" else f"private:{r['owner_principal_id']}",
+        )
+        for r in await conn.fetch(_DEFERRED_SPACES)
+    ]
 
 
 async def space_reference(conn: Conn, space: UUID) -> tuple[str, str]:
@@ -105,44 +226,74 @@ async def _hnsw_indexes(conn: Conn, table: str) -> list[str]:
     return [r["relname"] for r in rows]
 
 
-async def deferred(conn: Conn) -> list[Deferred]:
-    """Every detached vector table of this schema, with its row count, in a
-    stable order (evidence first, then relationships, by space)."""
-    rows = await conn.fetch(
-        "SELECT c.relname FROM pg_class c "
-        "WHERE c.relnamespace = current_schema()::regnamespace AND c.relkind = 'r' "
-        "AND NOT c.relispartition "
-        "AND c.relname ~ '^(evidence|relationship)_embeddings_[0-9a-f]{32}$' "
-        "ORDER BY c.relname"
-    )
+async def deferred(conn: Conn, spaces: set[UUID] | None = None) -> list[Deferred]:
+    """The detached vector tables of the recorded deferrals (of ``spaces`` only,
+    when given), with their row counts, in a stable order (by space, evidence
+    first). Counting a large table takes longer than a request may, so the
+    caller's transaction has no statement timeout here."""
     out: list[Deferred] = []
-    for row in rows:
-        match = _DEFERRED.match(row["relname"])
-        if match is None:  # pragma: no cover - the query matched the same pattern
+    if not await conn.fetchval("SELECT to_regclass('vector_deferrals') IS NOT NULL"):
+        return out  # a store older than db/0083
+    await conn.execute("SELECT set_config('statement_timeout', '0', true)")
+    for row in await conn.fetch("SELECT space_id FROM vector_deferrals ORDER BY space_id"):
+        space: UUID = row["space_id"]
+        if spaces is not None and space not in spaces:
             continue
-        count = await conn.fetchval(f'SELECT count(*) FROM "{row["relname"]}"')
-        out.append(Deferred(match.group(1), row["relname"], UUID(hex=match.group(2)), count))
+        for parent in VECTOR_TABLES:
+            table = partition_name(parent, space)
+            if await _is_partition(conn, table) is False:
+                count = await conn.fetchval(f'SELECT count(*) FROM "{table}"')
+                out.append(Deferred(parent, table, space, int(count)))
     return out
 
 
-async def is_deferred(conn: Conn, space: UUID) -> bool:
-    """Whether the space's vectors are held in detached tables."""
-    for parent in VECTOR_TABLES:
-        if await _is_partition(conn, partition_name(parent, space)) is False:
-            return True
-    return False
+async def try_hold_filling(conn: Conn, space: UUID) -> bool:
+    """Session-level, shared: a load fills the space (several loads may). False
+    while a build holds the space."""
+    return bool(
+        await conn.fetchval(
+            "SELECT pg_try_advisory_lock_shared($1, hashtext($2::uuid::text))", _SPACE_LOCK, space
+        )
+    )
+
+
+async def release_filling(conn: Conn, space: UUID) -> None:
+    await conn.execute(
+        "SELECT pg_advisory_unlock_shared($1, hashtext($2::uuid::text))", _SPACE_LOCK, space
+    )
+
+
+async def try_hold_building(conn: Conn, space: UUID) -> bool:
+    """Session-level, exclusive: a build of the space. False while a load fills it
+    (or another build runs)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT pg_try_advisory_lock($1, hashtext($2::uuid::text))", _SPACE_LOCK, space
+        )
+    )
+
+
+async def release_building(conn: Conn, space: UUID) -> None:
+    await conn.execute("SELECT pg_advisory_unlock($1, hashtext($2::uuid::text))", _SPACE_LOCK, space)
 
 
 async def build_and_attach(
     conn: Conn, item: Deferred, *, maintenance_work_mem_mb: int, workers: int
-) -> None:
-    """In one transaction (the caller's): build the parent's HNSW index on the
-    detached table with the build's memory and parallel workers, then attach it.
-    A crash before the commit leaves the table detached, as before."""
+) -> bool:
+    """In one transaction (the caller's, holding the space's build lock): build
+    the parent's HNSW index on the detached table with the build's memory and
+    parallel workers, attach it, and close the deferral once both tables are
+    attached. False (nothing done) when the table is attached already. A crash
+    before the commit leaves the table detached, as before; a client that
+    vanishes (killed) stops the server's build within a second
+    (``client_connection_check_interval``) instead of leaving it running."""
+    if await _is_partition(conn, item.table) is not False:
+        return False
     await conn.execute(
         "SELECT set_config('maintenance_work_mem', $1, true), "
         "set_config('max_parallel_maintenance_workers', $2, true), "
-        "set_config('statement_timeout', '0', true)",
+        "set_config('statement_timeout', '0', true), "
+        "set_config('client_connection_check_interval', '1s', true)",
         f"{maintenance_work_mem_mb}MB",
         str(workers),
     )
@@ -153,6 +304,14 @@ async def build_and_attach(
     await conn.execute(
         f"ALTER TABLE {item.parent} ATTACH PARTITION \"{item.table}\" FOR VALUES IN ('{item.space}')"
     )
+    still = [
+        t
+        for t in (partition_name(p, item.space) for p in VECTOR_TABLES)
+        if await _is_partition(conn, t) is False
+    ]
+    if not still:
+        await conn.execute("DELETE FROM vector_deferrals WHERE space_id = $1", item.space)
+    return True
 
 
 async def _parent_hnsw(conn: Conn, parent: str) -> list[tuple[str, str]]:
