@@ -435,3 +435,62 @@ def test_a_refused_load_does_not_say_vectors_wait_when_none_do(
     assert result.returncode == 1
     assert "SPACE_HAS_VECTORS" in result.stderr or "already holds vectors" in result.stderr
     assert "not yet indexed" not in result.stderr
+
+
+# --- finding 5: recall says so -------------------------------------------------------
+
+_RECALL = """
+query Recall($q: String) {
+  recallMemory(query: $q, communityLimit: 0) {
+    results { evidenceId }
+    degradations { frontier code optional }
+    searchStates { evidence { status complete } relationships { status complete } }
+  }
+}
+"""
+
+
+async def _recall(dsn: str, tok: str) -> dict[str, Any]:
+    import httpx
+
+    from .conftest import app_for
+
+    app = app_for(dsn)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            r = await c.post(
+                "/graphql",
+                json={"query": _RECALL, "variables": {"q": "Engine note: the pump runs"}},
+                headers={"Authorization": f"Bearer {tok}"},
+            )
+    body = r.json()
+    assert "errors" not in body, body
+    result: dict[str, Any] = body["data"]["recallMemory"]
+    return result
+
+
+async def test_recall_says_the_vector_list_of_a_deferred_space_waits_for_its_index(
+    writes: WriteService, embedder: EmbeddingProvider, dsn: str, db: Database
+) -> None:
+    from .test_recall import token
+
+    team = unique("ixrecall")
+    await _interrupted(writes, team, embedder.model)
+    tok = await token(writes, team, "ann")
+    during = await _recall(dsn, tok)
+    codes = {(d["frontier"], d["code"]) for d in during["degradations"]}
+    assert ("EVIDENCE", "vector_index_pending") in codes
+    assert ("RELATIONSHIPS", "vector_index_pending") in codes
+    assert during["searchStates"]["evidence"]["complete"] is False
+    assert during["results"], "full text still answers"
+
+    # another team, whose spaces are indexed, is told nothing of it
+    other = unique("ixrecall-other")
+    await loader.load(writes, _parsed(_records(other, embedder.model, docs=2)), batch_size=50)
+    theirs = await _recall(dsn, await token(writes, other, "ann"))
+    assert all(d["code"] != "vector_index_pending" for d in theirs["degradations"])
+    await _build(db)
+    after = await _recall(dsn, tok)
+    assert all(d["code"] != "vector_index_pending" for d in after["degradations"])
+    assert after["searchStates"]["evidence"]["complete"] is True

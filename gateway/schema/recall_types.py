@@ -50,6 +50,7 @@ class DegradationCode(Enum):
     query_embedding_malformed = "query_embedding_malformed"
     query_embedding_model_mismatch = "query_embedding_model_mismatch"
     vector_branch_failed = "vector_branch_failed"
+    vector_index_pending = "vector_index_pending"
     space_branch_unavailable = "space_branch_unavailable"
     relationship_vector_warming = "relationship_vector_warming"
     relationship_vector_failed = "relationship_vector_failed"

@@ -216,6 +216,9 @@ class RecallService:
                 (SharedBranch(b.space_id, b.generation) for b in branches if b.branch == "shared"),
                 None,
             )
+            pending = _vectors_pending(view, branches)
+            if pending is not None and vector is not None:
+                degradations.append(Degradation("evidence", VECTOR_INDEX_PENDING, pending))
             # 2. Evidence, with relationship discovery beside it (one round trip).
             first = await self._first_round(unit, view, branches, request, vector, shared)
             evidence = await search_evidence(
@@ -252,6 +255,12 @@ class RecallService:
                         "vectors skipped, lexical discovery still answers",
                     )
                 )
+            if (
+                pending is not None
+                and vector is not None
+                and related.states["relationships"].status not in ("disabled", "skipped")
+            ):
+                degradations.append(Degradation("relationships", VECTOR_INDEX_PENDING, pending))
             # 4. Hypotheses and 5. conflicts (reachable from every relationship the
             # answer returns: evidence support paths first, then the related and
             # community frontiers), in one round trip.
@@ -369,6 +378,7 @@ class RecallService:
             space_kinds={s.space_id: s.kind for s in spaces},
             t_sys=t_sys,
             t_valid=request.valid_at or t_sys,
+            vectors_pending=frozenset(s.space_id for s in spaces if s.vectors_pending),
         )
         branches = [
             search.BranchSearch(s.kind, s.space_id, s.generation)
@@ -468,3 +478,19 @@ class RecallService:
             await unit.commit()
         except STORE_FAILURES as exc:
             feedback.lost(outcome, exc)
+
+
+VECTOR_INDEX_PENDING = "vector_index_pending"
+
+
+def _vectors_pending(view: ReadView, branches: Sequence[search.BranchSearch]) -> str | None:
+    """The degradation's message when a searched space's vectors wait for an
+    unfinished ``load --index-after`` (its vector lists are empty until then)."""
+    kinds = sorted({b.branch for b in branches if b.space_id in view.vectors_pending})
+    if not kinds:
+        return None
+    return (
+        f"the {' and '.join(kinds)} space's vectors wait for their index (an unfinished "
+        "'load --index-after'): its vector list is empty until then; full text and "
+        "entities still answer"
+    )

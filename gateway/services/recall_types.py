@@ -88,6 +88,9 @@ class ReadView:
     space_kinds: dict[UUID, str]
     t_sys: datetime
     t_valid: datetime
+    # Spaces whose vectors wait for an unfinished `load --index-after` (empty
+    # vector lists meanwhile: the degradation VECTOR_INDEX_PENDING says so).
+    vectors_pending: frozenset[UUID] = frozenset()
 
     @property
     def space_ids(self) -> tuple[UUID, ...]:

@@ -1,139 +1,119 @@
-"""SQL of an exact BM25 top-k over postings, scoring only documents that can win.
+"""An exact BM25 top-k that reads only the postings that can matter (db/0085).
 
 Both full-text lists (evidence candidates, gateway/store/search.py, and
 relationship discovery, gateway/store/related.py) rank with BM25 under OR
 semantics: every document holding any query lexeme is a hit. A natural-language
 question nearly always holds a common word, so the hits are a large share of
-the space (55 % of a 10,000-evidence space for a 10-word question of the recall
-benchmark), and scoring each hit needs its document's row (length, generation,
-system time): 5,529 lookups of 161 ms of one statement under EXPLAIN ANALYZE.
+the space: 54,662 of the 100,000 evidence of one space of the 1,000,000-evidence
+benchmark for a 10-word question, from 73,304 postings. Only ``per_list`` of
+them are returned.
 
-Only ``per_list`` of them are returned. An upper bound of each hit's score
-comes from its postings alone: the term part ``tf (k1 + 1) / (tf + k1 (1 - b +
-b dl / avgdl))`` only grows as the document length ``dl`` shrinks, so with
-``dl = 0`` it is at least the real one. The statement therefore
+Until db/0085 the statement grouped every one of those postings per document
+with an upper bound of its score (its BM25 at document length 0), scored the
+``2 k`` of highest bound for a floor, then the hits whose bound reached it:
+few lookups, but the grouping (a sort of 73,304 rows spilled to disk, the
+arrays of 54,662 documents materialised and read three times) was most of the
+220 ms of that statement (docs/benchmarks.md). A document's bound is a sum
+over its lexemes, and most of it comes from the rare ones: the MaxScore
+argument (Turtle and Flood, 1995) spares the postings of the common ones.
 
-1. groups the query lexemes' postings per document with that bound
-   (:func:`postings_cte`; no document row is read);
-2. scores exactly the ``2 k`` hits of highest bound and takes the ``k``-th best
-   score among those visible in the view: a lower bound ``theta`` of the real
-   ``k``-th best score (a subset's ``k``-th best is never higher). When fewer
-   than ``k`` of them are visible (a knownAt instant before the newest writes,
-   a reset space whose old generation keeps its postings, long exclusions), it
-   walks the hits in bound order until ``2 k`` visible ones and takes the
-   ``k``-th best of those instead;
-3. scores exactly every hit whose bound reaches ``theta`` and returns the best
-   ``k`` of them (:func:`top_k`).
+Per query lexeme ``t`` an upper bound ``ub(t)`` of its contribution to any
+document's score: the term part ``tf (k1 + 1) / (tf + k1 (1 - b + b dl /
+avgdl))`` grows with ``tf`` and shrinks as ``dl`` grows, so ``idf(t) max_tf
+(k1 + 1) / (max_tf + k1 (1 - b))``, with the lexeme's largest term frequency
+in the space (counted in the same index-only scan as its document frequency),
+is never below it. The functions ``evidence_fulltext_top_k`` and
+``relationship_fulltext_top_k`` then
 
-A hit left out has a score at most its bound, below ``theta``, so below ``k``
-visible documents that are scored: it could never have been among the ``k``.
-The answer is the one of scoring every hit, document for document and rank for
-rank (``theta`` is lowered by a relative 1e-9 so that rounding in the two sums
-cannot exclude a document whose score equals it). With fewer than ``k`` visible
-hits in all, ``theta`` is minus infinity and every hit is scored, as before. The score is computed by the same expression as before, over each
-document's (IDF, tf) pairs in lexeme order, so equal documents tie exactly.
+1. **a first floor** (only from :data:`PRUNE_FROM_POSTINGS` postings of the
+   query's lexemes on; below, minus infinity): the first ``2 k`` visible hits
+   of the rarest lexemes' postings, scored exactly; ``theta0`` is the ``k``-th
+   best of those, at most the real ``k``-th best score (a subset's ``k``-th
+   best is never higher);
+2. **essential lexemes**: in bound order, the longest prefix of lexemes whose
+   bounds sum below ``theta0`` is *minor*: a document holding only those
+   scores below ``theta0``, so below ``k`` visible documents, and is never in
+   the list; ``rest`` is that sum;
+3. **the grouping**: only the essential lexemes' postings are grouped per
+   document, each with ``part``, the sum of their term parts at dl = 0, kept
+   when ``part + rest`` reaches ``theta0``; the ``2 k`` of highest ``part``
+   (or, when the view hides most of those, the first ``2 k`` visible ones in
+   ``part`` order) are scored exactly, and their ``k``-th best is ``theta``;
+4. **the survivors**: the documents whose ``part + rest`` reaches ``theta``
+   get their minor lexemes' term frequencies from the postings' key (read for
+   them only), those whose whole bound reaches ``theta`` are looked up and
+   scored, and the best ``k`` returned.
+
+A document left out scores below ``theta`` (it holds no essential lexeme, or
+its bound is below ``theta``), so below ``k`` visible documents that are
+scored: the answer is the one of scoring every hit, document for document and
+rank for rank (``tests/test_bm25_top_k.py`` compares both paths with BM25
+computed over every document, and shows that a broken bound fails that
+comparison). ``theta`` is lowered by a relative 1e-9 so that rounding in the
+sums cannot exclude a document whose score equals it. The score is computed by
+the same expression as before, over each document's (IDF, tf) pairs in lexeme
+order, so equal documents tie exactly.
+
+Exactness rests on ``tf`` in the postings being the one the score uses: the
+postings trigger (db/0055) derives it from the same parse as ``doc_length``.
+The functions exist for their cached plans: the dozen stages planned inside
+every candidate statement cost 4 to 6 ms of planning per list (db/0085 says
+more).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Final
 
-from gateway.store.params import float_literal
-
-__all__ = ["BM25_B", "BM25_K1", "postings_cte", "top_k"]
+__all__ = ["BM25_B", "BM25_K1", "PRUNE_FROM_POSTINGS", "top_k"]
 
 # BM25 parameters: the common defaults (Anserini's), which reach nDCG@10
 # 0.686 on SciFact here (benchmarks/fulltext_quality.py); the mild length
-# normalisation suits short evidence texts.
+# normalisation suits short evidence texts. db/0085's functions spell the same
+# values (tests/test_bm25_top_k.py checks).
 BM25_K1: Final = 0.9
 BM25_B: Final = 0.4
 
-
-def postings_cte(name: str, *, idf: str, space: str, postings: str, doc_id: str, team: str) -> str:
-    """CTE ``name``: per (space, document) the (IDF, tf) pairs of its query lexemes,
-    the space's average length, and the score bound.
-
-    ``idf`` is the query's CTE of ``(space_id, lexeme, idf, avgdl)`` (``space``
-    names its space column, or a constant for a single-space CTE), ``postings``
-    the postings table, ``doc_id`` its document column.
-    """
-    k1, b = float_literal(BM25_K1), float_literal(BM25_B)
-    return f"""{name} AS MATERIALIZED (
-    SELECT {space} AS space_id, t.{doc_id}::text AS doc_id,
-           array_agg(w.idf ORDER BY w.lexeme COLLATE "C") AS idfs,
-           array_agg(t.tf::double precision ORDER BY w.lexeme COLLATE "C") AS tfs,
-           -- avgdl is one value per space; min() only carries it through the grouping.
-           min(w.avgdl) AS avgdl,
-           -- The score with a document length of 0: never below the real score.
-           sum(greatest(w.idf, 0) * t.tf * ({k1} + 1) / (t.tf + {k1} * (1 - {b}))) AS bound
-    FROM {idf} w
-    -- Per query lexeme, its own key range: LATERAL with OFFSET 0 cannot be
-    -- flattened into a join. As a join, the planner (estimating one posting
-    -- per lexeme) merged the query's lexemes with every posting of the space,
-    -- read in key order: 22 of the 45 ms of discovery's full-text list.
-    CROSS JOIN LATERAL (
-        SELECT p.{doc_id}, p.tf
-        FROM {postings} p
-        WHERE p.team_id = {team} AND p.space_id = {space} AND p.lexeme = w.lexeme
-        OFFSET 0
-    ) t
-    GROUP BY 1, 2
-)"""
+# From this many postings of the query's lexemes in a space on, the functions
+# compute the first floor and skip the minor lexemes' postings (see the module
+# doc); below it every lexeme is essential and all postings are grouped, as
+# before db/0085, which costs less than the floor's extra passes. A 10,000-
+# evidence space of the recall benchmark gives about 7,000 postings per
+# question, a 100,000-evidence one about 70,000. Read at call time (the callers
+# bind it), so tests can force either path.
+PRUNE_FROM_POSTINGS: int = 20_000
 
 
-def _score(g: str, doc: str) -> str:
-    k1, b = float_literal(BM25_K1), float_literal(BM25_B)
-    return f"""(SELECT sum(u.idf * u.tf * ({k1} + 1)
-                   / (u.tf + {k1} * (1 - {b} + {b} * {doc}.doc_length / {g}.avgdl)))
-        FROM unnest({g}.idfs, {g}.tfs) AS u (idf, tf))"""
+def top_k(
+    function: str,
+    *,
+    lexemes: str,
+    team: str,
+    space: str,
+    generation: str,
+    view: Sequence[str],
+    limit: str,
+    prune_from: str,
+) -> str:
+    """A query of rows ``(doc_id, rank)``: the best ``limit`` visible documents of
+    ``space`` by BM25 score, then ID in code-point order, from ``function``
+    (``evidence_fulltext_top_k`` or ``relationship_fulltext_top_k``, db/0085).
 
-
-def top_k(cte: str, *, space: str, doc_table: str, doc_join: str, visible: str, limit: str) -> str:
-    """The best ``limit`` visible documents of ``space`` in CTE ``cte``
-    (:func:`postings_cte`) by score, then ID in code-point order, as rows
-    ``(doc_id, rank)``.
-
-    ``doc_join`` joins the document row ``d`` to the CTE row ``g`` (team, space
-    and ID), ``visible`` is the view's filter on ``d``.
+    ``lexemes`` is a relation of the query's lexemes present in the space with
+    columns ``lexeme``, ``idf``, ``avgdl`` (the space's average length), ``df``
+    and ``max_tf`` (the lexeme's document count and largest term frequency over
+    the postings the statistics count); ``view`` the function's view arguments
+    (known_at and exclusions, or the system time); ``prune_from`` a bigint
+    expression, :data:`PRUNE_FROM_POSTINGS` bound by the caller.
     """
 
-    def scored(source: str) -> str:
-        return f"""SELECT g.doc_id, {_score("g", "d")} AS score
-        FROM {source} g
-        JOIN {doc_table} d ON {doc_join}
-        WHERE {visible}"""
+    def column(name: str) -> str:
+        return f'(SELECT array_agg(x.{name} ORDER BY x.lexeme COLLATE "C") FROM {lexemes} x)'
 
-    def floor(subset: str) -> str:
-        # The k-th best score of the subset's visible hits; NULL with fewer than k.
-        return f"""(SELECT CASE WHEN count(*) >= {limit}
-                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
-          FROM (SELECT v.score FROM ({subset}) v ORDER BY 1 DESC LIMIT {limit}) k)"""
-
-    # First the 2 k best bounds (a top-N of the hits), then, only if fewer than
-    # k of those are visible, the hits in bound order until 2 k visible ones
-    # (a sort of every hit, which the first way spares the common case; an
-    # initplan runs only when coalesce reaches it). Without the second, a view
-    # hiding most of the best bounds (a knownAt instant before the newest
-    # writes, a reset space's old generation, long exclusions) left theta at
-    # minus infinity: every hit looked up and scored.
-    best_bounds = scored(
-        f"(SELECT * FROM {cte} x WHERE x.space_id = {space} "
-        f'ORDER BY x.bound DESC, x.doc_id COLLATE "C" LIMIT 2 * {limit})'
+    args = ", ".join(
+        [team, space, generation, *view, limit, prune_from]
+        + [column(c) for c in ("lexeme", "idf", "df", "max_tf")]
+        + [f"(SELECT min(x.avgdl) FROM {lexemes} x)"]
     )
-    in_bound_order = scored(
-        f"(SELECT * FROM {cte} x WHERE x.space_id = {space} "
-        'ORDER BY x.bound DESC, x.doc_id COLLATE "C")'
-    )
-    best_visible = f"""{in_bound_order}
-              ORDER BY g.bound DESC, g.doc_id COLLATE "C"
-              LIMIT 2 * {limit}"""
-    theta = f"coalesce({floor(best_bounds)}, {floor(best_visible)}, '-infinity'::double precision)"
-    return f"""
-SELECT h.doc_id, row_number() OVER (ORDER BY h.score DESC, h.doc_id COLLATE "C") AS rank
-FROM (
-    {scored(cte)}
-      AND g.space_id = {space}
-      AND g.bound >= {theta}
-) h
-ORDER BY h.score DESC, h.doc_id COLLATE "C"
-LIMIT {limit}"""
+    return f"SELECT f.doc_id, f.rank FROM {function}({args}) f"

@@ -23,13 +23,18 @@ class SpaceView:
     space_id: UUID
     kind: str
     generation: int | None  # None: the space did not exist at the view's time
+    # Its vectors wait in detached tables for an unfinished `load --index-after`
+    # (db/0083): its vector lists are empty meanwhile, which recall must say.
+    vectors_pending: bool = False
 
 
 _VIEW = """
 SELECT now() AS now, s.id, s.kind,
        (SELECT max(g.generation) FROM space_generations g
          WHERE g.team_id = s.team_id AND g.space_id = s.id
-           AND g.recorded_at <= coalesce($3::timestamptz, now())) AS generation
+           AND g.recorded_at <= coalesce($3::timestamptz, now())) AS generation,
+       EXISTS (SELECT 1 FROM vector_deferrals d
+                WHERE d.team_id = s.team_id AND d.space_id = s.id) AS vectors_pending
 FROM memory_spaces s
 WHERE s.team_id = $1 AND s.id = ANY($2::uuid[])
 """
@@ -43,7 +48,9 @@ async def resolve_view(
     if not rows:
         now = await conn.fetchval("SELECT now()")
         return now, []
-    return rows[0]["now"], [SpaceView(r["id"], r["kind"], r["generation"]) for r in rows]
+    return rows[0]["now"], [
+        SpaceView(r["id"], r["kind"], r["generation"], r["vectors_pending"]) for r in rows
+    ]
 
 
 def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:

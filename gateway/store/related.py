@@ -43,7 +43,8 @@ from uuid import UUID
 
 import numpy as np
 
-from gateway.store.bm25 import postings_cte, top_k
+from gateway.store import bm25
+from gateway.store.bm25 import top_k
 from gateway.store.connection import Conn
 from gateway.store.params import Params
 from gateway.store.recall import RelationshipRow
@@ -163,14 +164,15 @@ class Discovery:
 def _fulltext(p: Params) -> str:
     """BM25 top ``per_list`` of the space's relationships in the view, scoring only
     those whose bound can reach it (gateway/store/bm25.py)."""
-    team, space = p["team"], p["space"]
     top = top_k(
-        "query_postings",
-        space=space,
-        doc_table="relationships",
-        doc_join=f"d.team_id = {team} AND d.space_id = {space} AND d.id = g.doc_id",
-        visible=f"d.generation = {p['generation']} AND d.recorded_at <= {p['t_sys']}",
+        "relationship_fulltext_top_k",
+        lexemes="query_idf",
+        team=p["team"],
+        space=p["space"],
+        generation=p["generation"],
+        view=[p["t_sys"]],
         limit=p["per_list"],
+        prune_from=p["prune_from"],
     )
     return f"""
 SELECT 'fulltext'::text AS list_name, s.rank, s.doc_id AS relationship_id
@@ -203,7 +205,8 @@ def _query_idf(p: Params) -> str:
     """The query's lexemes in the space with their IDF, from the present statistics."""
     team, space = p["team"], p["space"]
     return f"""query_idf AS MATERIALIZED (
-    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
+    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl,
+           d.df, d.max_tf
     FROM query_lexemes ql
     CROSS JOIN (
         SELECT sum(x.doc_count)::double precision AS n,
@@ -212,7 +215,7 @@ def _query_idf(p: Params) -> str:
         WHERE x.team_id = {team} AND x.space_id = {space}
     ) st
     CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df
+        SELECT count(*)::double precision AS df, max(c.tf) AS max_tf
         FROM relationship_terms c
         WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
     ) d
@@ -228,7 +231,8 @@ def _query_idf_as_of(p: Params, as_of: datetime) -> str:
     p.bind("as_of", as_of, "timestamptz")
     team, space, at = p["team"], p["space"], p["as_of"]
     return f"""query_idf AS MATERIALIZED (
-    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl
+    SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl,
+           d.df, d.max_tf
     FROM query_lexemes ql
     CROSS JOIN (
         SELECT count(*)::double precision AS n,
@@ -237,7 +241,7 @@ def _query_idf_as_of(p: Params, as_of: datetime) -> str:
         WHERE x.team_id = {team} AND x.space_id = {space} AND x.recorded_at <= {at}
     ) st
     CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df
+        SELECT count(*)::double precision AS df, max(c.tf) AS max_tf
         FROM relationship_terms c
         WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
           AND c.recorded_at <= {at}
@@ -263,24 +267,12 @@ def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
     parts = []
     if q.text is not None and q.text.strip():
         p.bind("text", q.text.replace("\x00", " ").encode("utf-8", "replace").decode(), "text")
+        p.bind("prune_from", bm25.PRUNE_FROM_POSTINGS, "bigint")
         ctes.append(
             "query_lexemes AS MATERIALIZED (SELECT u.lexeme FROM "
             f"unnest(to_tsvector('english'::regconfig, {p['text']})) AS u)"
         )
         ctes.append(_query_idf(p) if q.as_of is None else _query_idf_as_of(p, q.as_of))
-        # The query lexemes' postings per relationship, computed once (the
-        # materialised CTEs also keep df from being counted once per posting, the
-        # evidence list's bug, fixed the same way in gateway/store/search.py).
-        ctes.append(
-            postings_cte(
-                "query_postings",
-                idf="query_idf",
-                space=p["space"],
-                postings="relationship_terms",
-                doc_id="relationship_id",
-                team=p["team"],
-            )
-        )
         parts.append(_fulltext(p))
     if q.vector is not None:
         p.bind("vector", np.asarray(q.vector, dtype=np.float32), "vector")

@@ -84,7 +84,8 @@ from uuid import UUID
 
 import numpy as np
 
-from gateway.store.bm25 import BM25_B, BM25_K1, postings_cte, top_k
+from gateway.store import bm25
+from gateway.store.bm25 import BM25_B, BM25_K1, top_k
 from gateway.store.connection import Conn
 from gateway.store.params import Params
 
@@ -169,35 +170,24 @@ def _fulltext(p: Params, branch: str, space: str, generation: str) -> str:
 
     score(d) = sum over matching lexemes of
     idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * dl / avgdl)).
-    The postings are grouped per document in the prelude (``query_postings``);
-    only the documents whose score bound can reach the top are scored, each
-    looked up once (gateway/store/bm25.py says why the answer is the same).
+    The prelude computes each lexeme's IDF, df and largest tf once per branch
+    space (``query_idf``); only the postings and documents that can reach the
+    top are read (gateway/store/bm25.py says why the answer is the same).
     """
-    team = p["team"]
     top = top_k(
-        "query_postings",
+        "evidence_fulltext_top_k",
+        lexemes=f"(SELECT * FROM query_idf q WHERE q.space_id = {space})",
+        team=p["team"],
         space=space,
-        doc_table="evidence",
-        doc_join=f"d.team_id = {team} AND d.space_id = {space} AND d.id = g.doc_id",
-        visible=_visible(p, "d", space, generation),
+        generation=generation,
+        view=[p["known_at"], p["exclude"]],
         limit=p["per_list"],
+        prune_from=p["prune_from"],
     )
     return f"""
 SELECT {branch} AS branch, 'fulltext'::text AS list_name, s.rank, s.doc_id AS evidence_id
 FROM ({top}
 ) s"""
-
-
-def _query_postings(p: Params) -> str:
-    """The prelude's last CTE: the query lexemes' postings grouped per document."""
-    return postings_cte(
-        "query_postings",
-        idf="query_idf",
-        space="w.space_id",
-        postings="evidence_terms",
-        doc_id="evidence_id",
-        team=p["team"],
-    )
 
 
 def _fulltext_prelude(p: Params) -> str:
@@ -217,7 +207,7 @@ def _fulltext_prelude(p: Params) -> str:
 query_idf AS MATERIALIZED (
     SELECT b.space_id, ql.lexeme,
            ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf,
-           st.avgdl
+           st.avgdl, d.df, d.max_tf
     FROM unnest({p["spaces"]}) AS b (space_id)
     CROSS JOIN query_lexemes ql
     CROSS JOIN LATERAL (
@@ -227,13 +217,12 @@ query_idf AS MATERIALIZED (
         WHERE x.team_id = {team} AND x.space_id = b.space_id
     ) st
     CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df
+        SELECT count(*)::double precision AS df, max(c.tf) AS max_tf
         FROM evidence_terms c
         WHERE c.team_id = {team} AND c.space_id = b.space_id AND c.lexeme = ql.lexeme
     ) d
     WHERE d.df > 0 AND st.avgdl > 0
-),
-{_query_postings(p)}
+)
 """
 
 
@@ -265,18 +254,17 @@ space_stats AS MATERIALIZED (
 query_idf AS MATERIALIZED (
     SELECT s.space_id, ql.lexeme,
            ln(1 + (s.n - d.df + 0.5) / (d.df + 0.5)) AS idf,
-           s.avgdl
+           s.avgdl, d.df, d.max_tf
     FROM space_stats s
     CROSS JOIN query_lexemes ql
     CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df
+        SELECT count(*)::double precision AS df, max(c.tf) AS max_tf
         FROM evidence_terms c
         WHERE c.team_id = {team} AND c.space_id = s.space_id AND c.lexeme = ql.lexeme
           AND c.recorded_at <= {at}
     ) d
     WHERE d.df > 0 AND s.avgdl > 0
-),
-{_query_postings(p)}
+)
 """
 
 
@@ -367,6 +355,7 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
     prelude = ""
     if "fulltext" in wanted:
         p.bind("text", _bindable(q.text or ""), "text")
+        p.bind("prune_from", bm25.PRUNE_FROM_POSTINGS, "bigint")
         if q.as_of is None:
             prelude = _fulltext_prelude(p)
         else:

@@ -1,0 +1,141 @@
+"""Whole-recall A/B, interleaved in one process, on a dataset kept by recall_bench.py.
+
+    python benchmarks/recall_ab.py --data-dir HELD100K --queries 80 \\
+        --arm before=15360:server --arm after=65536:force_generic_plan
+
+Each arm is a gateway app of its own (own pool, own query-embedding LRU) in this
+process, on the same server and data; an arm is ``name=CACHE_BYTES:PLAN_MODE``:
+the longest statement its connections keep prepared (asyncpg's
+``max_cacheable_statement_size``; 15360 is asyncpg's default) and the
+``plan_cache_mode`` its recalls set (``server``: none, the server's own). Every
+question goes to every arm, in alternating order, so that load from elsewhere
+falls on all arms alike (the machine this was written on is shared); the first
+five questions of each kind warm the connections and are not counted.
+
+Prints per kind of recall and arm: p50 and p95 end to end, the statements'
+time (median) and the statements per recall; and checks that the arms return
+the same ranked results and related relationships for every question (exit 1
+if any differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recall_bench as rb
+
+import gateway.store.database as database_module
+
+KINDS = {"full": rb.FULL, "evidence-only": rb.EVIDENCE_ONLY, "knownAt": rb.FULL_AT}
+WARM = 5
+
+
+def _arm(spec: str) -> tuple[str, int, str | None]:
+    name, _, rest = spec.partition("=")
+    size, _, mode = rest.partition(":")
+    if not name or not size.isdigit() or not mode:
+        raise argparse.ArgumentTypeError(f"an arm is NAME=CACHE_BYTES:PLAN_MODE, not {spec!r}")
+    return name, int(size), None if mode == "server" else mode
+
+
+async def run(dsn: str, arms: list[tuple[str, int, str | None]], n: int, kinds: list[str]) -> int:
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    await database_module.prepare(dsn, migrate=True)
+    data = await rb.reuse(dsn, 7)
+    if data is None:
+        raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")
+    at = await rb.known_instant(dsn)
+    rng = np.random.default_rng(21)
+    corpus = rb.Zipf(np.random.default_rng(10))
+    questions = [corpus.query(rng, int(rng.integers(0, len(rb.TOPICS)))) for _ in range(n + WARM)]
+    headers = {"Authorization": f"Bearer {data['token']}"}
+    differ = 0
+    async with contextlib.AsyncExitStack() as stack:
+        gateways = []
+        for name, size, mode in arms:
+            # Read by Database.open when the app's lifespan opens its pool.
+            database_module.STATEMENT_CACHE_MAX_BYTES = size
+            app = create_app(
+                Settings(database_url=dsn, migrate_on_start=False, log_level="warning")
+            )
+            await stack.enter_async_context(app.router.lifespan_context(app))
+            app.state.services.recall.plan_cache_mode = mode
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ab")
+            )
+            gateways.append((name, app, client))
+        timings: dict[tuple[str, str], list[tuple[float, float, int]]] = {}
+        for kind in kinds:
+            for i, question in enumerate(questions):
+                answers = set()
+                for name, app, client in gateways if i % 2 == 0 else gateways[::-1]:
+                    counter = app.state.services.db.counter
+                    count, seconds = counter.count, counter.seconds
+                    variables: dict[str, Any] = {"q": question}
+                    if kind == "knownAt":
+                        variables["knownAt"] = at
+                    started = time.perf_counter()
+                    r = await client.post(
+                        "/graphql",
+                        json={"query": KINDS[kind], "variables": variables},
+                        headers=headers,
+                    )
+                    elapsed = (time.perf_counter() - started) * 1000
+                    body = r.json()
+                    if "errors" in body:
+                        raise SystemExit(f"{name}: {body['errors']}")
+                    got = body["data"]["recallMemory"]
+                    answers.add(
+                        json.dumps(
+                            [got["results"], got.get("relatedRelationships")], sort_keys=True
+                        )
+                    )
+                    if i >= WARM:
+                        timings.setdefault((kind, name), []).append(
+                            (elapsed, (counter.seconds - seconds) * 1000, counter.count - count)
+                        )
+                differ += len(answers) > 1
+    print(
+        f"{n} questions per kind, arms interleaved (load average now {os.getloadavg()[0]:.1f}); "
+        f"answers that differ between arms: {differ}"
+    )
+    for (kind, name), rows in timings.items():
+        ends = sorted(r[0] for r in rows)
+        print(
+            f"  {kind:14} {name:12} p50 {statistics.median(ends):6.1f} ms   "
+            f"p95 {ends[max(0, int(len(ends) * 0.95) - 1)]:6.1f} ms   statements' time "
+            f"{statistics.median(r[1] for r in rows):5.1f} ms   statements "
+            f"{statistics.median(r[2] for r in rows):.0f}"
+        )
+    return differ
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--queries", type=int, default=80)
+    parser.add_argument("--arm", type=_arm, action="append", required=True)
+    parser.add_argument("--kinds", default="full,evidence-only,knownAt")
+    args = parser.parse_args()
+    with rb.database(args.data_dir) as dsn:
+        differ = asyncio.run(run(dsn, args.arm, args.queries, args.kinds.split(",")))
+    sys.exit(1 if differ else 0)
+
+
+if __name__ == "__main__":
+    main()
