@@ -305,9 +305,11 @@ async def run_load(
             settings = Settings()
             index_started = time.perf_counter()
             steps: list[int] = []
+            # only the spaces this load deferred, as `recall-gateway load
+            # --index-after` does: never a space another load left waiting
             built = await vector_indexes.build_pending(
                 db,
-                await vector_indexes.pending(db),
+                await vector_indexes.pending(db, report.deferred),
                 maintenance_work_mem_mb=args.index_memory_mb or settings.index_build_memory_mb,
                 workers=(
                     settings.index_build_workers
