@@ -434,9 +434,26 @@ async def set_max_wal_size(admin_dsn: str, value: str) -> None:
     try:
         await conn.execute(f"ALTER SYSTEM SET max_wal_size = '{value}'")
         await conn.execute("SELECT pg_reload_conf()")
-        print(f"max_wal_size {await conn.fetchval('SHOW max_wal_size')}", flush=True)
     finally:
         await conn.close()
+    # the reload reaches the server processes asynchronously: ask a new session
+    # until it answers with the new value
+    now = None
+    for _ in range(50):
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            if await conn.fetchval(
+                "SELECT pg_size_bytes(current_setting('max_wal_size')) = pg_size_bytes($1)", value
+            ):
+                now = await conn.fetchval("SHOW max_wal_size")
+        finally:
+            await conn.close()
+        if now is not None:
+            break
+        await asyncio.sleep(0.1)
+    if now is None:
+        raise SystemExit(f"max_wal_size did not become {value}")
+    print(f"max_wal_size {now}", flush=True)
 
 
 def _insert_again(table: str, key: str) -> str:
