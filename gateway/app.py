@@ -38,7 +38,7 @@ from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
 from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
-from gateway.services.recall import RecallService
+from gateway.services.recall import RecallService, plan_cache_mode
 from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
@@ -224,7 +224,14 @@ def create_app(
                 reads,
                 embedder,
                 writes,
-                observability.recall_service(db, embedder, feedback, store_model, reads),
+                observability.recall_service(
+                    db,
+                    embedder,
+                    feedback,
+                    store_model,
+                    reads,
+                    plan_mode=plan_cache_mode(settings.plan_cache_mode),
+                ),
                 feedback,
                 MutationService(writes),
                 store_model,
