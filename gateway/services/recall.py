@@ -72,7 +72,11 @@ log = logging.getLogger("gateway.recall")
 
 __all__ = ["QUERY_EMBEDDING_CACHE", "RecallService"]
 
+# Degradation codes the orchestrator raises itself (the frontiers' modules raise
+# theirs; the schema's DegradationCode lists them all).
 MODEL_MISMATCH: Final = "query_embedding_model_mismatch"
+VECTOR_INDEX_PENDING: Final = "vector_index_pending"
+"""A searched space's vectors wait for an unfinished ``load --index-after``."""
 
 RECALL_PLAN_CACHE_MODE: Final = "force_generic_plan"
 """How PostgreSQL plans a recall's statements (set for its transaction only;
@@ -497,9 +501,6 @@ class RecallService:
             await unit.commit()
         except STORE_FAILURES as exc:
             feedback.lost(outcome, exc)
-
-
-VECTOR_INDEX_PENDING = "vector_index_pending"
 
 
 def _vectors_pending(view: ReadView, branches: Sequence[search.BranchSearch]) -> str | None:
