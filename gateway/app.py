@@ -30,6 +30,7 @@ from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
+from gateway.http.documents import Documents
 from gateway.http.persisted import PersistedQueries, load_manifest
 from gateway.http.view import GraphQLHTTPView
 from gateway.observability import Observability, logs
@@ -259,8 +260,12 @@ def create_app(
                 embedded.stop()
 
     limits = http_limits.resolve(settings)
+    documents = Documents()  # parsed documents and validation answers, bounded in bytes
     schema = build_schema(
-        extensions=[*http_limits.validation_extensions(limits), *observability.extensions()],
+        extensions=[
+            *http_limits.validation_extensions(limits, documents),
+            *observability.extensions(),
+        ],
         hide_suggestions=not limits.introspection,
         config=StrawberryConfig(
             batching_config={"max_operations": limits.max_batch_size} if limits.batching else None
@@ -280,6 +285,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.drain = None
+    app.state.documents = documents
     # The MCP server runs its tools through the same view (schema, limits).
     app.state.graphql = graphql
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)
