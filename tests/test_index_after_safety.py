@@ -497,3 +497,48 @@ async def test_recall_says_the_vector_list_of_a_deferred_space_waits_for_its_ind
     after = await _recall(dsn, tok)
     assert all(d["code"] != "vector_index_pending" for d in after["degradations"])
     assert after["searchStates"]["evidence"]["complete"] is True
+
+
+# --- review of the space batches, H1: a refused batch detaches nothing -----------------
+
+
+def _one_unknown_source(team: str, model: str) -> list[dict[str, Any]]:
+    """Three good evidence records and a fourth whose source does not exist: the
+    database refuses the batch only after its spaces were looked at."""
+    lines = _evidence_only(team, model, docs=3)
+    bad = dict(lines[-1], id="evbad", source="nope")
+    return [*lines, bad]
+
+
+async def _deferrals(conn: asyncpg.Connection, team: str) -> int:
+    return int(
+        await conn.fetchval("SELECT count(*) FROM vector_deferrals WHERE team_id = $1", team)
+    )
+
+
+@pytest.mark.parametrize("new_team", [False, True], ids=["existing-space", "new-team"])
+async def test_a_refused_index_after_batch_leaves_its_spaces_attached_and_writable(
+    writes: WriteService,
+    embedder: EmbeddingProvider,
+    admin_conn: asyncpg.Connection,
+    new_team: bool,
+) -> None:
+    team = unique("ixrefuse")
+    lines = _one_unknown_source(team, embedder.model)
+    if new_team:  # the team (and so its spaces) and the refused memory in one file
+        lines = [*_setup_only(team, embedder.model), *lines[1:]]
+    else:
+        await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
+    with pytest.raises(loader.LoadError) as caught:
+        await loader.load(writes, _parsed(lines), batch_size=50, index_after=True)
+    assert caught.value.errors[0].field == "source"
+    assert caught.value.deferred == []  # the CLI says no vectors wait
+    assert await _deferrals(admin_conn, team) == 0
+    space = await _space(admin_conn, team)
+    for _table, attached, methods in await _state(admin_conn, space):
+        assert attached is True and "hnsw:True" in methods
+    # A plain load (and so `remember`) into the space is not told to wait for an index.
+    report = await loader.load(
+        writes, _parsed(_records(team, embedder.model, docs=1)), batch_size=50
+    )
+    assert report.created["evidence"] == 1

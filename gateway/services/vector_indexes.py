@@ -254,6 +254,29 @@ class Deferral:
         if outcome is store.Detach.REEMBED_RUNNING:
             raise reembed_running()
 
+    async def unclaim(self, space: UUID) -> bool:
+        """Undo :meth:`claim` for a space whose batch was refused: attach its vector
+        tables again while they are still empty, close its deferral and let go of
+        it, so that a refusal leaves the space as it was (writable by plain loads
+        and ``remember``, not waiting for a build). Best effort, in short
+        transactions that give way to other sessions like :meth:`claim`: False, and
+        the space stays deferred and held (the end of the load names it), when
+        another load has filled it meanwhile or the tables stayed busy."""
+        assert self._conn is not None
+        conn = self._conn
+        undone = False
+        try:
+            async for attempt in lock_waits.retrying():
+                with attempt:
+                    async with conn.transaction():
+                        undone = await store.reattach_if_empty(conn, space)
+        except tenacity.RetryError:
+            return False
+        if undone:
+            self.spaces.remove(space)
+            await store.release_filling(conn, space)
+        return undone
+
 
 async def _has_vectors(conn: Conn, space: UUID) -> SpaceHasVectors:
     team, ref = await store.space_reference(conn, space)

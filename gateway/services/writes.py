@@ -853,7 +853,45 @@ class WriteService:
         ``deferral`` (``load --index-after``; the operator only) stores the batch's
         vectors in their spaces' detached tables, indexed when the load ends
         (:mod:`gateway.services.vector_indexes`); a space still attached is
-        detached between two tries of the batch, outside its transaction."""
+        detached between two tries of the batch, outside its transaction. A space
+        detached for this batch is attached again when the batch is refused
+        (:meth:`_undo_claims`): a refusal changes nothing other clients see."""
+        if deferral is None or not actor.is_operator:
+            return await self._apply_batch(
+                records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
+            )
+        held = set(deferral.spaces)
+        try:
+            return await self._apply_batch(
+                records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
+            )
+        except Exception:
+            await self._undo_claims(deferral, [s for s in deferral.spaces if s not in held])
+            raise
+
+    @staticmethod
+    async def _undo_claims(deferral: Deferral, spaces: list[UUID]) -> None:
+        """After a refused batch: attach again the spaces it detached, which hold no
+        vector (its transaction was rolled back). Without this an existing empty
+        space (or the space of a team an earlier batch created) would stay detached
+        and refuse every plain write with VECTOR_INDEX_PENDING until someone ran
+        the build, although the load wrote nothing into it."""
+        for space in spaces:
+            try:
+                if not await deferral.unclaim(space):
+                    log.warning("space %s stays detached after a refused batch", space)
+            except (asyncpg.PostgresError, GatewayError, OSError) as exc:  # a lost server
+                log.warning("space %s stays detached after a refused batch: %s", space, exc)
+
+    async def _apply_batch(
+        self,
+        records: Sequence[Any],
+        actor: Actor,
+        *,
+        set_based: bool,
+        embed_ahead: bool,
+        deferral: Deferral | None,
+    ) -> BatchResult:
         if deferral is not None and actor.is_operator:
             try:
                 await self._claim_ahead(records, deferral)

@@ -372,6 +372,33 @@ async def build_and_attach(
     return True
 
 
+async def reattach_if_empty(conn: Conn, space: UUID) -> bool:
+    """In the caller's transaction, which should hold nothing else: undo a detach
+    whose tables never received a vector (the batch it was made for was refused).
+    Each detached table is locked first, waiting at most
+    :data:`DETACH_LOCK_TIMEOUT` (asyncpg's LockNotAvailableError: retry), so that
+    no load can copy vectors in between the check and the attach; then its (empty)
+    HNSW index is built, the table attached and the deferral closed, as
+    :func:`build_and_attach` does. False, and nothing changed, when a table holds
+    rows (another load filled it: the space stays deferred)."""
+    await conn.execute("SELECT set_config('lock_timeout', $1, true)", DETACH_LOCK_TIMEOUT)
+    detached = [
+        (parent, partition_name(parent, space))
+        for parent in VECTOR_TABLES
+        if await _is_partition(conn, partition_name(parent, space)) is False
+    ]
+    for _parent, table in detached:
+        await conn.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+        if await conn.fetchval(f'SELECT EXISTS (SELECT 1 FROM "{table}")'):
+            return False
+    for parent, table in detached:
+        await build_and_attach(
+            conn, Deferred(parent, table, space, 0), maintenance_work_mem_mb=64, workers=0
+        )
+    await conn.execute("DELETE FROM vector_deferrals WHERE space_id = $1", space)
+    return True
+
+
 async def _parent_hnsw(conn: Conn, parent: str) -> list[tuple[str, str]]:
     rows = await conn.fetch(
         "SELECT c.relname, pg_get_indexdef(c.oid) AS ddl FROM pg_index i "
