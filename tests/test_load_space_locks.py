@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -28,12 +30,14 @@ import pytest
 from gateway.embeddings import EmbeddingProvider
 from gateway.embeddings.base import Vectors
 from gateway.services import loader, lock_waits
-from gateway.services.writes import WriteService
+from gateway.services.writes import Actor, WriteService
+from gateway.store import vector_partitions
+from gateway.store import writes as store
 from gateway.store.database import Database
 
 from .conftest import unique
 from .test_index_after import _build, _parsed, _records, _space, _state
-from .test_index_after_safety import _evidence_only, _long_reader, _recall, _setup_only
+from .test_index_after_safety import _evidence_only, _recall, _setup_only
 
 
 class Barrier:
@@ -189,34 +193,53 @@ async def test_the_first_batch_into_an_existing_space_is_applied_once(
         assert attached is True and "hnsw:True" in methods
 
 
-async def test_a_space_batch_gives_way_to_readers_and_gives_up_cleanly(
+@contextlib.asynccontextmanager
+async def _long_writer(db: Database) -> AsyncIterator[None]:
+    """A session with an open transaction that writes evidence (ROW EXCLUSIVE on
+    ``evidence``, as a slow ``remember`` or another load holds it) until the block
+    ends."""
+    async with db.pool.acquire() as conn, conn.transaction():
+        await conn.execute("LOCK TABLE evidence IN ROW EXCLUSIVE MODE")
+        yield
+
+
+async def _writer_is_served(db: Database) -> bool:
+    """Another team's write of evidence, allowed to wait 3 s for its lock (a
+    space batch waits at most 100 ms at a time): False when it was queued longer."""
+    async with db.pool.acquire() as conn:
+        try:
+            async with conn.transaction():
+                await conn.execute("SET LOCAL lock_timeout = '3s'")
+                await conn.execute("LOCK TABLE evidence IN ROW EXCLUSIVE MODE")
+        except asyncpg.LockNotAvailableError:
+            return False
+    return True
+
+
+async def test_a_space_batch_gives_way_to_writers_and_gives_up_cleanly(
     writes: WriteService,
     embedder: EmbeddingProvider,
     admin_conn: asyncpg.Connection,
     db: Database,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A long reader holds the vector tables: the batch creating a team waits 100
-    ms at a time, so other readers are served meanwhile, and after its tries the
-    load is refused with DATABASE_UNAVAILABLE, nothing written."""
-    from .test_index_after_safety import _reader_is_served
-
+    """A long writer holds the evidence table: the batch creating a team (whose
+    partitions' foreign keys need SHARE ROW EXCLUSIVE on it) waits 100 ms at a
+    time, so other writers are served meanwhile, and after its tries the load is
+    refused with DATABASE_UNAVAILABLE, nothing written."""
     monkeypatch.setattr(lock_waits, "ATTEMPTS", 4)
     team = unique("lockgive")
     with pytest.raises(loader.LoadError) as caught:
-        async with _long_reader(db):
-            load = asyncio.create_task(
-                loader.load(writes, _parsed(_new_team(team)), batch_size=50)
-            )
-            for _ in range(500):  # until the batch asks for the parents' lock
+        async with _long_writer(db):
+            load = asyncio.create_task(loader.load(writes, _parsed(_new_team(team)), batch_size=50))
+            for _ in range(500):  # until the batch asks for the lock
                 if load.done() or await admin_conn.fetchval(
                     "SELECT count(*) FROM pg_locks WHERE NOT granted "
-                    "AND mode = 'AccessExclusiveLock' "
-                    "AND relation = 'evidence_embeddings'::regclass"
+                    "AND mode = 'ShareRowExclusiveLock' AND relation = 'evidence'::regclass"
                 ):
                     break
                 await asyncio.sleep(0.01)
-            assert await _reader_is_served(db), "a reader queued behind the new space"
+            assert await _writer_is_served(db), "a writer queued behind the new space"
             await load
     error = caught.value.errors[0]
     assert error.code == "DATABASE_UNAVAILABLE"
@@ -224,6 +247,191 @@ async def test_a_space_batch_gives_way_to_readers_and_gives_up_cleanly(
     assert error.line == 1
     assert caught.value.committed == 0
     assert await admin_conn.fetchval("SELECT count(*) FROM teams WHERE id = $1", team) == 0
-    # the same load once the reader is gone
+    # the same load once the writer is gone
     report = await loader.load(writes, _parsed(_new_team(team)), batch_size=50)
     assert report.created["team"] == 1 and report.created["evidence"] == 3
+
+
+async def test_a_space_being_created_blocks_no_reader_of_the_vector_tables(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """db/0102: the partitions of a new space are attached (SHARE UPDATE EXCLUSIVE
+    on the parents), not created with PARTITION OF (ACCESS EXCLUSIVE), so a read
+    of the parents is served while the creating transaction is still open. Writers
+    of evidence still wait for it (the cloned foreign keys take SHARE ROW
+    EXCLUSIVE), which is why the loader keeps space records in short batches."""
+    from .test_index_after_safety import _reader_is_served
+
+    team = unique("lockattach")
+    async with db.pool.acquire() as conn, conn.transaction():
+        await store.insert_team(conn, team, "Attached", "operator")
+        await store.insert_principal(conn, team, "ann", "person", "Ann", True)
+        held = await admin_conn.fetch(
+            "SELECT relation::regclass::text AS parent, mode FROM pg_locks "
+            "WHERE pid = $1 AND granted AND relation = ANY "
+            "(ARRAY['evidence_embeddings'::regclass, 'relationship_embeddings'::regclass])",
+            conn.get_server_pid(),
+        )
+        assert {r["parent"] for r in held} == {"evidence_embeddings", "relationship_embeddings"}
+        assert "AccessExclusiveLock" not in {r["mode"] for r in held}
+        assert await _reader_is_served(db), "a reader queued behind the new space"
+    space = await _space(admin_conn, team)
+    for _table, attached, methods in await _state(admin_conn, space):
+        assert attached is True and "hnsw:True" in methods
+
+
+async def _partition_shape(conn: asyncpg.Connection, table: str) -> dict[str, Any]:
+    """What a vector partition is, with its space's ID taken out of every name:
+    owner, privileges, row-level security, bound, columns (storage, defaults),
+    constraints, indexes (and the parent index each belongs to), triggers."""
+
+    def anon(text: Any) -> Any:  # a space's hex ID, whole or cut to fit a name
+        return re.sub("[0-9a-f]{16,32}", "S", text) if isinstance(text, str) else text
+
+    klass = await conn.fetchrow(
+        "SELECT c.relowner::regrole::text AS owner, c.relacl::text AS acl, c.relrowsecurity, "
+        "c.relforcerowsecurity, c.reloptions, c.relkind, c.relispartition, "
+        "(SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = c.oid) AS parent "
+        "FROM pg_class c WHERE c.oid = to_regclass($1)",
+        table,
+    )
+    columns = await conn.fetch(
+        "SELECT a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
+        "a.attstorage, a.attcompression, a.attislocal, a.attinhcount, "
+        "pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a LEFT JOIN pg_attrdef d "
+        "ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+        "WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped "
+        "ORDER BY a.attnum",
+        table,
+    )
+    constraints = await conn.fetch(
+        "SELECT conname, contype, pg_get_constraintdef(oid), convalidated, conislocal, "
+        "coninhcount, conparentid <> 0 FROM pg_constraint WHERE conrelid = to_regclass($1)",
+        table,
+    )
+    indexes = await conn.fetch(
+        "SELECT pg_get_indexdef(i.indexrelid), i.indisvalid, i.indisprimary, c.reloptions, "
+        "(SELECT inhparent::regclass::text FROM pg_inherits WHERE inhrelid = i.indexrelid) "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = to_regclass($1)",
+        table,
+    )
+    triggers = await conn.fetch(
+        "SELECT tgfoid::regproc::text, tgtype, tgenabled, tgisinternal, "
+        "tgconstrrelid::regclass::text, tgparentid <> 0 FROM pg_trigger "
+        "WHERE tgrelid = to_regclass($1)",
+        table,
+    )
+    policies = await conn.fetch(
+        "SELECT polname FROM pg_policy WHERE polrelid = to_regclass($1)", table
+    )
+    return {
+        "class": dict(klass),
+        "columns": [tuple(r) for r in columns],
+        "constraints": sorted(tuple(anon(v) for v in r) for r in constraints),
+        "indexes": sorted(tuple(anon(v) for v in r) for r in indexes),
+        "triggers": sorted(tuple(r) for r in triggers),
+        "policies": [tuple(r) for r in policies],
+    }
+
+
+async def test_a_new_spaces_partitions_are_what_partition_of_made(
+    db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """The attached partitions of db/0102 against those db/0001's CREATE TABLE ...
+    PARTITION OF made (for a space made up here, rolled back): the same owner,
+    privileges, row-level security, columns, constraints, indexes (HNSW with the
+    parent's options, attached to the parent's) and triggers."""
+    team = unique("lockshape")
+    async with db.pool.acquire() as conn:
+        async with conn.transaction():
+            await store.insert_team(conn, team, "Shape", "operator")
+        space = await _space(admin_conn, team)
+        other = uuid.uuid4()
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            for parent in vector_partitions.VECTOR_TABLES:
+                table = vector_partitions.partition_name(parent, other)
+                await conn.execute(
+                    f"CREATE TABLE {table} PARTITION OF {parent} FOR VALUES IN ('{other}')"
+                )
+                await conn.execute(f"ALTER TABLE {table} ALTER COLUMN embedding SET STORAGE PLAIN")
+            for parent in vector_partitions.VECTOR_TABLES:
+                made = await _partition_shape(conn, vector_partitions.partition_name(parent, space))
+                reference = await _partition_shape(
+                    conn, vector_partitions.partition_name(parent, other)
+                )
+                assert made == reference
+                assert made["class"]["relispartition"] is True
+                assert any("hnsw" in str(i[0]) for i in made["indexes"])
+        finally:
+            await tx.rollback()
+
+
+def _count_tries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the tries of every batch (each one a transaction of its own)."""
+    tries = [0]
+    original = WriteService._apply_either
+
+    async def counted(self: WriteService, *args: Any, **kwargs: Any) -> Any:
+        tries[0] += 1
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(WriteService, "_apply_either", counted)
+    return tries
+
+
+async def test_a_space_batch_that_gets_its_locks_after_a_few_tries_is_written_once(
+    writes: WriteService,
+    embedder: EmbeddingProvider,
+    admin_conn: asyncpg.Connection,
+    db: Database,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer holding the evidence table ends while the space batch retries:
+    the batch then succeeds, and its rows (and spaces) exist once."""
+    tries = _count_tries(monkeypatch)
+    team = unique("lockfree")
+    lines = _new_team(team)
+    async with _long_writer(db):
+        load = asyncio.create_task(loader.load(writes, _parsed(lines), batch_size=50))
+        for _ in range(1000):  # until the space batch has timed out at least twice
+            if load.done() or tries[0] >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert not load.done() and tries[0] >= 3
+    report = await load
+    assert report.created["team"] == 1 and report.created["principal"] == 1
+    assert report.created["evidence"] == 3
+    spaces = await admin_conn.fetch("SELECT id FROM memory_spaces WHERE team_id = $1", team)
+    assert len(spaces) == 2  # shared and ann's private space, once each
+    for row in spaces:
+        for _table, attached, methods in await _state(admin_conn, row["id"]):
+            assert attached is True and "hnsw:True" in methods
+    assert await admin_conn.fetchval("SELECT count(*) FROM teams WHERE id = $1", team) == 1
+
+
+async def test_a_space_batch_refused_for_its_content_is_tried_once(
+    writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a lock timeout or a deadlock is tried again: a team record refused by
+    the database for what it says (the same ID with other content) is tried once
+    and reported as such."""
+    team = unique("lockonce")
+    await loader.load(writes, _parsed(_new_team(team)), batch_size=50)
+    tries = _count_tries(monkeypatch)
+    changed = [{"kind": "team", "id": team, "name": "Another name"}]
+    with pytest.raises(loader.LoadError) as caught:
+        await loader.load(writes, _parsed(changed), batch_size=50)
+    assert caught.value.errors[0].code == "IDEMPOTENCY_CONFLICT"
+    assert tries[0] == 1
+
+
+async def test_a_batch_that_creates_spaces_holds_nothing_else(writes: WriteService) -> None:
+    """A direct caller's mixed batch would embed while holding the space locks, and
+    embed again on every try: refused before any transaction."""
+    team = unique("lockmixed")
+    records = [r for _, r in _parsed(_new_team(team))]
+    with pytest.raises(ValueError, match="other records"):
+        await writes.apply(records, Actor.operator())

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from gateway.errors import GatewayError
-from gateway.services.records import Record
+from gateway.services.records import SPACE_KINDS, Record
 from gateway.services.vector_indexes import Deferral
 from gateway.services.writes import Actor, RecordError, WriteService
 
@@ -119,20 +119,19 @@ CHANGE_KINDS = frozenset(
 )
 
 
-# Kinds that create memory spaces, whose vector partitions ``CREATE TABLE ...
-# PARTITION OF`` makes under an ACCESS EXCLUSIVE lock on the vector tables every
-# recall of every team reads (db/0001). They are written in batches of their own,
-# at most SPACE_BATCH_SIZE records each, so that the lock is held for a few
-# inserts, never while a batch embeds texts or copies vectors.
-SPACE_KINDS = frozenset({"team", "principal"})
+# Records that create spaces (:data:`gateway.services.records.SPACE_KINDS`) are
+# written in batches of their own, at most SPACE_BATCH_SIZE records each, so that
+# the locks their partitions take (see there) are held for a few inserts, never
+# while a batch embeds texts or copies vectors.
 SPACE_BATCH_SIZE = 20
 
 
 def batches(records: Iterable[tuple[int, Any]], batch_size: int) -> Iterator[list[tuple[int, Any]]]:
     """Cut records into transactions of at most ``batch_size``, before a change
     that follows creations (see :data:`CHANGE_KINDS`), and around records that
-    create spaces (see :data:`SPACE_KINDS`). Lazy: a streamed file is read one
-    batch ahead, never whole. ``embedding_model`` lines are skipped."""
+    create spaces (see :data:`gateway.services.records.SPACE_KINDS`). Lazy: a
+    streamed file is read one batch ahead, never whole. ``embedding_model`` lines
+    are skipped."""
     current: list[tuple[int, Any]] = []
     creates = False
     spaces = False

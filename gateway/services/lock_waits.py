@@ -1,15 +1,18 @@
-"""Retrying a short transaction that takes the vector tables' strongest lock.
+"""Retrying a short transaction whose lock requests would queue other sessions.
 
-Creating a space's vector partitions (``CREATE TABLE ... PARTITION OF``) and
-detaching them (``load --index-after``) take ACCESS EXCLUSIVE on
-``evidence_embeddings`` and ``relationship_embeddings``, which every recall of
-every team reads. A request waiting for that lock queues every new reader
-behind it, so such a transaction waits at most 100 ms for it
-(:data:`gateway.store.vector_partitions.DETACH_LOCK_TIMEOUT`), gives up, lets
-the queued readers through, and is tried again: up to :data:`ATTEMPTS` times,
-backing off from 50 ms to 2 s with jitter (each wait drawn between half and
-all of the current step), about a minute in all. The policy is tenacity's;
-this module only names it once for every caller.
+Detaching a space's vector tables (``load --index-after``) takes ACCESS
+EXCLUSIVE on ``evidence_embeddings`` and ``relationship_embeddings``, which
+every recall of every team reads; creating a space's partitions (db/0102)
+takes SHARE ROW EXCLUSIVE on the tables every team writes evidence and
+relationships to. A request waiting for such a lock queues every new session
+it conflicts with behind it, so such a transaction waits at most 100 ms for
+any lock (:data:`gateway.store.vector_partitions.DETACH_LOCK_TIMEOUT`), gives
+up, lets the queued sessions through, and is tried again: up to
+:data:`ATTEMPTS` times, backing off from 50 ms to 2 s with jitter (each wait
+drawn between half and all of the current step), about a minute in all. Only
+a lock timeout (55P03) or a deadlock (40P01) is tried again; any other error
+ends the loop at once. The policy is tenacity's; this module only names it
+once for every caller.
 """
 
 from __future__ import annotations

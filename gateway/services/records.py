@@ -36,6 +36,17 @@ Reason = Annotated[str, StringConstraints(max_length=2000)]
 Predicate = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
 
 
+# Kinds whose insert creates a memory space, and with it the space's two vector
+# partitions (db/0001's trigger, attached since db/0102). Creating them clones
+# the vector tables' foreign keys, which takes SHARE ROW EXCLUSIVE on evidence,
+# relationships, embedding_models and relationship_projections until the
+# transaction commits: every team's writes of evidence and relationships wait
+# for it (reads do not). So the loader writes these records in short batches of
+# their own (gateway.services.loader.batches), which wait briefly for their
+# locks and retry (gateway.services.writes.WriteService.apply).
+SPACE_KINDS = frozenset({"team", "principal"})
+
+
 def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 

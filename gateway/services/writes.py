@@ -39,7 +39,7 @@ from gateway.errors import (
 from gateway.services import bulk_writes, lock_waits
 from gateway.services import records as rec
 from gateway.services.records import render_statement
-from gateway.services.vector_indexes import Deferral, reembed_running
+from gateway.services.vector_indexes import Deferral
 from gateway.store import bulk_writes as bulk_store
 from gateway.store import vector_partitions
 from gateway.store import writes as store
@@ -133,11 +133,6 @@ class BatchResult:
 STORE_DIMENSIONS = 384
 
 _OPERATOR_ONLY = frozenset({"team", "principal", "token"})
-
-# Kinds whose insert creates a memory space, and with it the space's vector
-# partitions (db/0001's trigger): ACCESS EXCLUSIVE on the vector tables that
-# every recall reads, until the batch commits (see WriteService.apply).
-_SPACE_KINDS = frozenset({"team", "principal"})
 
 _SOURCE_TRANSITIONS = {"active": {"withdrawn"}, "withdrawn": {"active"}}
 _EVIDENCE_TRANSITIONS = {
@@ -685,11 +680,13 @@ class _Batch:
 
     async def _defer_spaces(self, deferral: Deferral) -> None:
         """Before the batch's vectors are computed: each space they go to must be
-        held by this load and detached. A space this transaction created (its
-        partitions' creation holds the parents' lock already) is detached here; one
-        that existed before is detached outside the batch, in a short transaction
-        of its own (:meth:`Deferral.claim`): :class:`_DetachFirst` rolls the batch
-        back for that, and :meth:`WriteService.apply` runs it again after."""
+        held by this load and detached. A space still attached is detached outside
+        the batch, in a short transaction of its own (:meth:`Deferral.claim`):
+        :class:`_DetachFirst` rolls the batch back for that, and
+        :meth:`WriteService.apply` runs it again after. (A space is never created
+        in the batch that stores its vectors: the loader writes space records in
+        batches of their own, and since db/0102 creating one no longer holds the
+        parents' ACCESS EXCLUSIVE lock that a detach in place could have used.)"""
         spaces = sorted(
             {t[:2] for t in self.evidence_texts} | {t[:2] for t in self.relationship_texts}
         )
@@ -705,11 +702,6 @@ class _Batch:
                 )
             if not attached:
                 await deferral.hold(space)
-            elif await vector_partitions.holds_parents_exclusively(self.conn):
-                await deferral.hold(space)
-                outcome = await vector_partitions.detach(self.conn, team, space, locked=True)
-                if outcome is vector_partitions.Detach.REEMBED_RUNNING:
-                    raise reembed_running()  # started after the load did
             else:
                 outside.append((team, space))
         if outside:
@@ -899,7 +891,7 @@ class WriteService:
                 raise RecordError(-1, None, exc) from exc
         for _ in range(_DETACH_ROUNDS):
             try:
-                if actor.is_operator and any(r.kind in _SPACE_KINDS for r in records):
+                if actor.is_operator and any(r.kind in rec.SPACE_KINDS for r in records):
                     return await self._apply_creating_spaces(
                         records, actor, set_based=set_based, deferral=deferral
                     )
@@ -981,10 +973,16 @@ class WriteService:
         deferral: Deferral | None,
     ) -> BatchResult:
         """A batch that creates spaces (the loader gives them batches of their own,
-        :data:`gateway.services.loader.SPACE_KINDS`): their partitions take ACCESS
-        EXCLUSIVE on the vector tables every recall reads, so the batch waits at
-        most 100 ms for its locks and is tried again, backing off, like the detach
-        of ``load --index-after`` (:mod:`gateway.services.lock_waits`)."""
+        :data:`gateway.services.records.SPACE_KINDS`): their partitions' foreign
+        keys take SHARE ROW EXCLUSIVE on the tables every team writes evidence and
+        relationships to, and a request waiting for it queues those writers behind
+        it, so the batch waits at most 100 ms for any lock and is tried again,
+        backing off, like the detach of ``load --index-after``
+        (:mod:`gateway.services.lock_waits`). Only space records: anything else
+        would embed, or be embedded again on every try, while holding them."""
+        others = sorted({r.kind for r in records} - rec.SPACE_KINDS)
+        if others:
+            raise ValueError(f"a batch that creates spaces holds other records: {others}")
         try:
             async for attempt in lock_waits.retrying():
                 with attempt:
@@ -1002,9 +1000,10 @@ class WriteService:
             -1,
             None,
             DatabaseUnavailable(
-                "other sessions kept the vector tables busy: the batch's spaces could not "
-                f"be created after {lock_waits.ATTEMPTS} tries; nothing was written, and "
-                "loading again is safe"
+                "other sessions held locks this batch needs (the tables of vectors, "
+                "evidence and relationships, or rows another load is writing): its spaces "
+                f"could not be created after {lock_waits.ATTEMPTS} tries; nothing was "
+                "written, and loading again is safe"
             ),
         )
 

@@ -132,41 +132,28 @@ async def attached_state(conn: Conn, space: UUID) -> tuple[bool, bool]:
     return attached, full
 
 
-async def holds_parents_exclusively(conn: Conn) -> bool:
-    """Whether this transaction already holds ACCESS EXCLUSIVE on both parents (it
-    created a space, whose partitions ``CREATE TABLE ... PARTITION OF`` made):
-    then detaching here costs no lock it does not hold anyway."""
-    held = await conn.fetchval(
-        "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND granted "
-        "AND locktype = 'relation' AND mode = 'AccessExclusiveLock' "
-        "AND relation = ANY (ARRAY[$1::regclass, $2::regclass])",
-        *VECTOR_TABLES,
-    )
-    return int(held) == len(VECTOR_TABLES)
-
-
 async def wait_briefly_for_locks(conn: Conn) -> None:
     """For the rest of the caller's transaction, wait at most
     :data:`DETACH_LOCK_TIMEOUT` for any lock (asyncpg's LockNotAvailableError
-    then: retry). For a transaction that creates spaces, whose partitions'
-    ``CREATE TABLE ... PARTITION OF`` takes ACCESS EXCLUSIVE on the parents: a
-    request waiting for it queues every recall behind it."""
+    then: retry). For a transaction that creates spaces, whose partitions take
+    SHARE UPDATE EXCLUSIVE on the parents and, for their foreign keys, SHARE ROW
+    EXCLUSIVE on the tables they reference (db/0102): a request waiting for
+    either queues the sessions it conflicts with (writers of evidence and
+    relationships, a detach) behind it."""
     await conn.execute("SELECT set_config('lock_timeout', $1, true)", DETACH_LOCK_TIMEOUT)
 
 
-async def detach(conn: Conn, team: str, space: UUID, *, locked: bool = False) -> Detach:
+async def detach(conn: Conn, team: str, space: UUID) -> Detach:
     """In the caller's transaction, which should hold nothing else: detach the
     space's vector partitions if they are attached and empty, drop their (empty)
     HNSW indexes and record the deferral. The parents' lock is taken first, with
     :data:`DETACH_LOCK_TIMEOUT` (asyncpg's LockNotAvailableError when it runs
     out: retry), so the checks that follow (still attached, still empty, no
-    re-embed running) and the detach see one state that no writer can change.
-    ``locked``: the transaction holds the parents already (it created the space)."""
-    if not locked:
-        await conn.execute("SELECT set_config('lock_timeout', $1, true)", DETACH_LOCK_TIMEOUT)
-        await conn.execute(
-            "LOCK TABLE evidence_embeddings, relationship_embeddings IN ACCESS EXCLUSIVE MODE"
-        )
+    re-embed running) and the detach see one state that no writer can change."""
+    await conn.execute("SELECT set_config('lock_timeout', $1, true)", DETACH_LOCK_TIMEOUT)
+    await conn.execute(
+        "LOCK TABLE evidence_embeddings, relationship_embeddings IN ACCESS EXCLUSIVE MODE"
+    )
     if await reembed_running(conn):
         return Detach.REEMBED_RUNNING
     tables = []
