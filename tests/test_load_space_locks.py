@@ -1,14 +1,16 @@
-"""What a load's batches cost other sessions: the vector tables' lock, on the real
+"""What a load's batches cost other sessions: the locks of a new space, on the real
 PostgreSQL.
 
-Creating a space creates its two vector partitions (``CREATE TABLE ... PARTITION
-OF``), which takes ACCESS EXCLUSIVE on ``evidence_embeddings`` and
-``relationship_embeddings``, the tables every team's recall reads. The loader
-writes records that create spaces in short batches of their own that wait at
-most 100 ms at a time for that lock, so another team's recall never waits for a
-new space's first batch of memory to be embedded and written. A batch is held
-open here by an embedding provider that waits for the test (a barrier), never
-by sleeping.
+Creating a space creates its two vector partitions. Since db/0102 they are
+attached (SHARE UPDATE EXCLUSIVE on ``evidence_embeddings`` and
+``relationship_embeddings``, which readers pass), not made with ``CREATE TABLE
+... PARTITION OF`` (ACCESS EXCLUSIVE); their cloned foreign keys still take SHARE
+ROW EXCLUSIVE on the tables every team writes evidence and relationships to. The
+loader writes records that create spaces in short batches of their own that
+wait at most 100 ms at a time for their locks, so no other team waits for a new
+space's first batch of memory to be embedded and written. A batch is held open
+here by an embedding provider that waits for the test (a barrier), never by
+sleeping.
 
 ``load --index-after`` into an existing empty space detaches the space's tables
 before its first batch, in a transaction of its own; that batch is applied once
@@ -428,10 +430,20 @@ async def test_a_space_batch_refused_for_its_content_is_tried_once(
     assert tries[0] == 1
 
 
-async def test_a_batch_that_creates_spaces_holds_nothing_else(writes: WriteService) -> None:
-    """A direct caller's mixed batch would embed while holding the space locks, and
-    embed again on every try: refused before any transaction."""
+async def test_a_mixed_batch_is_applied_once_outside_the_retry_mode(
+    writes: WriteService, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only a batch of nothing but space records is retried with short lock waits:
+    a direct caller's batch of a team and its memory would embed again on every
+    try, so it is applied once, in one transaction, as before the space batches."""
+
+    async def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a mixed batch went to the retry mode of space batches")
+
+    monkeypatch.setattr(WriteService, "_apply_creating_spaces", refused)
+    tries = _count_tries(monkeypatch)
     team = unique("lockmixed")
     records = [r for _, r in _parsed(_new_team(team))]
-    with pytest.raises(ValueError, match="other records"):
-        await writes.apply(records, Actor.operator())
+    result = await writes.apply(records, Actor.operator())
+    assert result.created["team"] == 1 and result.created["evidence"] == 3
+    assert tries[0] == 1
