@@ -25,7 +25,7 @@ import pytest_asyncio
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import MigrationError, VectorIndexPending
-from gateway.services import loader, vector_indexes
+from gateway.services import loader, lock_waits, vector_indexes
 from gateway.services.reembed import reembed
 from gateway.services.writes import WriteService
 from gateway.store import migrations, vector_partitions
@@ -42,20 +42,23 @@ class _Stop(Exception):
     pass
 
 
-def _stop_after_first_batch(n: int) -> None:
-    raise _Stop
+def _stop_after_first_vectors(n: int) -> None:
+    """Progress callback: stop after the first batch past the team and principal
+    (the loader writes those two in a batch of their own, before any vector)."""
+    if n > 2:
+        raise _Stop
 
 
 async def _interrupted(writes: WriteService, team: str, model: str) -> UUID:
-    """An ``index_after`` load stopped after its first batch: the team's shared
-    space is left detached, recorded, and held by nobody."""
+    """An ``index_after`` load stopped after its first batch of vectors: the
+    team's shared space is left detached, recorded, and held by nobody."""
     with pytest.raises(_Stop):
         await loader.load(
             writes,
             _parsed(_records(team, model, docs=10)),
             batch_size=8,
             index_after=True,
-            progress=_stop_after_first_batch,
+            progress=_stop_after_first_vectors,
         )
     async with writes.db.admin(readonly=True) as conn:
         return await _space(conn, team)  # type: ignore[arg-type]
@@ -227,7 +230,7 @@ async def test_a_detach_that_never_gets_the_lock_gives_up_cleanly(
     admin_conn: asyncpg.Connection,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(vector_indexes, "DETACH_ATTEMPTS", 3)
+    monkeypatch.setattr(lock_waits, "ATTEMPTS", 3)
     team = unique("ixgive")
     await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
     with pytest.raises(loader.LoadError) as caught:

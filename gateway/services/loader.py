@@ -119,21 +119,38 @@ CHANGE_KINDS = frozenset(
 )
 
 
+# Kinds that create memory spaces, whose vector partitions ``CREATE TABLE ...
+# PARTITION OF`` makes under an ACCESS EXCLUSIVE lock on the vector tables every
+# recall of every team reads (db/0001). They are written in batches of their own,
+# at most SPACE_BATCH_SIZE records each, so that the lock is held for a few
+# inserts, never while a batch embeds texts or copies vectors.
+SPACE_KINDS = frozenset({"team", "principal"})
+SPACE_BATCH_SIZE = 20
+
+
 def batches(records: Iterable[tuple[int, Any]], batch_size: int) -> Iterator[list[tuple[int, Any]]]:
-    """Cut records into transactions of at most ``batch_size``, and before a change
-    that follows creations (see :data:`CHANGE_KINDS`). Lazy: a streamed file is
-    read one batch ahead, never whole. ``embedding_model`` lines are skipped."""
+    """Cut records into transactions of at most ``batch_size``, before a change
+    that follows creations (see :data:`CHANGE_KINDS`), and around records that
+    create spaces (see :data:`SPACE_KINDS`). Lazy: a streamed file is read one
+    batch ahead, never whole. ``embedding_model`` lines are skipped."""
     current: list[tuple[int, Any]] = []
     creates = False
+    spaces = False
     for item in records:
         if isinstance(item[1], EmbeddingModelLine):
             continue
         is_change = item[1].kind in CHANGE_KINDS
-        if current and (len(current) >= batch_size or (is_change and creates)):
+        is_space = item[1].kind in SPACE_KINDS
+        if current and (
+            len(current) >= (min(batch_size, SPACE_BATCH_SIZE) if spaces else batch_size)
+            or (is_change and creates)
+            or is_space != spaces
+        ):
             yield current
             current, creates = [], False
         current.append(item)
         creates = creates or not is_change
+        spaces = is_space
     if current:
         yield current
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +26,10 @@ from typing import Self
 from uuid import UUID
 
 import asyncpg
+import tenacity
 
 from gateway.errors import DatabaseUnavailable, GatewayError, SpaceHasVectors, VectorIndexPending
+from gateway.services import lock_waits
 from gateway.services.reembed import ReembedBusy
 from gateway.store import vector_partitions as store
 from gateway.store.connection import Conn
@@ -39,13 +40,6 @@ DeferredSpace = store.DeferredSpace
 
 # How often the build's progress is read from pg_stat_progress_create_index.
 _POLL_S = 1.0
-
-# A detach waits at most 100 ms for the parents each time (store.DETACH_LOCK_TIMEOUT),
-# then lets the queued readers through and tries again, backing off from 50 ms to 2 s
-# with jitter; about a minute in all before the load gives up (DATABASE_UNAVAILABLE).
-DETACH_ATTEMPTS = 40
-_BACKOFF_FIRST_S = 0.05
-_BACKOFF_MAX_S = 2.0
 
 FINISH = store.FINISH
 
@@ -228,8 +222,9 @@ class Deferral:
     async def claim(self, team: str, space: UUID) -> None:
         """Hold the space and detach its vector tables if they are attached and empty,
         in short transactions of their own that wait at most 100 ms for the parents'
-        lock each time and back off between tries. Raises SpaceHasVectors when the
-        space holds vectors readers find (then nothing changed)."""
+        lock each time and back off between tries (:mod:`gateway.services.lock_waits`).
+        Raises SpaceHasVectors when the space holds vectors readers find (then
+        nothing changed)."""
         await self.hold(space)
         assert self._conn is not None
         conn = self._conn
@@ -238,26 +233,23 @@ class Deferral:
             return
         if full:  # refuse without touching the parents' lock
             raise await _has_vectors(conn, space)
-        delay = _BACKOFF_FIRST_S
-        for _ in range(DETACH_ATTEMPTS):
-            try:
-                async with conn.transaction():
-                    outcome = await store.detach(conn, team, space)
-            except (asyncpg.LockNotAvailableError, asyncpg.DeadlockDetectedError):
-                await asyncio.sleep(delay * random.uniform(0.5, 1.0))  # noqa: S311 - jitter
-                delay = min(delay * 2, _BACKOFF_MAX_S)
-                continue
-            if outcome is store.Detach.HAS_VECTORS:
-                raise await _has_vectors(conn, space)
-            if outcome is store.Detach.REEMBED_RUNNING:
-                raise reembed_running()
-            return
-        team_, ref = await store.space_reference(conn, space)
-        raise DatabaseUnavailable(
-            f"other sessions kept the vector tables busy: space '{ref}' of team '{team_}' "
-            f"could not be detached after {DETACH_ATTEMPTS} tries; nothing was written, "
-            "and loading again is safe"
-        )
+        outcome = store.Detach.DETACHED
+        try:
+            async for attempt in lock_waits.retrying():
+                with attempt:
+                    async with conn.transaction():
+                        outcome = await store.detach(conn, team, space)
+        except tenacity.RetryError:
+            team_, ref = await store.space_reference(conn, space)
+            raise DatabaseUnavailable(
+                f"other sessions kept the vector tables busy: space '{ref}' of team '{team_}' "
+                f"could not be detached after {lock_waits.ATTEMPTS} tries; nothing was "
+                "written, and loading again is safe"
+            ) from None
+        if outcome is store.Detach.HAS_VECTORS:
+            raise await _has_vectors(conn, space)
+        if outcome is store.Detach.REEMBED_RUNNING:
+            raise reembed_running()
 
 
 async def _has_vectors(conn: Conn, space: UUID) -> SpaceHasVectors:

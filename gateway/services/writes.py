@@ -22,6 +22,7 @@ from uuid import UUID
 
 import asyncpg
 import numpy as np
+import tenacity
 
 from gateway.embeddings import EmbeddingProvider, validate_vectors
 from gateway.errors import (
@@ -35,7 +36,7 @@ from gateway.errors import (
     SpaceHasVectors,
     VectorIndexPending,
 )
-from gateway.services import bulk_writes
+from gateway.services import bulk_writes, lock_waits
 from gateway.services import records as rec
 from gateway.services.records import render_statement
 from gateway.services.vector_indexes import Deferral, reembed_running
@@ -133,6 +134,11 @@ STORE_DIMENSIONS = 384
 
 _OPERATOR_ONLY = frozenset({"team", "principal", "token"})
 
+# Kinds whose insert creates a memory space, and with it the space's vector
+# partitions (db/0001's trigger): ACCESS EXCLUSIVE on the vector tables that
+# every recall reads, until the batch commits (see WriteService.apply).
+_SPACE_KINDS = frozenset({"team", "principal"})
+
 _SOURCE_TRANSITIONS = {"active": {"withdrawn"}, "withdrawn": {"active"}}
 _EVIDENCE_TRANSITIONS = {
     "active": {"quarantined", "withdrawn"},
@@ -178,6 +184,9 @@ class _Batch:
         self.supplied: dict[tuple[str, str, str], Sequence[float]] = {}
         # Texts being embedded while the checks and inserts run (see WriteService).
         self.prefetch: tuple[list[str], asyncio.Task[np.ndarray]] | None = None
+        # A batch that creates spaces waits briefly for locks and is tried again
+        # (WriteService.apply): a lock timeout leaves it as it is, not as a refusal.
+        self.short_locks = False
 
     # --- checks shared by several kinds -------------------------------------------
 
@@ -845,8 +854,17 @@ class WriteService:
         vectors in their spaces' detached tables, indexed when the load ends
         (:mod:`gateway.services.vector_indexes`); a space still attached is
         detached between two tries of the batch, outside its transaction."""
+        if deferral is not None and actor.is_operator:
+            try:
+                await self._claim_ahead(records, deferral)
+            except GatewayError as exc:
+                raise RecordError(-1, None, exc) from exc
         for _ in range(_DETACH_ROUNDS):
             try:
+                if actor.is_operator and any(r.kind in _SPACE_KINDS for r in records):
+                    return await self._apply_creating_spaces(
+                        records, actor, set_based=set_based, deferral=deferral
+                    )
                 return await self._apply_either(
                     records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
                 )
@@ -861,6 +879,91 @@ class WriteService:
             -1, None, DatabaseUnavailable("the batch's spaces could not be detached; load again")
         )
 
+    async def _claim_ahead(self, records: Sequence[Any], deferral: Deferral) -> None:
+        """``load --index-after``: before the batch's transaction, detach the spaces
+        its vectors will go to that are attached and still empty (each in a short
+        transaction of its own, :meth:`Deferral.claim`), so that the batch is
+        applied once. A space that holds vectors is left to the batch, which
+        refuses it only if it writes vectors there (a re-run that writes nothing
+        is no refusal); a space the prediction misses is still detached by the
+        batch's own check (:class:`_DetachFirst`), at the cost of applying it
+        twice."""
+        for team, space in sorted(await self._vector_spaces(records)):
+            if space in deferral.spaces:
+                continue
+            async with self.db.admin(readonly=True) as conn:
+                attached, full = await vector_partitions.attached_state(conn, space)
+            if attached and not full:
+                await deferral.claim(team, space)
+
+    async def _vector_spaces(self, records: Sequence[Any]) -> set[tuple[str, UUID]]:
+        """(team, space) of every existing space the batch's evidence and
+        relationships would store vectors in: a relationship's own space, an
+        evidence's source's (a source earlier in the batch, or one visible now).
+        A reference that does not resolve is skipped: the batch refuses it."""
+        refs: set[tuple[str, str]] = set()
+        batch_sources: dict[tuple[str, str], str] = {}
+        ask: dict[str, set[str]] = {}
+        for r in records:
+            if r.kind == "source":
+                batch_sources[(r.team, r.id)] = r.space
+            elif r.kind == "relationship":
+                refs.add((r.team, r.space))
+            elif r.kind == "evidence":
+                ref = batch_sources.get((r.team, r.source))
+                if ref is not None:
+                    refs.add((r.team, ref))
+                else:
+                    ask.setdefault(r.team, set()).add(r.source)
+        out: set[tuple[str, UUID]] = set()
+        if not refs and not ask:
+            return out
+        async with self.db.admin(readonly=True) as conn:
+            for team, ids in sorted(ask.items()):
+                found = await store.find_visible(conn, "source", team, sorted(ids))
+                out |= {(team, v.space_id) for v in found.values()}
+            for team, ref in sorted(refs):
+                space = await store.find_space(conn, team, rec.private_owner(ref))
+                if space is not None:
+                    out.add((team, space.id))
+        return out
+
+    async def _apply_creating_spaces(
+        self,
+        records: Sequence[Any],
+        actor: Actor,
+        *,
+        set_based: bool,
+        deferral: Deferral | None,
+    ) -> BatchResult:
+        """A batch that creates spaces (the loader gives them batches of their own,
+        :data:`gateway.services.loader.SPACE_KINDS`): their partitions take ACCESS
+        EXCLUSIVE on the vector tables every recall reads, so the batch waits at
+        most 100 ms for its locks and is tried again, backing off, like the detach
+        of ``load --index-after`` (:mod:`gateway.services.lock_waits`)."""
+        try:
+            async for attempt in lock_waits.retrying():
+                with attempt:
+                    return await self._apply_either(
+                        records,
+                        actor,
+                        set_based=set_based,
+                        embed_ahead=False,
+                        deferral=deferral,
+                        short_locks=True,
+                    )
+        except tenacity.RetryError:
+            pass
+        raise RecordError(
+            -1,
+            None,
+            DatabaseUnavailable(
+                "other sessions kept the vector tables busy: the batch's spaces could not "
+                f"be created after {lock_waits.ATTEMPTS} tries; nothing was written, and "
+                "loading again is safe"
+            ),
+        )
+
     async def _apply_either(
         self,
         records: Sequence[Any],
@@ -869,16 +972,27 @@ class WriteService:
         set_based: bool,
         embed_ahead: bool,
         deferral: Deferral | None,
+        short_locks: bool = False,
     ) -> BatchResult:
         if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
             try:
                 return await self._apply(
-                    records, actor, set_based=True, embed_ahead=embed_ahead, deferral=deferral
+                    records,
+                    actor,
+                    set_based=True,
+                    embed_ahead=embed_ahead,
+                    deferral=deferral,
+                    short_locks=short_locks,
                 )
             except bulk_writes.Fallback:
                 pass  # rolled back; the record-at-a-time path finds the refusal
         return await self._apply(
-            records, actor, set_based=False, embed_ahead=embed_ahead, deferral=deferral
+            records,
+            actor,
+            set_based=False,
+            embed_ahead=embed_ahead,
+            deferral=deferral,
+            short_locks=short_locks,
         )
 
     async def _apply(
@@ -889,6 +1003,7 @@ class WriteService:
         set_based: bool,
         embed_ahead: bool,
         deferral: Deferral | None,
+        short_locks: bool = False,
     ) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
@@ -904,6 +1019,9 @@ class WriteService:
         async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
             batch = _Batch(conn, actor, self.embedder, deferral=deferral)
             batch.prefetch = prefetch
+            if short_locks:
+                batch.short_locks = True
+                await vector_partitions.wait_briefly_for_locks(conn)
             index = 0
             while index < len(records):
                 if set_based and bulk_writes.eligible(records[index]):
@@ -924,6 +1042,8 @@ class WriteService:
                 except _FieldError as exc:
                     raise RecordError(index, exc.field, exc.error) from None
                 except _BUSY as exc:
+                    if batch.short_locks and isinstance(exc, lock_waits.BUSY):
+                        raise  # rolled back and tried again (_apply_creating_spaces)
                     raise RecordError(
                         index,
                         None,

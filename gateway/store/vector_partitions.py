@@ -145,6 +145,15 @@ async def holds_parents_exclusively(conn: Conn) -> bool:
     return int(held) == len(VECTOR_TABLES)
 
 
+async def wait_briefly_for_locks(conn: Conn) -> None:
+    """For the rest of the caller's transaction, wait at most
+    :data:`DETACH_LOCK_TIMEOUT` for any lock (asyncpg's LockNotAvailableError
+    then: retry). For a transaction that creates spaces, whose partitions'
+    ``CREATE TABLE ... PARTITION OF`` takes ACCESS EXCLUSIVE on the parents: a
+    request waiting for it queues every recall behind it."""
+    await conn.execute("SELECT set_config('lock_timeout', $1, true)", DETACH_LOCK_TIMEOUT)
+
+
 async def detach(conn: Conn, team: str, space: UUID, *, locked: bool = False) -> Detach:
     """In the caller's transaction, which should hold nothing else: detach the
     space's vector partitions if they are attached and empty, drop their (empty)
