@@ -30,6 +30,7 @@ from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
+from gateway.http.documents import Documents
 from gateway.http.persisted import PersistedQueries, load_manifest
 from gateway.http.view import GraphQLHTTPView
 from gateway.observability import Observability, logs
@@ -38,7 +39,7 @@ from gateway.schema.context import RequestContext
 from gateway.services.auth import authenticate, bearer
 from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
-from gateway.services.recall import RecallService
+from gateway.services.recall import RecallService, plan_cache_mode
 from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
@@ -224,7 +225,14 @@ def create_app(
                 reads,
                 embedder,
                 writes,
-                observability.recall_service(db, embedder, feedback, store_model, reads),
+                observability.recall_service(
+                    db,
+                    embedder,
+                    feedback,
+                    store_model,
+                    reads,
+                    plan_mode=plan_cache_mode(settings.plan_cache_mode),
+                ),
                 feedback,
                 MutationService(writes),
                 store_model,
@@ -252,8 +260,12 @@ def create_app(
                 embedded.stop()
 
     limits = http_limits.resolve(settings)
+    documents = Documents()  # parsed documents and validation answers, bounded in bytes
     schema = build_schema(
-        extensions=[*http_limits.validation_extensions(limits), *observability.extensions()],
+        extensions=[
+            *http_limits.validation_extensions(limits, documents),
+            *observability.extensions(),
+        ],
         hide_suggestions=not limits.introspection,
         config=StrawberryConfig(
             batching_config={"max_operations": limits.max_batch_size} if limits.batching else None
@@ -273,6 +285,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.drain = None
+    app.state.documents = documents
     # The MCP server runs its tools through the same view (schema, limits).
     app.state.graphql = graphql
     app.add_middleware(RequestBodyMiddleware, max_bytes=limits.max_body_bytes)

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
         description="How often the primary's position and each replica's replay are sampled.",
     )
 
+    plan_cache_mode: Literal["force_generic_plan", "auto", "force_custom_plan", "server"] = Field(
+        default="force_generic_plan",
+        description="PostgreSQL's plan_cache_mode for a recall's transaction; `server`: "
+        "none set (the server's own). See docs/deploy.md.",
+    )
+
     @property
     def read_urls(self) -> list[str]:
         return [u.strip() for u in self.read_database_urls.split(",") if u.strip()]

@@ -14,8 +14,7 @@ from graphql import parse
 from gateway.app import create_app
 from gateway.http import cost as http_cost
 from gateway.http import limits as http_limits
-from gateway.http.limits import PARSED_DOCUMENTS
-from gateway.http.validation import parse_cache
+from gateway.http.documents import Documents
 from gateway.schema import build_schema
 from gateway.settings import Settings
 
@@ -39,12 +38,22 @@ async def make_client(dsn: str) -> AsyncIterator[Any]:
         await lifespan.__aenter__()
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw")
         stack.append((lifespan, client))
+        _apps[id(client)] = app
         return client
 
     yield make
     for lifespan, client in reversed(stack):
         await client.aclose()
         await lifespan.__aexit__(None, None, None)
+
+
+_apps: dict[int, Any] = {}
+
+
+def documents_of(client: httpx.AsyncClient) -> Documents:
+    """The document cache of a ``make_client`` client's app."""
+    documents: Documents = _apps[id(client)].state.documents
+    return documents
 
 
 async def post(client: httpx.AsyncClient, query: str, accept: str = "application/json", **kw: Any):
@@ -664,21 +673,77 @@ async def test_a_get_query_string_over_64_kib_is_a_coded_413() -> None:
 async def test_a_repeated_document_is_parsed_once_and_an_oversized_one_refused_each_time(
     make_client,
 ) -> None:
-    """Documents are parsed once per process (gateway/http/validation.py,
-    CachedParse); the token limit is part of the cache's key and a refusal is
-    never cached."""
+    """Documents are parsed and validated once per process (gateway/http/documents.py);
+    the token limit is part of the cache's key and a refusal is never cached."""
     client = await make_client(max_tokens=40)
-    parsed: Any = parse_cache(PARSED_DOCUMENTS)
+    documents = documents_of(client)
     document = "{ a: __typename b: __typename } # " + secrets.token_hex(8)
-    before = parsed.cache_info()
+    before = (documents.parsed, documents.validated)
     for _ in range(3):
         assert (await post(client, document)).json() == {"data": {"a": "Query", "b": "Query"}}
-    after = parsed.cache_info()
-    assert (after.misses - before.misses, after.hits - before.hits) == (1, 2)
+    assert (documents.parsed, documents.validated) == (before[0] + 1, before[1] + 1)
     aliases = [f"a{i}" for i in range(15)]  # 47 tokens
-    oversized = "{ " + " ".join(f"{a}: __typename" for a in aliases) + " } # " + secrets.token_hex(8)
+    oversized = (
+        "{ " + " ".join(f"{a}: __typename" for a in aliases) + " } # " + secrets.token_hex(8)
+    )
     for _ in range(2):
         assert code(await post(client, oversized)) == "TOO_MANY_TOKENS"
     # The same text under a higher limit (another key) parses and runs.
     roomy = await make_client(max_tokens=1000)
     assert (await post(roomy, oversized)).json() == {"data": dict.fromkeys(aliases, "Query")}
+
+
+async def test_many_large_documents_keep_the_document_cache_within_its_budget(
+    make_client,
+) -> None:
+    """Parsed documents and validation answers share one cache bounded in bytes
+    (gateway/http/documents.py): many distinct large documents keep it under its
+    budget, whatever their number, and one above the entry bound is never kept
+    (parsed every time). Hostile documents like these are refused, and a refusal
+    is kept with its document like any answer."""
+    client = await make_client(max_tokens=5000)
+    documents = documents_of(client)
+    documents.max_bytes, documents.max_entry_bytes = 2_000_000, 400_000
+    fields = " ".join(f"f{i}: __typename" for i in range(150))  # 455 tokens, ~293 KB
+    for _ in range(12):
+        r = await post(client, "{ " + fields + " } # " + secrets.token_hex(8))
+        assert code(r) == "TOO_MANY_ALIASES"
+        assert documents.bytes <= documents.max_bytes
+    assert 0 < len(documents) <= 2_000_000 // 290_000  # the last few, not 12
+    huge = " ".join(f"g{i}: __typename" for i in range(1200))  # ~3 MB estimated
+    for _ in range(3):
+        kept = len(documents)
+        r = await post(client, "{ " + huge + " } # " + secrets.token_hex(8))
+        assert code(r) == "TOO_MANY_ALIASES"
+        assert len(documents) == kept and documents.bytes <= documents.max_bytes
+    parsed = documents.parsed
+    for _ in range(2):
+        await post(client, "{ " + huge + " } # again")
+    assert documents.parsed == parsed + 2
+    # the budget by default: about a gigabyte could be held by 256 such documents
+    assert Documents().max_bytes == 16 * 1024 * 1024
+
+
+async def test_refusals_keep_their_code_whether_their_document_is_kept_or_not(
+    make_client,
+) -> None:
+    """A validation refusal kept with its document answers with the same error
+    (and extensions.code) the second time; a document too large to keep is
+    refused with its code every time; a parse error is never kept."""
+    client = await make_client(max_depth=3, max_tokens=5000)
+    documents = documents_of(client)
+    deep = "{ a { b { c { d { e { f } } } } } } # " + secrets.token_hex(8)
+    first, second = await post(client, deep), await post(client, deep)
+    assert code(first) == code(second) == "QUERY_TOO_DEEP"
+    assert first.json()["errors"] == second.json()["errors"]
+    unknown = "{ nope } # " + secrets.token_hex(8)
+    assert [code(await post(client, unknown)) for _ in range(2)] == [
+        "GRAPHQL_VALIDATION_FAILED"
+    ] * 2
+    documents.max_entry_bytes = 1000  # nothing is kept now
+    kept = len(documents)
+    big = "{ a { b { c { d { e { f } } } } } } # " + secrets.token_hex(8)
+    assert [code(await post(client, big)) for _ in range(2)] == ["QUERY_TOO_DEEP"] * 2
+    broken = "{ a { "
+    assert [code(await post(client, broken)) for _ in range(2)] == ["GRAPHQL_PARSE_FAILED"] * 2
+    assert len(documents) == kept

@@ -17,6 +17,7 @@ import pytest
 from gateway.embeddings import EmbeddingProvider
 from gateway.services import loader
 from gateway.services.writes import Actor, WriteService
+from gateway.store import recall as recall_store
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -155,3 +156,73 @@ async def test_without_statistics_the_check_scans_the_space_and_the_refresh_fixe
         await db.close()
     assert "Filter" in before and "id" in before.split("Filter")[1], before
     assert "Filter" not in after and "id" in after.split("Index Cond")[1], after
+
+
+async def _eligible_plan(reader: Database, team: str, name: str = "eligible") -> str:
+    """The generic plan, with its estimates, of the recall's hydration statement
+    (``ELIGIBLE_SQL``) as a recall's transaction plans it: the tenant role,
+    ``force_generic_plan``, and the statement prepared once per connection
+    (``reader`` has one), so that a later call explains the plan the connection
+    keeps, unless something invalidated it. A ``name`` not used before: a plan
+    made now."""
+    async with reader.unit(team, [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            prepared = await conn.fetchval(
+                "SELECT count(*) FROM pg_prepared_statements WHERE name = $1", name
+            )
+            if not prepared:
+                await conn.execute(f"PREPARE {name} AS {recall_store.ELIGIBLE_SQL}")
+            # a generic plan does not depend on the values (the team is a safe literal)
+            rows = await conn.fetch(
+                f"EXPLAIN EXECUTE {name}('{team}', ARRAY['ev1'], "
+                "ARRAY[gen_random_uuid()], now(), now())"
+            )
+    return "\n".join(r[0] for r in rows)
+
+
+async def test_a_load_that_grows_a_small_store_replaces_its_generic_plans(
+    fresh_dsn: str, embedder: EmbeddingProvider
+) -> None:
+    """A recall's statements run under force_generic_plan, and a generic plan made
+    while the store was small (planned for a few rows: at 5 rows of evidence and
+    200,000 more unanalysed, a review measured a join's kept sequential scan at 337
+    ms against 35 ms with a custom plan) stays until something ANALYZEs a table it reads. A first small
+    load gives evidence statistics; a later, much larger load must analyse the
+    tables that grew, which also invalidates the plans connections keep, rather
+    than leave them to autovacuum (off here, as when it has not come round yet).
+    Without the refresh's growth rule, evidence keeps its 5-row statistics and the
+    kept plan its 5-row estimates, unlike a plan made after the load."""
+    team = unique("grow")
+    db = await Database.open(fresh_dsn, min_size=1, max_size=2)
+    reader = await Database.open(fresh_dsn, min_size=1, max_size=1)
+    try:
+        writes = WriteService(db, embedder)
+        async with db.pool.acquire() as conn:  # this test's own store: no analysis but ours
+            await conn.execute(
+                "DO $$ DECLARE t regclass; BEGIN FOR t IN SELECT oid FROM pg_class "
+                "WHERE relnamespace = 'public'::regnamespace AND relkind = 'r' LOOP "
+                "EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = off)', t); "
+                "END LOOP; END $$"
+            )
+        await load_jsonl(writes, _retarget(_generated(5), team))
+        async with db.pool.acquire() as conn:
+            small = await conn.fetchval("SELECT reltuples FROM pg_class WHERE relname = 'evidence'")
+        before = await _eligible_plan(reader, team)
+        # then a load of other teams' documents, as a store's second, larger load
+        # (one team alone would keep the team's predicate unselective)
+        grow = "".join(_retarget(_generated(100), unique("more")) for _ in range(8))
+        await load_jsonl(writes, grow, batch_size=500)
+        async with db.pool.acquire() as conn:
+            grown = await conn.fetchval("SELECT reltuples FROM pg_class WHERE relname = 'evidence'")
+        after = await _eligible_plan(reader, team)
+        now = await _eligible_plan(reader, team, "made_now")
+    finally:
+        await reader.close()
+        await db.close()
+    assert 0 < small < 10, small
+    assert grown >= 100, grown  # analysed during the load (without the refresh: 5)
+    # the plan the connection kept is the plan it would make now, from the
+    # statistics of the grown store (kept from the small store, its estimates
+    # would be those of 5 rows)
+    assert after == now, f"kept:\n{after}\n\nmade now:\n{now}"
+    assert after != before

@@ -10,7 +10,15 @@ recall of the same shape on the same connection reuses both.
 
 from __future__ import annotations
 
+import typing
+
 import httpx
+import pydantic
+import pytest
+
+from gateway import cli
+from gateway.services.recall import PLAN_CACHE_MODES, plan_cache_mode
+from gateway.settings import Settings
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -64,3 +72,50 @@ async def test_other_transactions_keep_the_servers_plan_mode(db) -> None:
     assert inside == "force_generic_plan"
     assert plain == "auto"
     assert isinstance(pid, int)
+
+
+async def test_the_setting_chooses_how_recalls_are_planned(dsn, writes) -> None:
+    """RECALL_PLAN_CACHE_MODE=force_custom_plan: every recall plans its statements
+    for its own values (one generic plan serves every team otherwise); the answers
+    are those of the default mode."""
+    team = unique("plans")
+    await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
+    tok = await token(writes, team, "alice")
+    answers: dict[str, list[str]] = {}
+    counts: dict[str, tuple[int, int]] = {}
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        app = app_for(dsn, pool_max_size=1, plan_cache_mode=mode)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+                for _ in range(3):
+                    answers.setdefault(mode, []).append(
+                        ids(await recall(client, tok, q="billing note invoices"))
+                    )
+                async with app.state.services.db.pool.acquire() as conn:
+                    row = await conn.fetchrow(
+                        "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                        "WHERE statement LIKE $1",
+                        FIRST_ROUND,
+                    )
+        counts[mode] = (row["generic_plans"], row["custom_plans"])
+    assert counts == {"force_custom_plan": (0, 3), "force_generic_plan": (3, 0)}
+    assert answers["force_custom_plan"] == answers["force_generic_plan"]
+    assert answers["force_custom_plan"][0]
+
+
+def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(monkeypatch, capsys) -> None:
+    """A typo must not silently fall back to a default: the settings refuse it and
+    the CLI says which setting and which values, before doing anything."""
+    with pytest.raises(pydantic.ValidationError) as caught:
+        Settings(plan_cache_mode="generic")
+    assert "plan_cache_mode" in str(caught.value)
+    assert "force_generic_plan" in str(caught.value)
+    monkeypatch.setenv("RECALL_PLAN_CACHE_MODE", "fast")
+    assert cli.main(["export-schema", "-o", "-"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid settings" in err and "plan_cache_mode" in err and "force_custom_plan" in err
+    # the settings and the recall service agree on the values
+    assert typing.get_args(Settings.model_fields["plan_cache_mode"].annotation) == PLAN_CACHE_MODES
+    assert plan_cache_mode("server") is None
+    assert plan_cache_mode("auto") == "auto"

@@ -7,15 +7,14 @@ in the text; only a document within all of them meets graphql-core's rules
 (``OverlappingFieldsCanBeMerged`` above all), whose work those bounds keep
 small. Documents big enough that the rules could take noticeable time are
 validated in a worker thread, so that the event loop keeps answering other
-requests (and ``/healthz``) meanwhile. Answers are cached by document text.
+requests (and ``/healthz``) meanwhile. Answers are kept with their parsed
+documents, in one cache bounded in bytes (``gateway.http.documents``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,12 +24,12 @@ from graphql import (
     GraphQLError,
     GraphQLSchema,
     OperationDefinitionNode,
-    parse,
 )
 from strawberry.extensions import SchemaExtension
 from strawberry.schema.schema import validate_document
 
 from gateway.http import cost, shape
+from gateway.http.documents import Documents
 
 THREAD_ABOVE_SELECTIONS = 200
 """Documents expanding to more selections than this validate off the event loop
@@ -48,16 +47,12 @@ class Rules:
 
 
 class Validator:
-    """Validates documents under ``rules``; a bounded LRU of answers by text.
+    """Validates documents under ``rules``, fixed per process; an answer depends on
+    nothing but the document and the rules, so it is kept with the parsed
+    document (:class:`DocumentValidation`)."""
 
-    One per process: the cache is only touched on the event loop's thread, and
-    an answer depends on nothing but the text and the fixed rules.
-    """
-
-    def __init__(self, rules: Rules, cache_size: int = 256) -> None:
+    def __init__(self, rules: Rules) -> None:
         self.rules = rules
-        self.cache_size = cache_size
-        self._cache: OrderedDict[str, list[GraphQLError]] = OrderedDict()
         self.threaded = 0
         """Documents validated off the loop (for tests and curiosity)."""
 
@@ -75,12 +70,8 @@ class Validator:
         self,
         schema: GraphQLSchema,
         document: DocumentNode,
-        text: str | None,
         specified: Sequence[type[ASTValidationRule]],
     ) -> list[GraphQLError]:
-        if text is not None and (hit := self._cache.get(text)) is not None:
-            self._cache.move_to_end(text)
-            return hit
         errors, selections = self.precheck(schema, document)
         if not errors:
             rules = (*specified, *self.rules.extra)
@@ -89,19 +80,18 @@ class Validator:
                 errors = await asyncio.to_thread(validate_document, schema, document, rules)
             else:
                 errors = validate_document(schema, document, rules)
-        if text is not None:
-            self._cache[text] = errors
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
         return errors
 
 
 class DocumentValidation(SchemaExtension):
-    """Runs the process's ``Validator`` in strawberry's validation step."""
+    """Runs the process's ``Validator`` in strawberry's validation step, and keeps
+    its answer with the parsed document in ``documents`` (the answer of a
+    document kept there is not computed again)."""
 
-    def __init__(self, validator: Validator) -> None:
+    def __init__(self, validator: Validator, documents: Documents) -> None:
         super().__init__()
         self.validator = validator
+        self.documents = documents
 
     async def on_validate(self) -> AsyncIterator[None]:
         ctx = self.execution_context
@@ -119,42 +109,36 @@ class DocumentValidation(SchemaExtension):
                 )
             ]
         else:
-            ctx.pre_execution_errors = await self.validator.validate(
-                ctx.schema._schema, ctx.graphql_document, ctx.query, ctx.validation_rules
-            )
+            document = ctx.graphql_document
+            key = self.documents.key(ctx.query or "", dict(ctx.parse_options))
+            errors = self.documents.errors(key, document)
+            if errors is None:
+                errors = await self.validator.validate(
+                    ctx.schema._schema, document, ctx.validation_rules
+                )
+                self.documents.keep_errors(key, document, errors)
+            ctx.pre_execution_errors = errors
         yield
 
 
-Parse = Callable[..., DocumentNode]
-
-
-@functools.cache
-def parse_cache(size: int) -> Parse:
-    """graphql-core's ``parse`` behind a bounded LRU keyed by the text and the parse
-    options (the token limit among them), one per size and process: every app
-    and request of the process shares it. A document that fails to parse
-    raises, and a raise is never cached."""
-    return functools.lru_cache(maxsize=size)(parse)
-
-
 class CachedParse(SchemaExtension):
-    """Strawberry's parsing step from ``parse`` (a :func:`parse_cache`).
+    """Strawberry's parsing step from ``documents`` (parsed once per process).
 
     Strawberry parses only when no extension has set the document. A document
     that does not parse is left to that parse, which raises the same error where
     strawberry turns it into a coded GraphQL error (raised from this hook, it
     would be an internal error); strawberry's own ``ParserCache`` raises here."""
 
-    def __init__(self, parse: Parse) -> None:
+    def __init__(self, documents: Documents) -> None:
         super().__init__()
-        self.parse = parse
+        self.documents = documents
 
     def on_parse(self) -> Iterator[None]:
         ctx = self.execution_context
         if ctx.query and ctx.graphql_document is None:
             options: dict[str, Any] = dict(ctx.parse_options)
             try:
-                ctx.graphql_document = self.parse(ctx.query, **options)
+                ctx.graphql_document = self.documents.parse(ctx.query, **options)
             except GraphQLError:
                 pass
         yield

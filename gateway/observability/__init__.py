@@ -77,8 +77,8 @@ class Observability:
     def embedder(self, inner: Any) -> Any:
         return ObservedEmbedder(inner, self.tracer)
 
-    def recall_service(self, *args: Any) -> ObservedRecall:
-        return ObservedRecall(*args, tracer=self.tracer)
+    def recall_service(self, *args: Any, **kwargs: Any) -> ObservedRecall:
+        return ObservedRecall(*args, tracer=self.tracer, **kwargs)
 
     async def shutdown(self) -> None:
         if self.provider is not None:

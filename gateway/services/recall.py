@@ -72,10 +72,15 @@ log = logging.getLogger("gateway.recall")
 
 __all__ = ["QUERY_EMBEDDING_CACHE", "RecallService"]
 
+# Degradation codes the orchestrator raises itself (the frontiers' modules raise
+# theirs; the schema's DegradationCode lists them all).
 MODEL_MISMATCH: Final = "query_embedding_model_mismatch"
+VECTOR_INDEX_PENDING: Final = "vector_index_pending"
+"""A searched space's vectors wait for an unfinished ``load --index-after``."""
 
 RECALL_PLAN_CACHE_MODE: Final = "force_generic_plan"
-"""How PostgreSQL plans a recall's statements (set for its transaction only).
+"""How PostgreSQL plans a recall's statements (set for its transaction only;
+the default of ``RECALL_PLAN_CACHE_MODE``, see :func:`plan_cache_mode`).
 Each connection prepares a recall's statements once (their texts depend only on
 the recall's shape); with a generic plan it also plans them once, instead of
 once per recall: the combined first round took about 5 ms to plan, a fifth of
@@ -83,6 +88,22 @@ its time, and its generic plan ran no slower (docs/benchmarks.md, "Prepared
 once, planned once"). The vector searches inside it are functions that plan
 their own query with every call (``force_custom_plan`` in their definitions),
 and no statement of a recall reads a partitioned table outside them."""
+
+PLAN_CACHE_MODES: Final = ("force_generic_plan", "auto", "force_custom_plan", "server")
+"""The values of ``RECALL_PLAN_CACHE_MODE`` (gateway/settings.py checks them)."""
+
+
+def plan_cache_mode(setting: str) -> str | None:
+    """The ``plan_cache_mode`` a recall's transaction sets for ``setting``, or None
+    (``server``: none, the server's or the role's own). One generic plan serves
+    every team, so its estimates are those of an average team; a store with one
+    team far larger than the others may answer it faster with
+    ``force_custom_plan``, at the cost of planning every recall (docs/deploy.md).
+    The answers are the same whatever the mode."""
+    if setting not in PLAN_CACHE_MODES:
+        raise ValueError(f"plan_cache_mode must be one of {', '.join(PLAN_CACHE_MODES)}")
+    return None if setting == "server" else setting
+
 
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
@@ -167,6 +188,7 @@ class RecallService:
         feedback: FeedbackService | None = None,
         store_model: StoreModel | None = None,
         reads: ReadRouter | None = None,
+        plan_mode: str | None = RECALL_PLAN_CACHE_MODE,
     ) -> None:
         self.db = db
         # Which pool each recall reads from; without replicas, always ``db``.
@@ -176,7 +198,8 @@ class RecallService:
         self.embeddings = QueryEmbeddings(embedder, store_model=store_model)
         # None: recalls are not persisted for feedback (no snapshot, no suggestion).
         self.feedback = feedback
-        self.plan_cache_mode: str | None = RECALL_PLAN_CACHE_MODE
+        # PostgreSQL's plan_cache_mode for each recall's transaction (None: unset).
+        self.plan_cache_mode: str | None = plan_mode
 
     async def recall(self, principal: Principal, request: RecallRequest) -> RecallOutcome:
         persist = self.feedback is not None and self.feedback.enabled
@@ -478,9 +501,6 @@ class RecallService:
             await unit.commit()
         except STORE_FAILURES as exc:
             feedback.lost(outcome, exc)
-
-
-VECTOR_INDEX_PENDING = "vector_index_pending"
 
 
 def _vectors_pending(view: ReadView, branches: Sequence[search.BranchSearch]) -> str | None:

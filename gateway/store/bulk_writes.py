@@ -228,29 +228,54 @@ async def copy_rows(
     await conn.copy_records_to_table(into or table, records=rows, columns=list(COPY_TABLES[table]))
 
 
-# Tables of the gateway's schema that a foreign key references and that hold
-# rows but no planner statistics yet (never analysed, or analysed while empty),
-# analysed in one round trip. It never waits on another session's lock:
-# ANALYZE (SKIP_LOCKED) skips a table whose lock is held (a transaction that
-# creates a space holds a conflicting lock on evidence and relationships until
-# it commits, a loader's batch through its embedding) with a server warning, and
-# the next batch tries again; the short lock_timeout bounds the AccessShareLock
-# that pg_relation_size takes (only an ACCESS EXCLUSIVE holder, a migration or
-# an ALTER, blocks it; the refresh then fails fast and is logged, see
+# Tables of the gateway's schema whose planner statistics no longer describe
+# them, analysed in one round trip:
+#  - referenced by a foreign key, holding rows but no statistics yet (never
+#    analysed, or analysed while empty): see analyze_unplanned;
+#  - grown a lot since their statistics were taken: at least twice the pages
+#    (and GROWN_PAGES more) than when last analysed or vacuumed, or more rows
+#    changed since the last analysis than it counted (and GROWN_ROWS more). The
+#    pages are read from the file's size, so a load that has just committed
+#    counts at once; the changed rows come from the cumulative statistics, which
+#    a session reports up to a second or more after its commit, so they catch
+#    what the next batch's refresh sees. Autovacuum waits for 10 % more rows and
+#    comes round once a minute; the refresh is for the growth that makes plans
+#    wrong (a store loaded small, then large), not for fine statistics.
+# It never waits on another session's lock: ANALYZE (SKIP_LOCKED) skips a table
+# whose lock is held (a transaction that creates a space holds a conflicting
+# lock on evidence and relationships until it commits, a loader's batch through
+# its embedding) with a server warning, and the next batch tries again; the
+# short lock_timeout bounds the AccessShareLock that pg_relation_size takes
+# (only an ACCESS EXCLUSIVE holder, a migration or an ALTER, blocks it; the
+# refresh then fails fast and is logged, see
 # WriteService.analyze_unplanned_tables). ANALYZE of a table the connecting
 # role may not analyse is skipped by the server with a warning, not an error.
-_ANALYZE_UNPLANNED = """
+GROWN_PAGES = 16
+"""Pages (of 8 kB) a table must have grown by, besides doubling, before the
+refresh analyses it again: small tables are cheap to plan wrongly."""
+
+GROWN_ROWS = 1000
+"""Rows changed since the last analysis, besides as many as it counted."""
+
+_ANALYZE_UNPLANNED = f"""
 DO $$
 DECLARE
     t regclass;
 BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     FOR t IN
-        SELECT c.oid::regclass FROM pg_class c
-        WHERE c.relkind = 'r' AND c.reltuples <= 0
-          AND c.relnamespace = 'public'::regnamespace
-          AND c.oid IN (SELECT confrelid FROM pg_constraint WHERE contype = 'f')
-          AND pg_relation_size(c.oid) > 0
+        SELECT c.oid::regclass
+        FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+        WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
+          AND (
+              (c.reltuples <= 0
+               AND c.oid IN (SELECT confrelid FROM pg_constraint WHERE contype = 'f')
+               AND pg_relation_size(c.oid) > 0)
+              OR pg_relation_size(c.oid) / current_setting('block_size')::bigint
+                 >= 2 * c.relpages::bigint + {GROWN_PAGES}
+              OR coalesce(s.n_mod_since_analyze, 0)
+                 >= greatest(c.reltuples, 0)::bigint + {GROWN_ROWS}
+          )
         ORDER BY c.oid
     LOOP
         EXECUTE format('ANALYZE (SKIP_LOCKED) %s', t);
@@ -271,5 +296,13 @@ async def analyze_unplanned(conn: Conn) -> None:
     autovacuum analyses the table. docs/data-model.md ("Planner statistics on a
     new store") states when that plan was seen and when it was not. With
     statistics the unique key wins.
+
+    It also analyses tables that have grown a lot since their statistics (see
+    :data:`GROWN_PAGES`). A recall plans its statements once per connection
+    (``force_generic_plan``, gateway/services/recall.py) and keeps the plan until
+    a table it reads is analysed: a plan made while the store was small (the
+    hydration reading a whole space instead of looking its ids up) would
+    otherwise outlive a large load until autovacuum analysed the table. ANALYZE
+    invalidates the plans that read the table, in every session.
     """
     await conn.execute(_ANALYZE_UNPLANNED)
