@@ -307,3 +307,37 @@ async def test_a_load_ends_with_statistics_of_every_table_it_filled(
         await db.close()
     assert lifecycle > 0  # the load filled a table no foreign key references
     assert [dict(r) for r in stale] == []
+
+
+async def test_a_login_role_that_may_not_analyse_is_told_once(
+    fresh_dsn: str, embedder: EmbeddingProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A login role that owns no table (and has no MAINTAIN grant) cannot analyse:
+    the server skips each table with a warning. The loader says so in its log,
+    once per table however many refreshes run, instead of silently doing
+    nothing."""
+    caplog.set_level(logging.WARNING, logger="gateway.load")
+    role = unique("visitor").replace("-", "_")
+    owner = await asyncpg.connect(fresh_dsn)
+    try:
+        writes = WriteService(await Database.open(fresh_dsn, min_size=1, max_size=1), embedder)
+        records = loader.parse(loader.split_lines(_retarget(_generated(6), unique("told"))))
+        await writes.apply([r for _, r in records], Actor.operator())  # unanalysed rows
+        await writes.db.close()
+        await owner.execute(f"CREATE ROLE {role} LOGIN")
+        visitor_dsn = fresh_dsn.replace("postgres@", f"{role}@", 1)
+        assert visitor_dsn != fresh_dsn, fresh_dsn
+        visitor = await Database.open(visitor_dsn, min_size=1, max_size=1)
+        try:
+            refused = WriteService(visitor, embedder)
+            await refused.analyze_unplanned_tables()
+            await refused.analyze_unplanned_tables()
+        finally:
+            await visitor.close()
+        planned = await _planned(owner, ("evidence",))
+    finally:
+        await owner.close()
+    told = [r.getMessage() for r in caplog.records if _REFRESH_FAILED in r.getMessage()]
+    assert planned == {"evidence": False}
+    assert any('"evidence"' in m for m in told), told
+    assert len(told) == len(set(told)), told  # once per table, not per refresh
