@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import sys
 from collections import OrderedDict
-from dataclasses import dataclass
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Any
 
 from graphql import DocumentNode, GraphQLError, Token, parse
