@@ -230,7 +230,11 @@ async def test_a_load_that_grows_a_small_store_replaces_its_generic_plans(
         await reader.close()
         await db.close()
     assert 0 < small < 10, small
-    assert grown >= 100, grown  # analysed during the load (without the refresh: 5)
+    # analysed during the load (without the refresh: 5). This relies on the
+    # pages rule for evidence (first met at 18 pages; the table reaches about 37):
+    # 800 new rows never reach the rows rule's 5 + 1,000. If evidence rows shrank
+    # a lot (their content moved elsewhere), grow the load to keep that margin.
+    assert grown >= 100, grown
     # the plan the connection kept is the plan it would make now, from the
     # statistics of the grown store (kept from the small store, its estimates
     # would be those of 5 rows)
