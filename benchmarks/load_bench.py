@@ -14,14 +14,17 @@ given).
     python benchmarks/load_bench.py --docs 2000 --embedder hash --profile load.prof
     python benchmarks/load_bench.py --docs 25000 --embedder supplied --server-profile
     python benchmarks/load_bench.py --docs 2000 --embedder supplied --index-after both
+    python benchmarks/load_bench.py --docs 5000 --embedder supplied --index-after on --max-wal-size 64MB
 
 The file is written to a temporary folder as JSON Lines and loaded through the
 loader (parse, then batches through ``WriteService``) on a fresh embedded
 PostgreSQL (or a scratch database on ``--database-url``/``DATABASE_URL``).
 Printed: records/s and evidence/s end to end (both passes included), the share of
 the time spent inside the embedding provider, the peak RSS of this process
-(the loader; the database server's processes are not counted), and the
-statements sent per 1,000 records.
+(the loader; the database server's processes are not counted), the
+statements sent per 1,000 records, the WAL the server wrote and the
+checkpoints it made meanwhile (``--max-wal-size`` sets the benchmark's own
+server's, to see what forced checkpoints cost).
 
 ``--embedder local`` uses the configured local model (what a user gets);
 ``--embedder supplied`` puts a vector in every evidence and relationship line
@@ -305,9 +308,11 @@ async def run_load(
             settings = Settings()
             index_started = time.perf_counter()
             steps: list[int] = []
+            # only the spaces this load deferred, as `recall-gateway load
+            # --index-after` does: never a space another load left waiting
             built = await vector_indexes.build_pending(
                 db,
-                await vector_indexes.pending(db),
+                await vector_indexes.pending(db, report.deferred),
                 maintenance_work_mem_mb=args.index_memory_mb or settings.index_build_memory_mb,
                 workers=(
                     settings.index_build_workers
@@ -382,7 +387,10 @@ async def measure(
                 await admin.execute(f'ALTER DATABASE "{name}" SET track_functions = \'pl\'')
             finally:
                 await admin.close()
+        before = await wal_and_checkpoints(dsn)
         figures = await run_load(dsn, path, args, set_based, index_after)
+        after = await wal_and_checkpoints(dsn)
+        figures.update({k: after[k] - before[k] for k in after})
         if args.server_profile:
             await server_profile(dsn, figures["seconds"])
         if args.recall_queries:
@@ -390,6 +398,62 @@ async def measure(
                 dsn, args.recall_queries, args.seed, args.vectors
             )
         return figures
+
+
+async def wal_and_checkpoints(dsn: str) -> dict[str, float]:
+    """The server's WAL position and checkpoints so far (pg_stat_checkpointer
+    since PostgreSQL 17): their change over a load says how much WAL it wrote
+    and how often max_wal_size forced a checkpoint."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        out = {
+            "wal_bytes": float(
+                await conn.fetchval("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")
+            )
+        }
+        if await conn.fetchval("SELECT to_regclass('pg_stat_checkpointer') IS NOT NULL"):
+            row = await conn.fetchrow(
+                "SELECT num_timed, num_requested, write_time + sync_time AS ms "
+                "FROM pg_stat_checkpointer"
+            )
+            out.update(
+                checkpoints_timed=float(row["num_timed"]),
+                checkpoints_requested=float(row["num_requested"]),
+                checkpoint_ms=float(row["ms"]),
+            )
+        return out
+    finally:
+        await conn.close()
+
+
+async def set_max_wal_size(admin_dsn: str, value: str) -> None:
+    """ALTER SYSTEM on the benchmark's own embedded server (never on a server
+    given with --database-url), then reload: max_wal_size needs no restart."""
+    conn = await asyncpg.connect(admin_dsn)
+    try:
+        await conn.execute(f"ALTER SYSTEM SET max_wal_size = '{value}'")
+        await conn.execute("SELECT pg_reload_conf()")
+    finally:
+        await conn.close()
+    # the reload reaches the server processes asynchronously: ask a new session
+    # until it answers with the new value
+    now = None
+    for _ in range(50):
+        conn = await asyncpg.connect(admin_dsn)
+        try:
+            if await conn.fetchval(
+                "SELECT pg_size_bytes(current_setting('max_wal_size')) = pg_size_bytes($1)", value
+            ):
+                now = await conn.fetchval("SHOW max_wal_size")
+        finally:
+            await conn.close()
+        if now is not None:
+            break
+        await asyncio.sleep(0.1)
+    if now is None:
+        raise SystemExit(f"max_wal_size did not become {value}")
+    print(f"max_wal_size {now}", flush=True)
 
 
 def _insert_again(table: str, key: str) -> str:
@@ -581,8 +645,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="supplied vectors (and recall queries): uniform random unit vectors from a "
         "hash of the text (default), or bunched around 20 topic centroids",
     )
+    parser.add_argument(
+        "--max-wal-size",
+        default=None,
+        help="max_wal_size of the benchmark's own embedded server (say 64MB or 4GB; "
+        "not with --database-url): how often the load forces a checkpoint",
+    )
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     args = parser.parse_args(argv)
+    if args.max_wal_size and args.database_url:
+        parser.error("--max-wal-size changes the server: only on the benchmark's own")
 
     with tempfile.TemporaryDirectory(prefix="recall-load-bench-") as tmp:
         path = Path(tmp) / "load.jsonl"
@@ -603,6 +675,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         paths = {"set": [True], "record": [False], "both": [False, True]}[args.path]
         modes = {"off": [False], "on": [True], "both": [False, True]}[args.index_after]
         with server(args.database_url) as admin_dsn:
+            if args.max_wal_size:
+                asyncio.run(set_max_wal_size(admin_dsn, args.max_wal_size))
             for set_based in paths:
                 for index_after in modes:
                     profiler = cProfile.Profile() if args.profile else None
@@ -638,6 +712,16 @@ def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
         )
     if "recall_at_10" in figures:
         print(f"  vector recall@10      {figures['recall_at_10']:10.3f}   (against exact search)")
+    print(
+        f"  WAL written           {figures['wal_bytes'] / 2**20:10.0f} MB"
+        f"   ({figures['wal_bytes'] / 1024 / figures['records']:.1f} KB per record)"
+    )
+    if "checkpoints_requested" in figures:
+        print(
+            f"  checkpoints           {int(figures['checkpoints_requested']):10d} requested"
+            f" (max_wal_size), {int(figures['checkpoints_timed'])} timed;"
+            f" {figures['checkpoint_ms'] / 1000:.1f} s writing"
+        )
     print(f"  peak RSS (loader)     {peak_rss_mb():10.0f} MB")
     print(f"  load average after    {os.getloadavg()[0]:10.2f}", flush=True)
 

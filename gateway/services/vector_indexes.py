@@ -183,6 +183,9 @@ class Deferral:
     def __init__(self, db: Database) -> None:
         self.db = db
         self.spaces: list[UUID] = []
+        # (team, space reference) -> space ID, looked up once per load by the
+        # write service's look-ahead (a space's ID never changes).
+        self.resolved: dict[tuple[str, str], UUID] = {}
         self._conn: Conn | None = None
         self._stack = contextlib.AsyncExitStack()
 

@@ -888,7 +888,7 @@ class WriteService:
         is no refusal); a space the prediction misses is still detached by the
         batch's own check (:class:`_DetachFirst`), at the cost of applying it
         twice."""
-        for team, space in sorted(await self._vector_spaces(records)):
+        for team, space in sorted(await self._vector_spaces(records, deferral.resolved)):
             if space in deferral.spaces:
                 continue
             async with self.db.admin(readonly=True) as conn:
@@ -896,11 +896,15 @@ class WriteService:
             if attached and not full:
                 await deferral.claim(team, space)
 
-    async def _vector_spaces(self, records: Sequence[Any]) -> set[tuple[str, UUID]]:
+    async def _vector_spaces(
+        self, records: Sequence[Any], resolved: dict[tuple[str, str], UUID]
+    ) -> set[tuple[str, UUID]]:
         """(team, space) of every existing space the batch's evidence and
         relationships would store vectors in: a relationship's own space, an
         evidence's source's (a source earlier in the batch, or one visible now).
-        A reference that does not resolve is skipped: the batch refuses it."""
+        A reference that does not resolve is skipped: the batch refuses it.
+        ``resolved`` keeps the load's (team, space reference) lookups: a space's
+        ID never changes, so most batches of a load need no statement here."""
         refs: set[tuple[str, str]] = set()
         batch_sources: dict[tuple[str, str], str] = {}
         ask: dict[str, set[str]] = {}
@@ -915,7 +919,8 @@ class WriteService:
                     refs.add((r.team, ref))
                 else:
                     ask.setdefault(r.team, set()).add(r.source)
-        out: set[tuple[str, UUID]] = set()
+        out = {(team, resolved[(team, ref)]) for team, ref in refs if (team, ref) in resolved}
+        refs -= set(resolved)
         if not refs and not ask:
             return out
         async with self.db.admin(readonly=True) as conn:
@@ -925,6 +930,7 @@ class WriteService:
             for team, ref in sorted(refs):
                 space = await store.find_space(conn, team, rec.private_owner(ref))
                 if space is not None:
+                    resolved[(team, ref)] = space.id
                     out.add((team, space.id))
         return out
 

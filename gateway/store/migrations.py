@@ -106,9 +106,11 @@ async def migrate(conn: Conn, folder: Path | None = None) -> list[Migration]:
     try:
         await conn.execute(_BOOKKEEPING)
         pending = check_history(await applied(conn), known)
-        if pending:
-            await _refuse_while_detached(conn)
+        await _record_unrecorded(conn)
         for m in pending:
+            # before each: db/0083 (vector_deferrals) may have been applied just now
+            await _record_unrecorded(conn)
+            await _refuse_while_detached(conn)
             try:
                 async with conn.transaction():
                     await conn.execute(m.sql)
@@ -125,6 +127,14 @@ async def migrate(conn: Conn, folder: Path | None = None) -> list[Migration]:
         return pending
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def _record_unrecorded(conn: Conn) -> None:
+    """Record the vector tables a ``load --index-after`` from before db/0083
+    detached (:func:`gateway.store.vector_partitions.record_unrecorded`), so that
+    ``build-vector-indexes`` finishes them and no migration runs past them."""
+    async with conn.transaction():
+        await vector_partitions.record_unrecorded(conn)
 
 
 async def _refuse_while_detached(conn: Conn) -> None:

@@ -214,6 +214,55 @@ async def deferred_spaces(conn: Conn) -> list[DeferredSpace]:
     ]
 
 
+# The vector tables that a `load --index-after` from before db/0083 detached:
+# named like a space's partition, a plain table (not a partition), of a space that
+# has no partition of that parent any more, with the parent's columns and a
+# primary key (what DETACH PARTITION leaves; a copy made with CREATE TABLE ... AS
+# has no constraint), and not yet recorded in vector_deferrals.
+_UNRECORDED = """
+SELECT DISTINCT s.team_id, s.id AS space_id
+FROM memory_spaces s
+CROSS JOIN unnest($1::text[]) AS p(parent)
+JOIN pg_class c ON c.oid = to_regclass(quote_ident(p.parent || '_' || replace(s.id::text, '-', '')))
+WHERE c.relkind = 'r' AND NOT c.relispartition
+  AND NOT EXISTS (SELECT 1 FROM vector_deferrals d WHERE d.team_id = s.team_id AND d.space_id = s.id)
+  AND NOT EXISTS (
+      SELECT 1 FROM pg_inherits i JOIN pg_class pc ON pc.oid = i.inhrelid
+      WHERE i.inhparent = to_regclass(p.parent)
+        AND pg_get_expr(pc.relpartbound, pc.oid) = format('FOR VALUES IN (%L)', s.id))
+  AND EXISTS (SELECT 1 FROM pg_constraint k WHERE k.conrelid = c.oid AND k.contype = 'p')
+  AND (SELECT array_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attname)
+         FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+    = (SELECT array_agg(a.attname || ' ' || format_type(a.atttypid, a.atttypmod) ORDER BY a.attname)
+         FROM pg_attribute a WHERE a.attrelid = to_regclass(p.parent) AND a.attnum > 0
+          AND NOT a.attisdropped)
+ORDER BY 1, 2
+"""
+
+
+async def record_unrecorded(conn: Conn) -> list[DeferredSpace]:
+    """In the caller's transaction: record in ``vector_deferrals`` the spaces whose
+    vector tables a ``load --index-after`` detached before db/0083 existed (that
+    load kept no record: the catalogue was its state). Without the row nothing
+    would ever build and attach them, the space would refuse every write
+    (VECTOR_INDEX_PENDING, no partition) and a migration would change the parents
+    without them. Only tables that cannot be anything else are taken (see
+    ``_UNRECORDED``); a store older than db/0083 records nothing (its table is
+    made by that migration, and the runner asks again after it)."""
+    if not await conn.fetchval("SELECT to_regclass('vector_deferrals') IS NOT NULL"):
+        return []
+    rows = await conn.fetch(_UNRECORDED, list(VECTOR_TABLES))
+    for r in rows:
+        await conn.execute(
+            "INSERT INTO vector_deferrals (team_id, space_id) VALUES ($1, $2) "
+            "ON CONFLICT (team_id, space_id) DO NOTHING",
+            r["team_id"],
+            r["space_id"],
+        )
+    recorded = {(r["team_id"], r["space_id"]) for r in rows}
+    return [s for s in await deferred_spaces(conn) if (s.team, s.space) in recorded]
+
+
 async def space_reference(conn: Conn, space: UUID) -> tuple[str, str]:
     """(team, ``shared`` or ``private:<owner>``) of a space, for messages."""
     row = await conn.fetchrow(
