@@ -523,9 +523,63 @@ async def server_profile(dsn: str, seconds: float, rows: int = 200) -> None:
                 f"    {label:40} {total:8.0f} ms ({total / rows:.2f} ms/row); triggers "
                 f"{inside:.0f} ms{': ' + parts if parts else ''}"
             )
+        await postings_costs(conn, rows)
         await vector_index_costs(conn)
     finally:
         await conn.close()
+
+
+_POSTINGS = (
+    "INSERT INTO evidence_terms (team_id, space_id, lexeme, evidence_id, tf, recorded_at) "
+    "SELECT e.team_id, e.space_id, u.lexeme, e.id, coalesce(array_length(u.positions, 1), 1), "
+    "e.recorded_at FROM evidence e CROSS JOIN LATERAL unnest(e.search_document) AS u "
+    "WHERE e.id LIKE '%-again'"
+)
+
+
+async def postings_costs(conn: asyncpg.Connection, rows: int) -> None:
+    """Inside the evidence postings' statement (evidence_terms_fill's INSERT):
+    ``rows`` more evidence rows copied with that trigger off, then the trigger's
+    INSERT of their postings under EXPLAIN ANALYZE, with the foreign-key check of
+    each posting and with every trigger of the postings table off (a savepoint
+    apart; all rolled back). The rest is the heap and its B-tree indexes."""
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        await conn.execute("ALTER TABLE evidence DISABLE TRIGGER evidence_terms_fill")
+        await conn.execute(_EXPLAINED["evidence"], rows)
+        plans = {}
+        for label, off in (("as loaded", False), ("foreign-key check off", True)):
+            savepoint = conn.transaction()
+            await savepoint.start()
+            try:
+                if off:
+                    await conn.execute("ALTER TABLE evidence_terms DISABLE TRIGGER ALL")
+                plans[label] = json.loads(
+                    await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {_POSTINGS}")
+                )[0]
+            finally:
+                await savepoint.rollback()
+        indexes = await conn.fetch(
+            "SELECT indexrelid::regclass::text AS name FROM pg_index "
+            "WHERE indrelid = 'evidence_terms'::regclass ORDER BY 1"
+        )
+    finally:
+        await tx.rollback()
+    postings = max(
+        p.get("Actual Rows", 0) for p in plans["as loaded"]["Plan"].get("Plans", [{}])
+    )
+    print(
+        f"  server: the postings of {rows} evidence rows ({postings} postings; indexes "
+        f"{', '.join(r['name'] for r in indexes)})"
+    )
+    for label, plan in plans.items():
+        total = plan["Execution Time"]
+        triggers = sum(t["Time"] for t in plan.get("Triggers", []))
+        print(
+            f"    {label:28} {total:8.0f} ms ({total / rows:.2f} ms per evidence, "
+            f"{1000 * total / max(postings, 1):.1f} us per posting); triggers {triggers:.0f} ms"
+        )
 
 
 _HNSW = "USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64)"
