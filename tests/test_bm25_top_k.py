@@ -275,16 +275,16 @@ def _relationships(team: str, texts: dict[str, str]) -> list[dict[str, Any]]:
     return out
 
 
-async def _discover(
-    db: Database,
+def _discovery_query(
     team: str,
     branch: BranchSearch,
     text: str,
     per_list: int,
     t: datetime,
     as_of: datetime | None = None,
-) -> list[str]:
-    q = related.DiscoveryQuery(
+) -> related.DiscoveryQuery:
+    """Discovery of the full-text list only, at system and valid time ``t``."""
+    return related.DiscoveryQuery(
         team_id=team,
         space_id=branch.space_id,
         generation=branch.generation,
@@ -299,6 +299,18 @@ async def _discover(
         known_relationship_ids=[],
         as_of=as_of,
     )
+
+
+async def _discover(
+    db: Database,
+    team: str,
+    branch: BranchSearch,
+    text: str,
+    per_list: int,
+    t: datetime,
+    as_of: datetime | None = None,
+) -> list[str]:
+    q = _discovery_query(team, branch, text, per_list, t, as_of)
     async with db.tenant(team, [branch.space_id]) as conn:
         found = await related.discover(conn, q)
     return [rid for rid, _ in found.lists["fulltext"]]
@@ -335,20 +347,60 @@ async def test_discovery_top_k_is_the_top_of_full_scoring(
 
 # --- broken bounds are caught -------------------------------------------------------
 
-# Each breaks one step of db/0085's evidence function so that it may leave out a
-# document of the real list: a lexeme bound below the lexeme's real contribution,
-# a floor above the k-th best visible score, a document bound below its score.
+# Each breaks one step of db/0085's functions so that it may leave out a document
+# of the real list. The same text is in both functions, so each breakage applies
+# to either; every one of them is replaced wherever it occurs in the function.
 BREAKAGES = {
+    # 1. A lexeme bound below the lexeme's real contribution.
     "lexeme bound halved": [
         ("greatest(u.idf, 0) * u.max_tf", "0.5 * greatest(u.idf, 0) * u.max_tf"),
     ],
+    # A floor above the k-th best visible score (theta0, theta).
     "floor raised": [
         ("min(k.score) - 1e-9 * abs(min(k.score))", "min(k.score) * 1.3"),
     ],
+    # 2. The minor-lexeme cut above the floor: lexemes whose bounds together can
+    # still lift a document into the list are skipped (rest stays right).
+    "minor cut above the floor": [
+        (
+            "l.upto < (SELECT t.v FROM theta0 t) AS minor",
+            "l.upto < 2 * (SELECT t.v FROM theta0 t) AS minor",
+        ),
+    ],
+    # 2. The rest (what the minor lexemes can add at most) below their real sum.
+    "rest halved": [
+        ("coalesce(max(l.upto)", "0.5 * coalesce(max(l.upto)"),
+    ],
+    # 3. A document bound (essential lexemes' part) below its score.
     "document bound halved": [
         ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
     ],
+    # 4. The survivors' final filter (HAVING) on a bound below the score.
+    "final filter on half the bound": [
+        ("sum(greatest(t.idf, 0) * t.tf", "0.5 * sum(greatest(t.idf, 0) * t.tf"),
+    ],
 }
+
+# Steps that exist only on the path of large spaces (a finite first floor): with
+# every lexeme essential there are no minor lexemes, and the lexeme bounds and the
+# rest decide nothing.
+MINOR_LEXEMES_ONLY = {"lexeme bound halved", "minor cut above the floor", "rest halved"}
+
+
+async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: str) -> str:
+    """A temporary copy of ``function`` with ``breakage`` applied, on ``admin_conn``
+    only; returns its name (``pg_temp.<name>``)."""
+    definition = await admin_conn.fetchval(f"SELECT pg_get_functiondef('{function}'::regproc)")
+    name = f"broken_{unique('f').replace('-', '_')}"
+    broken = definition.replace(
+        f"CREATE OR REPLACE FUNCTION public.{function}", f"CREATE FUNCTION pg_temp.{name}"
+    )
+    assert broken != definition
+    for old, new in BREAKAGES[breakage]:
+        assert old in broken, old
+        broken = broken.replace(old, new)
+    await admin_conn.execute(broken)
+    return name
 
 
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
@@ -363,24 +415,13 @@ async def test_a_broken_bound_changes_the_list(
     comparison fails when a bound is wrong, so that the tests above could catch it.
     The broken copy runs on the admin connection (as its own temporary function);
     the real one on the same connection still gives the reference lists."""
-    if breakage == "lexeme bound halved" and prune_from:
-        pytest.skip("with every lexeme essential the lexeme bounds decide nothing")
+    if breakage in MINOR_LEXEMES_ONLY and prune_from:
+        pytest.skip("with every lexeme essential this step decides nothing")
     team = unique("topk-broken")
     docs = corpus(11, 300, "b")
     await load_jsonl(writes, jsonl(_team(team) + [_ev(team, d, t) for d, t in docs.items()]))
     branch = await _branch(admin_conn, team)
-    definition = await admin_conn.fetchval(
-        "SELECT pg_get_functiondef('evidence_fulltext_top_k'::regproc)"
-    )
-    name = f"broken_{unique('f').replace('-', '_')}"
-    broken = definition.replace(
-        "CREATE OR REPLACE FUNCTION public.evidence_fulltext_top_k",
-        f"CREATE FUNCTION pg_temp.{name}",
-    )
-    for old, new in BREAKAGES[breakage]:
-        assert old in broken, old
-        broken = broken.replace(old, new)
-    await admin_conn.execute(broken)
+    name = await _broken_copy(admin_conn, "evidence_fulltext_top_k", breakage)
 
     async def fulltext(sql: str, args: Sequence[Any]) -> list[str]:
         rows = await admin_conn.fetch(sql, *args)
@@ -396,6 +437,47 @@ async def test_a_broken_bound_changes_the_list(
                 assert await fulltext(sql, args) == ranked[:k], (query, k)
                 got = await fulltext(
                     sql.replace("evidence_fulltext_top_k(", f"pg_temp.{name}("), args
+                )
+                differ += got != ranked[:k]
+    finally:
+        await admin_conn.execute(f"DROP FUNCTION pg_temp.{name}")
+    assert differ, breakage
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+async def test_a_broken_relationship_bound_changes_the_list(
+    writes: WriteService,
+    admin_conn: asyncpg.Connection,
+    prune_from: int,
+    breakage: str,
+) -> None:
+    """The same for ``relationship_fulltext_top_k``: each breakage of its steps makes
+    discovery's full-text list differ from full scoring for some question and
+    ``per_list``, while the real function on the same connection matches it."""
+    if breakage in MINOR_LEXEMES_ONLY and prune_from:
+        pytest.skip("with every lexeme essential this step decides nothing")
+    team = unique("topk-rel-broken")
+    texts = corpus(12, 240, "r")
+    await load_jsonl(writes, jsonl(_team(team, "alice") + _relationships(team, texts)))
+    branch = await _branch(admin_conn, team)
+    now = await admin_conn.fetchval("SELECT now()")
+    statements = {rid: f"zebra note {t}" for rid, t in texts.items()}
+    name = await _broken_copy(admin_conn, "relationship_fulltext_top_k", breakage)
+
+    async def fulltext(sql: str, args: Sequence[Any]) -> list[str]:
+        found = related.parse_discovery(["fulltext"], await admin_conn.fetch(sql, *args))
+        return [rid for rid, _ in found.lists["fulltext"]]
+
+    differ = 0
+    try:
+        for query in QUERIES:
+            ranked = bm25_order(statements, query)
+            for k in (1, 3, 10, 30):
+                q = _discovery_query(team, branch, query, k, now)
+                sql, args = related.build_discovery(q)
+                assert await fulltext(sql, args) == ranked[:k], (query, k)
+                got = await fulltext(
+                    sql.replace("relationship_fulltext_top_k(", f"pg_temp.{name}("), args
                 )
                 differ += got != ranked[:k]
     finally:

@@ -54,6 +54,14 @@ sums cannot exclude a document whose score equals it. The score is computed by
 the same expression as before, over each document's (IDF, tf) pairs in lexeme
 order, so equal documents tie exactly.
 
+Each function checks the documents it looks up against the view (team, space,
+generation, system time, exclusions) in every stage that scores or walks them,
+the same filter written once per lookup (a LATERAL lookup per stage keeps each
+plan on the primary key). ``tests/test_fulltext_visibility.py`` reads every
+copy from the installed function and checks that they are one text and select
+the rows of the read path's own rule (``search._visible``,
+``related.visible_relationship``) in current, ``validAt`` and ``knownAt`` views.
+
 Exactness rests on ``tf`` in the postings being the one the score uses: the
 postings trigger (db/0055) derives it from the same parse as ``doc_length``.
 The functions exist for their cached plans: the dozen stages planned inside

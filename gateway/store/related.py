@@ -59,6 +59,7 @@ __all__ = [
     "discover",
     "eligible_group_members",
     "parse_discovery",
+    "visible_relationship",
     "wanted_lists",
 ]
 
@@ -76,19 +77,33 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str, team: str, t: s
     )
 
 
+def visible_relationship(r: str, team: str, space: str, gen: str, t: str) -> str:
+    """SQL predicate: relationship ``r`` exists in the view: the team's, of
+    ``space`` in the view's generation ``gen``, recorded at or before ``t``.
+
+    Eligibility starts with it; ``relationship_fulltext_top_k`` (db/0085) spells
+    the same filter in each of its lookups, and tests/test_fulltext_visibility.py
+    checks every one of those copies against this rule.
+    """
+    return (
+        f"{r}.team_id = {team} AND {r}.space_id = {space} AND {r}.generation = {gen}\n"
+        f"    AND {r}.recorded_at <= {t}"
+    )
+
+
 def eligible_relationship(r: str, team: str, space: str, gen: str, t: str, tv: str) -> str:
     """SQL predicate: relationship ``r`` (of ``space``) is eligible for the view.
 
-    Active at ``t``, valid at ``tv``, of the view's generation ``gen``, not in a
-    losing position of a case resolved at ``t``, with an eligible support path.
+    Visible (:func:`visible_relationship`), active at ``t``, valid at ``tv``, not
+    in a losing position of a case resolved at ``t``, with an eligible support
+    path.
     """
     status = _latest("relationship_status_events", "relationship_id", "status", "rs", f"{r}.id", team, t)
     decision = _latest("support_decisions", "support_id", "decision", "sd", "s.id", team, t)
     ev_status = _latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id", team, t)
     src_status = _latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id", team, t)
     return f"""(
-    {r}.team_id = {team} AND {r}.space_id = {space} AND {r}.generation = {gen}
-    AND {r}.recorded_at <= {t}
+    {visible_relationship(r, team, space, gen, t)}
     AND {status} = 'active'
     AND ({r}.valid_from IS NULL OR {r}.valid_from <= {tv})
     AND ({r}.valid_to IS NULL OR {tv} < {r}.valid_to)
