@@ -2,12 +2,24 @@
 
     python benchmarks/recall_ab.py --data-dir HELD100K --queries 80 \\
         --arm before=15360:server --arm after=65536:force_generic_plan
+    python benchmarks/recall_ab.py --data-dir HELD100K --queries 80 \\
+        --functions old=db/0060_vector_ef_by_space_size.sql \\
+        --arm old=65536:server:old --arm shipped=65536:server
 
 Each arm is a gateway app of its own (own pool, own query-embedding LRU) in this
-process, on the same server and data; an arm is ``name=CACHE_BYTES:PLAN_MODE``:
-the longest statement its connections keep prepared (asyncpg's
-``max_cacheable_statement_size``; 15360 is asyncpg's default) and the
-``plan_cache_mode`` its recalls set (``server``: none, the server's own). Every
+process, on the same server and data; an arm is ``name=CACHE_BYTES:PLAN_MODE``
+or ``name=CACHE_BYTES:PLAN_MODE:SCHEMA``: the longest statement its connections
+keep prepared (asyncpg's ``max_cacheable_statement_size``; 15360 is asyncpg's
+default), the ``plan_cache_mode`` its recalls set (``server``: none, the
+server's own), and a schema put before ``public`` on its connections'
+``search_path``, so that the functions in it stand in for the store's own of the
+same name (the store calls them unqualified). ``--functions SCHEMA=FILE``
+(repeatable) makes that schema first, anew: the SQL of FILE run with the schema
+first on the search path, so that its functions are created there instead of
+in ``public``. FILE must hold only ``CREATE [OR REPLACE] FUNCTION`` statements,
+such as a migration that restates a function (any other statement would change
+the dataset for both arms). That is how two versions of a server-side function
+are compared on one dataset. Every
 question goes to every arm, in alternating order, so that load from elsewhere
 falls on all arms alike (the machine this was written on is shared); the first
 five questions of each kind warm the connections and are not counted.
@@ -31,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import numpy as np
 
@@ -43,18 +56,64 @@ KINDS = {"full": rb.FULL, "evidence-only": rb.EVIDENCE_ONLY, "knownAt": rb.FULL_
 WARM = 5
 
 
-def _arm(spec: str) -> tuple[str, int, str | None]:
+Arm = tuple[str, int, str | None, str | None]
+
+
+def _arm(spec: str) -> Arm:
     name, _, rest = spec.partition("=")
-    size, _, mode = rest.partition(":")
+    size, _, rest = rest.partition(":")
+    mode, _, schema = rest.partition(":")
     if not name or not size.isdigit() or not mode:
-        raise argparse.ArgumentTypeError(f"an arm is NAME=CACHE_BYTES:PLAN_MODE, not {spec!r}")
-    return name, int(size), None if mode == "server" else mode
+        raise argparse.ArgumentTypeError(
+            f"an arm is NAME=CACHE_BYTES:PLAN_MODE[:SCHEMA], not {spec!r}"
+        )
+    if schema and not schema.isidentifier():
+        raise argparse.ArgumentTypeError(f"not a schema name: {schema!r}")
+    return name, int(size), None if mode == "server" else mode, schema or None
+
+
+def _functions(spec: str) -> tuple[str, Path]:
+    schema, _, file = spec.partition("=")
+    if not schema.isidentifier() or not file:
+        raise argparse.ArgumentTypeError(f"functions are SCHEMA=FILE, not {spec!r}")
+    return schema, Path(file)
+
+
+async def make_schemas(dsn: str, functions: list[tuple[str, Path]]) -> None:
+    """Each schema anew, holding the functions of its files (see the module doc)."""
+    from gateway.store.database import APP_ROLE
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for schema in dict(functions):
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            await conn.execute(f"CREATE SCHEMA {schema}")
+            await conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {APP_ROLE}")
+        for schema, file in functions:
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL search_path = {schema}, public")
+                await conn.execute(file.read_text())
+        for schema in dict(functions):
+            names = await conn.fetchval(
+                "SELECT string_agg(p.proname, ', ' ORDER BY p.proname) FROM pg_proc p "
+                "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
+                schema,
+            )
+            print(f"schema {schema}: {names}")
+    finally:
+        await conn.close()
+
+
+def _with_search_path(dsn: str, schema: str | None) -> str:
+    """The DSN whose connections look in ``schema`` first (asyncpg passes unknown
+    query parameters to the server as settings)."""
+    if schema is None:
+        return dsn
+    return f"{dsn}{'&' if '?' in dsn else '?'}search_path={schema}%2Cpublic"
 
 
 async def team_token(dsn: str, team: str) -> str:
     """A token of ``team``'s analyst (the dataset's own token is bench-00's)."""
-    import asyncpg
-
     from gateway import tokens
 
     secret = tokens.new_secret()
@@ -75,15 +134,17 @@ async def team_token(dsn: str, team: str) -> str:
 
 async def run(
     dsn: str,
-    arms: list[tuple[str, int, str | None]],
+    arms: list[Arm],
     n: int,
     kinds: list[str],
+    functions: list[tuple[str, Path]],
     team: str | None = None,
 ) -> int:
     from gateway.app import create_app
     from gateway.settings import Settings
 
     await database_module.prepare(dsn, migrate=True)
+    await make_schemas(dsn, functions)
     data = await rb.reuse(dsn, 7)
     if data is None:
         raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")
@@ -96,11 +157,15 @@ async def run(
     differ = 0
     async with contextlib.AsyncExitStack() as stack:
         gateways = []
-        for name, size, mode in arms:
+        for name, size, mode, schema in arms:
             # Read by Database.open when the app's lifespan opens its pool.
             database_module.STATEMENT_CACHE_MAX_BYTES = size
             app = create_app(
-                Settings(database_url=dsn, migrate_on_start=False, log_level="warning")
+                Settings(
+                    database_url=_with_search_path(dsn, schema),
+                    migrate_on_start=False,
+                    log_level="warning",
+                )
             )
             await stack.enter_async_context(app.router.lifespan_context(app))
             app.state.services.recall.plan_cache_mode = mode
@@ -161,11 +226,21 @@ def main() -> None:
     parser.add_argument("--arm", type=_arm, action="append", required=True)
     parser.add_argument("--kinds", default="full,evidence-only,knownAt")
     parser.add_argument(
+        "--functions",
+        type=_functions,
+        action="append",
+        default=[],
+        metavar="SCHEMA=FILE",
+        help="make SCHEMA anew with the functions of FILE, for an arm's search path",
+    )
+    parser.add_argument(
         "--team", help="recall as this team's analyst (default: the dataset's token, bench-00)"
     )
     args = parser.parse_args()
     with rb.database(args.data_dir) as dsn:
-        differ = asyncio.run(run(dsn, args.arm, args.queries, args.kinds.split(","), args.team))
+        differ = asyncio.run(
+            run(dsn, args.arm, args.queries, args.kinds.split(","), args.functions, args.team)
+        )
     sys.exit(1 if differ else 0)
 
 
