@@ -112,12 +112,33 @@ def _with_search_path(dsn: str, schema: str | None) -> str:
     return f"{dsn}{'&' if '?' in dsn else '?'}search_path={schema}%2Cpublic"
 
 
+async def team_token(dsn: str, team: str) -> str:
+    """A token of ``team``'s analyst (the dataset's own token is bench-00's)."""
+    from gateway import tokens
+
+    secret = tokens.new_secret()
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(
+            "INSERT INTO api_tokens (id, team_id, principal_id, secret_sha256, binding) "
+            "VALUES ($1, $2, 'analyst', $3, 'private') "
+            "ON CONFLICT (id) DO UPDATE SET secret_sha256 = EXCLUDED.secret_sha256",
+            f"ab-{team}",
+            team,
+            tokens.hash_secret(secret),
+        )
+    finally:
+        await conn.close()
+    return tokens.format_token(f"ab-{team}", secret)
+
+
 async def run(
     dsn: str,
     arms: list[Arm],
     n: int,
     kinds: list[str],
     functions: list[tuple[str, Path]],
+    team: str | None = None,
 ) -> int:
     from gateway.app import create_app
     from gateway.settings import Settings
@@ -131,7 +152,8 @@ async def run(
     rng = np.random.default_rng(21)
     corpus = rb.Zipf(np.random.default_rng(10))
     questions = [corpus.query(rng, int(rng.integers(0, len(rb.TOPICS)))) for _ in range(n + WARM)]
-    headers = {"Authorization": f"Bearer {data['token']}"}
+    token = data["token"] if team is None else await team_token(dsn, team)
+    headers = {"Authorization": f"Bearer {token}"}
     differ = 0
     async with contextlib.AsyncExitStack() as stack:
         gateways = []
@@ -211,10 +233,13 @@ def main() -> None:
         metavar="SCHEMA=FILE",
         help="make SCHEMA anew with the functions of FILE, for an arm's search path",
     )
+    parser.add_argument(
+        "--team", help="recall as this team's analyst (default: the dataset's token, bench-00)"
+    )
     args = parser.parse_args()
     with rb.database(args.data_dir) as dsn:
         differ = asyncio.run(
-            run(dsn, args.arm, args.queries, args.kinds.split(","), args.functions)
+            run(dsn, args.arm, args.queries, args.kinds.split(","), args.functions, args.team)
         )
     sys.exit(1 if differ else 0)
 

@@ -178,11 +178,15 @@ async def generate(
     corpus: Zipf | Tiny,
     related: bool = False,
     bulk_index: bool = False,
+    skew: int = 1,
 ) -> dict[str, Any]:
     """Write the dataset; returns the team names, their shared spaces and the centroids.
 
     ``bulk_index``: each space's vector partitions are loaded without their HNSW
-    index, which is built afterwards (see :func:`_unindexed_partitions`)."""
+    index, which is built afterwards (see :func:`_unindexed_partitions`).
+    ``skew``: the first team (the token's) gets this many times the evidence of
+    each other team, ``n_evidence`` in all (one generic plan serves every team:
+    the case a skewed store measures)."""
     rng = np.random.default_rng(seed)
     centroids = unit(rng.standard_normal((len(TOPICS), DIM)))
     conn = await asyncpg.connect(dsn)
@@ -194,8 +198,9 @@ async def generate(
             MODEL,
         )
         teams: dict[str, UUID] = {}
-        per_team = n_evidence // n_teams
+        base = n_evidence // (n_teams - 1 + skew)
         for t in range(n_teams):
+            per_team = base * skew if t == 0 else base
             team = f"bench-{t:02d}"
             started = time.perf_counter()
             await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", team, team)
@@ -1126,6 +1131,14 @@ def main() -> None:
         help="load each space's vectors without its HNSW index and build the index "
         "afterwards (much faster generation at 1,000,000 evidence; see _unindexed_partitions)",
     )
+    parser.add_argument(
+        "--skew",
+        type=int,
+        default=1,
+        metavar="K",
+        help="the first team (the one the token belongs to) gets K times the evidence "
+        "of each other team",
+    )
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
@@ -1148,6 +1161,7 @@ def main() -> None:
                     corpus,
                     args.related,
                     args.bulk_index,
+                    args.skew,
                 )
             )
             log(f"generated in {time.perf_counter() - started:.0f} s")

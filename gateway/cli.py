@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any, TextIO
 from uuid import UUID
 
+from pydantic import ValidationError
+
 from gateway import __version__, tokens
 from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings.catalog import LOCAL_MODELS
 from gateway.errors import GatewayError
 from gateway.services.loader import split_lines
-from gateway.settings import Settings
+from gateway.settings import Settings, settings_problems
 
 DEMO_TEAM = "northwind"
 
@@ -807,7 +809,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.data_dir is not None:
             overrides["data_dir"] = args.data_dir
         settings = Settings(**overrides)
-    except Exception as exc:  # pydantic's ValidationError: name the bad setting
+    except ValidationError as exc:  # name the variable the user set, and why
+        _err("invalid settings: " + "; ".join(settings_problems(exc)))
+        return 2
+    except Exception as exc:
         _err(f"invalid settings: {exc}")
         return 2
     try:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import platformdirs
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -106,7 +106,8 @@ class Settings(BaseSettings):
     plan_cache_mode: Literal["force_generic_plan", "auto", "force_custom_plan", "server"] = Field(
         default="force_generic_plan",
         description="PostgreSQL's plan_cache_mode for a recall's transaction; `server`: "
-        "none set (the server's own). See docs/deploy.md.",
+        "none set (the setting the connection got at login: server, database or login role; "
+        "not recall_app's). See docs/deploy.md.",
     )
 
     @property
@@ -233,3 +234,24 @@ class Settings(BaseSettings):
 def load_settings(**overrides: object) -> Settings:
     """Settings from the environment, with explicit overrides (used by the CLI's flags)."""
     return Settings(**overrides)  # type: ignore[arg-type]
+
+
+_SECRET_WORDS = ("url", "token", "secret", "password", "key")
+"""Settings whose values an error message must not repeat (a URL holds a password)."""
+
+
+def settings_problems(exc: ValidationError) -> list[str]:
+    """Each refused setting of ``exc`` named by the environment variable a user
+    sets (``RECALL_PLAN_CACHE_MODE``, not the field ``plan_cache_mode``), with
+    pydantic's reason (the allowed values, the bounds) and, unless the setting
+    may hold a secret, the value given."""
+    problems = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        name = f"RECALL_{field.upper()}" if field in Settings.model_fields else field.upper()
+        problem = f"{name}: {error['msg']}"
+        given = error.get("input")
+        if isinstance(given, str | int | float) and not any(w in field for w in _SECRET_WORDS):
+            problem += f" (got {given!r})"
+        problems.append(problem)
+    return problems

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
 import secrets
+import tracemalloc
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
-from graphql import parse
+from graphql import GraphQLError, parse, specified_rules
 
 from gateway.app import create_app
 from gateway.http import cost as http_cost
@@ -733,9 +737,11 @@ async def test_refusals_keep_their_code_whether_their_document_is_kept_or_not(
     client = await make_client(max_depth=3, max_tokens=5000)
     documents = documents_of(client)
     deep = "{ a { b { c { d { e { f } } } } } } # " + secrets.token_hex(8)
+    validated = documents.validated
     first, second = await post(client, deep), await post(client, deep)
     assert code(first) == code(second) == "QUERY_TOO_DEEP"
     assert first.json()["errors"] == second.json()["errors"]
+    assert documents.validated == validated + 1  # the second answer was the kept one
     unknown = "{ nope } # " + secrets.token_hex(8)
     assert [code(await post(client, unknown)) for _ in range(2)] == [
         "GRAPHQL_VALIDATION_FAILED"
@@ -747,3 +753,81 @@ async def test_refusals_keep_their_code_whether_their_document_is_kept_or_not(
     broken = "{ a { "
     assert [code(await post(client, broken)) for _ in range(2)] == ["GRAPHQL_PARSE_FAILED"] * 2
     assert len(documents) == kept
+
+
+def _kept(documents: Documents, validator: Any, schema: Any, text: str, **options: Any) -> bool:
+    """Parse and validate ``text`` as the gateway's extensions do, keeping the
+    answer in ``documents``; whether it was kept with its document."""
+    document = documents.parse(text, validator.rules, **options)
+    errors = asyncio.run(validator.validate(schema, document, specified_rules))
+    key = documents.key(text, options, validator.rules)
+    documents.keep_errors(key, document, errors)
+    return documents.errors(key, document) is not None
+
+
+def test_the_document_cache_counts_at_least_what_its_entries_retain() -> None:
+    """The cache's bound is in estimated bytes (gateway/http/documents.py): for
+    documents made mostly of text (a name or string the parser copies, a refusal
+    quoting the name in full) the estimate must not fall below what an entry
+    really retains, measured with tracemalloc as the memory freed when the cache
+    is dropped. A review measured 3.2 times the former estimate for a kept
+    refusal of a huge unknown field name."""
+    limits = http_limits.resolve(Settings(database_url="postgresql://u@h/d"))
+    validator = http_limits.validator(limits)
+    schema = build_schema()._schema
+    options = {"max_tokens": limits.max_tokens}
+    name = "a" * 250_000
+    cases = {
+        "a huge unknown field name": "{ " + name + " }",
+        "five large unknown names": "{ " + " ".join(c * 50_000 for c in "bcdef") + " }",
+        "a huge unknown argument name": "{ __typename(" + name + ": 1) }",
+        "a huge string": '{ __typename @skip(if: "' + name + '") }',
+        "a huge block string": '{ __typename @skip(if: """' + name + '""") }',
+        "300 aliases": "{ " + " ".join(f"f{i}: __typename" for i in range(300)) + " }",
+    }
+    _kept(Documents(), validator, schema, '{ x(y: 1) __typename @skip(if: "z") }')  # warm up
+    measured = {}
+    for case, text in cases.items():
+        gc.collect()
+        tracemalloc.start()
+        try:
+            documents = Documents()
+            kept = _kept(documents, validator, schema, "".join(text), **options)  # its own copy
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0]
+            estimate = documents.bytes
+            del documents
+            gc.collect()
+            retained = held - tracemalloc.get_traced_memory()[0]
+        finally:
+            tracemalloc.stop()
+        measured[case] = (kept, estimate, retained)
+    assert all(kept for kept, _, _ in measured.values()), measured  # answers kept too
+    assert all(estimate >= retained > 0 for _, estimate, retained in measured.values()), measured
+
+
+def test_one_document_cache_keeps_answers_apart_by_limits() -> None:
+    """The token limit and the validator's rules (every other limit) are part of
+    the cache's key, so one cache shared by two profiles' limits never serves one
+    profile's answer (or parsed document) under the other's."""
+    documents = Documents()
+    aliases = "{ " + " ".join(f"a{i}: __typename" for i in range(15)) + " }"  # 47 tokens
+    strict = http_limits.validator(
+        http_limits.resolve(Settings(database_url="postgresql://u@h/d", max_aliases=1))
+    )
+    roomy = http_limits.validator(
+        http_limits.resolve(Settings(database_url="postgresql://u@h/d", max_aliases=30))
+    )
+    assert documents.parse(aliases, roomy.rules, max_tokens=1000) is not None  # kept
+    with pytest.raises(GraphQLError, match="token"):
+        documents.parse(aliases, roomy.rules, max_tokens=40)
+    schema = build_schema()._schema
+    assert _kept(documents, roomy, schema, aliases, max_tokens=1000)
+    assert documents.errors(
+        documents.key(aliases, {"max_tokens": 1000}, roomy.rules),
+        documents.parse(aliases, roomy.rules, max_tokens=1000),
+    ) == []
+    document = documents.parse(aliases, strict.rules, max_tokens=1000)
+    assert documents.errors(documents.key(aliases, {"max_tokens": 1000}, strict.rules), document) is None
+    errors = asyncio.run(strict.validate(schema, document, specified_rules))
+    assert [e.extensions["code"] for e in errors if e.extensions] == ["TOO_MANY_ALIASES"]

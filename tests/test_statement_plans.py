@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import typing
 
+import asyncpg
 import httpx
 import pydantic
 import pytest
 
 from gateway import cli
+from gateway.embeddings import EmbeddingProvider
 from gateway.services.recall import PLAN_CACHE_MODES, plan_cache_mode
+from gateway.services.writes import WriteService
 from gateway.settings import Settings
+from gateway.store.database import Database
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -114,8 +118,46 @@ def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(monkeypatch, ca
     monkeypatch.setenv("RECALL_PLAN_CACHE_MODE", "fast")
     assert cli.main(["export-schema", "-o", "-"]) == 2
     err = capsys.readouterr().err
-    assert "invalid settings" in err and "plan_cache_mode" in err and "force_custom_plan" in err
+    # named as the user set it: the environment variable, and the value given
+    assert "invalid settings: RECALL_PLAN_CACHE_MODE:" in err and "force_custom_plan" in err
+    assert "(got 'fast')" in err
     # the settings and the recall service agree on the values
     assert typing.get_args(Settings.model_fields["plan_cache_mode"].annotation) == PLAN_CACHE_MODES
     assert plan_cache_mode("server") is None
     assert plan_cache_mode("auto") == "auto"
+
+
+async def test_server_mode_leaves_the_databases_own_setting(
+    fresh_dsn: str, embedder: EmbeddingProvider
+) -> None:
+    """RECALL_PLAN_CACHE_MODE=server: the gateway sets nothing, so the setting a
+    connection got at login applies, here the database's (ALTER DATABASE, this
+    test's own database). Without ``server`` honoured, the gateway's default
+    (force_generic_plan) would give (3, 0)."""
+    team = unique("server")
+    owner = await asyncpg.connect(fresh_dsn)
+    try:
+        name = await owner.fetchval("SELECT current_database()")
+        await owner.execute(f'ALTER DATABASE "{name}" SET plan_cache_mode = force_custom_plan')
+    finally:
+        await owner.close()
+    db = await Database.open(fresh_dsn, min_size=1, max_size=1)
+    try:
+        writes = WriteService(db, embedder)
+        await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
+        tok = await token(writes, team, "alice")
+    finally:
+        await db.close()
+    app = app_for(fresh_dsn, pool_max_size=1, plan_cache_mode="server")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            for _ in range(3):
+                assert ids(await recall(client, tok, q="billing note invoices"))
+        async with app.state.services.db.pool.acquire() as conn:
+            row = await conn.fetchrow(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement LIKE $1",
+                FIRST_ROUND,
+            )
+    assert (row["generic_plans"], row["custom_plans"]) == (0, 3)

@@ -124,13 +124,15 @@ def validation_extensions(
     """Schema extension factories (a fresh instance per request, never a shared one;
     the validator and ``documents``, the app's cache of parsed documents and their
     validation answers, hold no request's state). The token limit is set when the
-    operation starts, before the (cached) parse, and is part of the cache's key.
+    operation starts, before the (cached) parse, and is part of the cache's key,
+    as are the validator's rules (the other limits): an answer kept under one
+    profile's limits is never served under another's.
     Clients send the same few documents with different variables; parsing the
     benchmark's full recall document took about 0.26 ms per request and its
     answers document 0.8 ms (docs/benchmarks.md)."""
     shared = validator(limits)
     return [
         lambda: MaxTokensLimiter(max_token_count=limits.max_tokens),
-        lambda: CachedParse(documents),
+        lambda: CachedParse(documents, shared),
         lambda: DocumentValidation(shared, documents),
     ]

@@ -110,7 +110,9 @@ class DocumentValidation(SchemaExtension):
             ]
         else:
             document = ctx.graphql_document
-            key = self.documents.key(ctx.query or "", dict(ctx.parse_options))
+            key = self.documents.key(
+                ctx.query or "", dict(ctx.parse_options), self.validator.rules
+            )
             errors = self.documents.errors(key, document)
             if errors is None:
                 errors = await self.validator.validate(
@@ -129,16 +131,18 @@ class CachedParse(SchemaExtension):
     strawberry turns it into a coded GraphQL error (raised from this hook, it
     would be an internal error); strawberry's own ``ParserCache`` raises here."""
 
-    def __init__(self, documents: Documents) -> None:
+    def __init__(self, documents: Documents, validator: Validator) -> None:
         super().__init__()
         self.documents = documents
+        self.rules = validator.rules
+        """Part of the entry's key: the validator's answer is kept in it."""
 
     def on_parse(self) -> Iterator[None]:
         ctx = self.execution_context
         if ctx.query and ctx.graphql_document is None:
             options: dict[str, Any] = dict(ctx.parse_options)
             try:
-                ctx.graphql_document = self.documents.parse(ctx.query, **options)
+                ctx.graphql_document = self.documents.parse(ctx.query, self.rules, **options)
             except GraphQLError:
                 pass
         yield

@@ -383,6 +383,8 @@ async def load(
             progress(len(chunk))
         if result.created:  # after the count: the batch is committed whatever happens here
             await service.analyze_unplanned_tables()
+    if report.created:  # the last batches, which the doubling rule may not count
+        await service.analyze_unplanned_tables(load_end=True)
     if deferral is not None:
         report.deferred = list(deferral.spaces)
     return report

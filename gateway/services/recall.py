@@ -95,7 +95,9 @@ PLAN_CACHE_MODES: Final = ("force_generic_plan", "auto", "force_custom_plan", "s
 
 def plan_cache_mode(setting: str) -> str | None:
     """The ``plan_cache_mode`` a recall's transaction sets for ``setting``, or None
-    (``server``: none, the server's or the role's own). One generic plan serves
+    (``server``: none, the one the connection got at login, the server's, the
+    database's or the login role's; not ``recall_app``'s, which ``SET ROLE`` does
+    not apply). One generic plan serves
     every team, so its estimates are those of an average team; a store with one
     team far larger than the others may answer it faster with
     ``force_custom_plan``, at the cost of planning every recall (docs/deploy.md).

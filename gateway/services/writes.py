@@ -794,18 +794,32 @@ class WriteService:
     def __init__(self, db: Database, embedder: EmbeddingProvider) -> None:
         self.db = db
         self.embedder = embedder
+        self._told: set[str] = set()
+        """Server warnings about the statistics refresh already logged."""
 
-    async def analyze_unplanned_tables(self) -> None:
+    async def analyze_unplanned_tables(self, *, load_end: bool = False) -> None:
         """After a loader batch: planner statistics for referenced tables that have
         rows but none yet, so that foreign-key checks stay lookups by key as a first
-        load grows (:func:`gateway.store.bulk_writes.analyze_unplanned` says why)."""
+        load grows, and for tables that have grown a lot; with ``load_end``, once
+        when a load ends, for every table whose statistics miss about a tenth of it
+        (:func:`gateway.store.bulk_writes.analyze_stale` says why)."""
+        rule = bulk_store.AT_LOAD_END if load_end else bulk_store.AFTER_BATCH
         try:
-            async with self.db.acquire() as conn:  # one statement of its own, no transaction
-                await bulk_store.analyze_unplanned(conn)
+            async with self.db.acquire() as conn:  # short statements of their own
+                skipped = await bulk_store.analyze_stale(conn, rule)
         except (asyncpg.PostgresError, GatewayError) as exc:  # a timeout, a lost server
             # The batch is committed; statistics only make later batches faster,
             # and autovacuum takes them later anyway: never fail a load for them.
             log.warning("planner statistics not refreshed after a loader batch: %s", exc)
+            return
+        for message in skipped:
+            if message.sqlstate == bulk_store.LOCK_NOT_AVAILABLE:  # the next refresh tries again
+                log.info("planner statistics: %s", message.message)
+            elif message.message not in self._told:
+                # A table the login role may not analyse never will be: say it once
+                # (docs/deploy.md, "Planner statistics and the login role").
+                self._told.add(message.message)
+                log.warning("planner statistics not refreshed: %s", message.message)
 
     async def supplied_model_problem(self, model: str, dimensions: int) -> str | None:
         """Why vectors of ``model`` cannot be stored as given, or None: they must be

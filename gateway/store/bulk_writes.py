@@ -12,8 +12,11 @@ refusal aborts the whole transaction.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+import asyncpg
 
 from gateway.store.connection import Conn
 
@@ -229,63 +232,114 @@ async def copy_rows(
 
 
 # Tables of the gateway's schema whose planner statistics no longer describe
-# them, analysed in one round trip:
-#  - referenced by a foreign key, holding rows but no statistics yet (never
-#    analysed, or analysed while empty): see analyze_unplanned;
-#  - grown a lot since their statistics were taken: at least twice the pages
-#    (and GROWN_PAGES more) than when last analysed or vacuumed, or more rows
-#    changed since the last analysis than it counted (and GROWN_ROWS more). The
-#    pages are read from the file's size, so a load that has just committed
-#    counts at once; the changed rows come from the cumulative statistics, which
-#    a session reports up to a second or more after its commit, so they catch
-#    what the next batch's refresh sees. Autovacuum waits for 10 % more rows and
-#    comes round once a minute; the refresh is for the growth that makes plans
-#    wrong (a store loaded small, then large), not for fine statistics.
-# It never waits on another session's lock: ANALYZE (SKIP_LOCKED) skips a table
-# whose lock is held (a transaction that creates a space holds a conflicting
-# lock on evidence and relationships until it commits, a loader's batch through
-# its embedding) with a server warning, and the next batch tries again; the
-# short lock_timeout bounds the AccessShareLock that pg_relation_size takes
-# (only an ACCESS EXCLUSIVE holder, a migration or an ALTER, blocks it; the
-# refresh then fails fast and is logged, see
-# WriteService.analyze_unplanned_tables). ANALYZE of a table the connecting
-# role may not analyse is skipped by the server with a warning, not an error.
+# them (see Staleness for the rules):
+#  - holding rows but no statistics yet (never analysed, or analysed while
+#    empty): after a batch only those referenced by a foreign key, see
+#    analyze_stale; at the end of a load every such table;
+#  - grown a lot since their statistics were taken: by pages (read from the
+#    file's size, so a load that has just committed counts at once) or by rows
+#    changed since the last analysis (from the cumulative statistics, which a
+#    session reports up to a second or more after its commit, so they catch what
+#    the next refresh sees). Autovacuum waits for 10 % more rows and comes round
+#    once a minute; the batch rule is for the growth that makes plans wrong (a
+#    store loaded small, then large), the end-of-load rule counts the last
+#    batches about as autovacuum would.
+# The tables are picked by one query, then each is analysed by a statement of its
+# own (its own short transaction), so each ANALYZE's lock is held while that one
+# table is sampled, and the plans it invalidates are replaced as soon as it is
+# done, not when the last table is. It never waits on another session's lock:
+# ANALYZE (SKIP_LOCKED) skips a table whose lock is held (a transaction that
+# creates a space holds a conflicting lock on evidence and relationships until it
+# commits, a loader's batch through its embedding) with a server warning, and the
+# next refresh tries again; the short lock_timeout bounds the AccessShareLock
+# that pg_relation_size takes (only an ACCESS EXCLUSIVE holder, a migration or an
+# ALTER, blocks it; the refresh then fails fast and is logged, see
+# WriteService.analyze_unplanned_tables). ANALYZE of a table the connecting role
+# may not analyse is skipped by the server with a warning, not an error; those
+# warnings are returned to the caller, which logs them.
 GROWN_PAGES = 16
-"""Pages (of 8 kB) a table must have grown by, besides doubling, before the
-refresh analyses it again: small tables are cheap to plan wrongly."""
+"""Pages (of 8 kB) a table must have grown by, besides doubling, before a
+batch's refresh analyses it again: small tables are cheap to plan wrongly."""
 
 GROWN_ROWS = 1000
 """Rows changed since the last analysis, besides as many as it counted."""
 
-_ANALYZE_UNPLANNED = f"""
-DO $$
-DECLARE
-    t regclass;
-BEGIN
-    PERFORM set_config('lock_timeout', '100ms', true);
-    FOR t IN
-        SELECT c.oid::regclass
-        FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-        WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
-          AND (
-              (c.reltuples <= 0
-               AND c.oid IN (SELECT confrelid FROM pg_constraint WHERE contype = 'f')
-               AND pg_relation_size(c.oid) > 0)
-              OR pg_relation_size(c.oid) / current_setting('block_size')::bigint
-                 >= 2 * c.relpages::bigint + {GROWN_PAGES}
-              OR coalesce(s.n_mod_since_analyze, 0)
-                 >= greatest(c.reltuples, 0)::bigint + {GROWN_ROWS}
-          )
-        ORDER BY c.oid
-    LOOP
-        EXECUTE format('ANALYZE (SKIP_LOCKED) %s', t);
-    END LOOP;
-END $$
+
+@dataclass(frozen=True, slots=True)
+class Staleness:
+    """When a table's statistics are stale enough to analyse it: pages on disk at
+    least ``pages_factor`` times those last counted plus ``extra_pages``, or rows
+    changed since the last analysis at least ``rows_factor`` times the rows it
+    counted plus ``extra_rows``, or rows and no statistics at all (only for tables
+    a foreign key references, unless ``every_unplanned``)."""
+
+    pages_factor: float
+    extra_pages: int
+    rows_factor: float
+    extra_rows: int
+    every_unplanned: bool
+
+
+AFTER_BATCH = Staleness(2.0, GROWN_PAGES, 1.0, GROWN_ROWS, every_unplanned=False)
+"""After each loader batch: doubling, so that a load analyses each table about
+log2(final size / first size) times."""
+
+AT_LOAD_END = Staleness(1.1, 1, 0.1, 50, every_unplanned=True)
+"""Once when a load ends: autovacuum's own analyse threshold (10 % of the rows
+plus 50), so that the last batches are counted and no table the load filled is
+left without statistics."""
+
+LOCK_NOT_AVAILABLE = "55P03"
+"""The SQLSTATE of the server's warning for a table ANALYZE (SKIP_LOCKED) skipped
+because another session held its lock."""
+
+_STALE_TABLES = """
+SELECT c.oid::regclass::text
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
+  AND (
+      (c.reltuples <= 0
+       AND ($5 OR c.oid IN (SELECT confrelid FROM pg_constraint WHERE contype = 'f'))
+       AND pg_relation_size(c.oid) > 0)
+      OR pg_relation_size(c.oid) / current_setting('block_size')::bigint
+         >= $1::float8 * c.relpages + $2
+      OR coalesce(s.n_mod_since_analyze, 0)
+         >= $3::float8 * greatest(c.reltuples, 0) + $4
+  )
+ORDER BY c.oid
 """
 
 
-async def analyze_unplanned(conn: Conn) -> None:
-    """Give the referenced tables planner statistics once they have rows.
+async def stale_tables(conn: Conn, rule: Staleness) -> list[str]:
+    """The tables of the gateway's schema that ``rule`` says to analyse (names
+    as ``regclass`` prints them, quoted where needed)."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL lock_timeout = '100ms'")
+        rows = await conn.fetch(
+            _STALE_TABLES,
+            rule.pages_factor,
+            rule.extra_pages,
+            rule.rows_factor,
+            rule.extra_rows,
+            rule.every_unplanned,
+        )
+    return [r[0] for r in rows]
+
+
+async def analyze_table(conn: Conn, table: str) -> None:
+    """ANALYZE one table (a name from :func:`stale_tables`) in a transaction of its
+    own: its lock ends with it. A table whose lock is held is skipped."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL lock_timeout = '100ms'")
+        await conn.execute(f"ANALYZE (SKIP_LOCKED) {table}")
+
+
+async def analyze_stale(
+    conn: Conn, rule: Staleness = AFTER_BATCH
+) -> list[asyncpg.exceptions.PostgresLogMessage]:
+    """Give the tables whose statistics ``rule`` finds stale new statistics, one
+    table at a time; return the server's warnings (tables it skipped: locked, or
+    not the connecting role's to analyse).
 
     Every inserted row's foreign-key check looks its parent up by key, e.g. a
     posting's evidence by (team_id, space_id, id). Without statistics the
@@ -298,11 +352,25 @@ async def analyze_unplanned(conn: Conn) -> None:
     statistics the unique key wins.
 
     It also analyses tables that have grown a lot since their statistics (see
-    :data:`GROWN_PAGES`). A recall plans its statements once per connection
+    :class:`Staleness`). A recall plans its statements once per connection
     (``force_generic_plan``, gateway/services/recall.py) and keeps the plan until
     a table it reads is analysed: a plan made while the store was small (the
     hydration reading a whole space instead of looking its ids up) would
     otherwise outlive a large load until autovacuum analysed the table. ANALYZE
     invalidates the plans that read the table, in every session.
     """
-    await conn.execute(_ANALYZE_UNPLANNED)
+    warnings: list[asyncpg.exceptions.PostgresLogMessage] = []
+
+    def note(_conn: object, message: asyncpg.exceptions.PostgresLogMessage) -> None:
+        warnings.append(message)
+
+    tables = await stale_tables(conn, rule)
+    if not tables:
+        return warnings
+    conn.add_log_listener(note)
+    try:
+        for table in tables:
+            await analyze_table(conn, table)
+    finally:
+        conn.remove_log_listener(note)
+    return warnings
