@@ -35,14 +35,19 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    scores below ``theta0``, so below ``k`` visible documents, and is never in
    the list; ``rest`` is that sum;
 3. **the grouping**: only the essential lexemes' postings are grouped per
-   document, each with ``part``, the sum of their term parts at dl = 0, kept
-   when ``part + rest`` reaches ``theta0``; the ``2 k`` of highest ``part``
-   (or, when the view hides most of those, the first ``2 k`` visible ones in
-   ``part`` order) are scored exactly, and their ``k``-th best is ``theta``;
+   document into ``part``, the sum of their term parts at dl = 0 (one number
+   per document, since db/0105: no arrays of the document's lexemes and term
+   frequencies, which made the grouping spill to disk at 100,000 documents
+   per space), kept when ``part + rest`` reaches ``theta0``; the ``2 k`` of
+   highest ``part`` (or, when the view hides most of those, the first ``2 k``
+   visible ones in ``part`` order) are scored exactly, and their ``k``-th
+   best is ``theta``;
 4. **the survivors**: the documents whose ``part + rest`` reaches ``theta``
    get their minor lexemes' term frequencies from the postings' key (read for
    them only), those whose whole bound reaches ``theta`` are looked up and
-   scored, and the best ``k`` returned.
+   scored, and the best ``k`` returned. Every document scored (here and for
+   the floors) gets each query lexeme's term frequency from the postings' key,
+   read for those documents only.
 
 A document left out scores below ``theta`` (it holds no essential lexeme, or
 its bound is below ``theta``), so below ``k`` visible documents that are
