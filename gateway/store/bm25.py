@@ -21,7 +21,8 @@ Per query lexeme ``t`` an upper bound ``ub(t)`` of its contribution to any
 document's score: the term part ``tf (k1 + 1) / (tf + k1 (1 - b + b dl /
 avgdl))`` grows with ``tf`` and shrinks as ``dl`` grows, so ``idf(t) max_tf
 (k1 + 1) / (max_tf + k1 (1 - b))``, with the lexeme's largest term frequency
-in the space (counted in the same index-only scan as its document frequency),
+in the space (kept with its document frequency by the write path, db/0106; a
+``knownAt`` view counts both over the postings of its instant),
 is never below it. The functions ``evidence_fulltext_top_k`` and
 ``relationship_fulltext_top_k`` then
 
