@@ -50,13 +50,14 @@ DECLARE
     locked bigint;
     missing record;
 BEGIN
-    SELECT count(*) INTO wanted
-    FROM (SELECT DISTINCT team_id, space_id, evidence_id FROM new_postings) n;
-    SELECT count(*) INTO locked
-    FROM (SELECT 1 FROM evidence e
-          WHERE (e.team_id, e.space_id, e.id) IN
-                (SELECT n.team_id, n.space_id, n.evidence_id FROM new_postings n)
-          FOR KEY SHARE OF e) l;
+    -- one lookup by key per distinct document (LATERAL: never a scan of the
+    -- whole table, however the planner sizes the statement's rows)
+    SELECT count(*), count(l.found) INTO wanted, locked
+    FROM (SELECT DISTINCT team_id, space_id, evidence_id FROM new_postings) n
+    LEFT JOIN LATERAL (
+        SELECT true AS found FROM evidence e
+        WHERE e.team_id = n.team_id AND e.space_id = n.space_id AND e.id = n.evidence_id
+        FOR KEY SHARE OF e) l ON true;
     IF locked < wanted THEN
         SELECT n.team_id, n.space_id, n.evidence_id AS id INTO missing
         FROM new_postings n
@@ -90,13 +91,14 @@ DECLARE
     locked bigint;
     missing record;
 BEGIN
-    SELECT count(*) INTO wanted
-    FROM (SELECT DISTINCT team_id, space_id, relationship_id FROM new_postings) n;
-    SELECT count(*) INTO locked
-    FROM (SELECT 1 FROM relationships r
-          WHERE (r.team_id, r.space_id, r.id) IN
-                (SELECT n.team_id, n.space_id, n.relationship_id FROM new_postings n)
-          FOR KEY SHARE OF r) l;
+    -- one lookup by key per distinct document (LATERAL: never a scan of the
+    -- whole table, however the planner sizes the statement's rows)
+    SELECT count(*), count(l.found) INTO wanted, locked
+    FROM (SELECT DISTINCT team_id, space_id, relationship_id FROM new_postings) n
+    LEFT JOIN LATERAL (
+        SELECT true AS found FROM relationships r
+        WHERE r.team_id = n.team_id AND r.space_id = n.space_id AND r.id = n.relationship_id
+        FOR KEY SHARE OF r) l ON true;
     IF locked < wanted THEN
         SELECT n.team_id, n.space_id, n.relationship_id AS id INTO missing
         FROM new_postings n
