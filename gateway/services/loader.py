@@ -347,7 +347,10 @@ async def load(
             if isinstance(item, EmbeddingModelLine):
                 await check_embedding_model(service, line, item)
     ahead = False
-    for chunk in batches(records, batch_size):
+    chunks = batches(records, batch_size)
+    following = next(chunks, None)
+    while following is not None:
+        chunk = following
         try:
             result = await service.apply(
                 [r for _, r in chunk],
@@ -381,10 +384,15 @@ async def load(
         ahead = embed_ahead and result.created["evidence"] > 0
         if progress is not None:
             progress(len(chunk))
-        if result.created:  # after the count: the batch is committed whatever happens here
+        # After the count: the batch is committed whatever happens here. The
+        # last batch's refresh is the load's own, at autovacuum's thresholds
+        # (counting the last batches, which the doubling rule may not): one
+        # refresh, not a batch's and then the load's.
+        following = next(chunks, None)
+        if following is None and report.created:
+            await service.analyze_unplanned_tables(load_end=True)
+        elif following is not None and result.created:
             await service.analyze_unplanned_tables()
-    if report.created:  # the last batches, which the doubling rule may not count
-        await service.analyze_unplanned_tables(load_end=True)
     if deferral is not None:
         report.deferred = list(deferral.spaces)
     return report

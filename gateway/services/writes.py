@@ -800,13 +800,15 @@ class WriteService:
     async def analyze_unplanned_tables(self, *, load_end: bool = False) -> None:
         """After a loader batch: planner statistics for referenced tables that have
         rows but none yet, so that foreign-key checks stay lookups by key as a first
-        load grows, and for tables that have grown a lot; with ``load_end``, once
-        when a load ends, for every table whose statistics miss about a tenth of it
-        (:func:`gateway.store.bulk_writes.analyze_stale` says why)."""
+        load grows, and for tables that have grown a lot; with ``load_end``, after
+        a load's last batch, for every table whose statistics miss about a tenth of
+        it (:func:`gateway.store.bulk_writes.analyze_stale` says why)."""
         rule = bulk_store.AT_LOAD_END if load_end else bulk_store.AFTER_BATCH
         try:
-            async with self.db.acquire() as conn:  # short statements of their own
-                skipped = await bulk_store.analyze_stale(conn, rule)
+            async with self.db.acquire() as conn:  # outside any transaction block
+                skipped = await bulk_store.analyze_stale(
+                    conn, rule, statement_timeout_ms=self.db.statement_timeout_ms
+                )
         except (asyncpg.PostgresError, GatewayError) as exc:  # a timeout, a lost server
             # The batch is committed; statistics only make later batches faster,
             # and autovacuum takes them later anyway: never fail a load for them.
