@@ -316,7 +316,8 @@ async def load(
     compares the two). Once a batch has created evidence, the next batches'
     evidence texts are embedded while their writes run (``embed_ahead``): the
     model then works while the database does. A re-run creates nothing, so it
-    embeds nothing. ``index_after`` keeps the vectors of the spaces it writes
+    embeds nothing. A batch without evidence (one of :data:`SPACE_BATCH_SIZE`
+    space records, say) leaves that choice as the batch before it made it. ``index_after`` keeps the vectors of the spaces it writes
     (empty ones only) in detached tables; the caller then builds their indexes
     (:func:`gateway.services.vector_indexes.build_pending`, for the spaces in
     ``report.deferred``). The load holds those spaces against other builds while
@@ -381,7 +382,12 @@ async def load(
         report.records += len(chunk)
         report.created.update(result.created)
         report.unchanged.update(result.unchanged)
-        ahead = embed_ahead and result.created["evidence"] > 0
+        if result.created["evidence"] or result.unchanged["evidence"]:
+            # Only a batch that held evidence tells whether the load is creating
+            # it: a batch of team and principal records (or of sources alone)
+            # keeps the overlap as it was, rather than turning it off for the
+            # batch after it.
+            ahead = embed_ahead and result.created["evidence"] > 0
         if progress is not None:
             progress(len(chunk))
         # After the count: the batch is committed whatever happens here. The
