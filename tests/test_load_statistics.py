@@ -349,7 +349,11 @@ async def test_each_table_is_analysed_in_a_transaction_of_its_own(
     # stopped at the first table at least (the lock was taken before the refresh)
     assert len(seen) >= 2, seen
     assert all(len(held) == 1 and held[0] in stale for held in seen), seen
-    assert len({held[0] for held in seen}) == len(seen), seen  # one table after another
+    # one table after another: a table's ANALYZE may stop more than once (it
+    # writes pg_statistic for its columns, then for each expression index), but
+    # once the next table is locked the earlier one is never seen again
+    order = [held[0] for k, held in enumerate(seen) if k == 0 or held != seen[k - 1]]
+    assert len(set(order)) == len(order), seen
     xmins = {r["t"]: r["x"] for r in writers}
     assert all(len(x) == 1 for x in xmins.values()), xmins
     assert len({x[0] for x in xmins.values()}) == len(xmins) == len(stale), xmins
