@@ -317,7 +317,8 @@ async def load(
     evidence texts are embedded while their writes run (``embed_ahead``): the
     model then works while the database does. A re-run creates nothing, so it
     embeds nothing. A batch without evidence (one of :data:`SPACE_BATCH_SIZE`
-    space records, say) leaves that choice as the batch before it made it. ``index_after`` keeps the vectors of the spaces it writes
+    space records, say) leaves that choice as the batch before it made it.
+    ``index_after`` keeps the vectors of the spaces it writes
     (empty ones only) in detached tables; the caller then builds their indexes
     (:func:`gateway.services.vector_indexes.build_pending`, for the spaces in
     ``report.deferred``). The load holds those spaces against other builds while
