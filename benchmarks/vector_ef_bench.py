@@ -1,0 +1,299 @@
+"""Vector lists against exact search, per ``ef_search`` floor, over several HNSW builds.
+
+    python benchmarks/vector_ef_bench.py --data-dir HELD100K --floors 100,150,200 \\
+        --builds 3 --queries 200
+
+On a dataset kept by ``recall_bench.py --related --data-dir HELD100K`` (its
+copy: the run rebuilds the vector indexes). Why: pgvector draws each
+element's graph level at random, so every build of an index is another graph,
+and a recall@10 measured on one build (0.993 on one, 0.973 on the next, same
+vectors) says little about the next. This measures the store's two vector
+lists, ``evidence_vector_candidates`` and ``relationship_vector_candidates``,
+as the gateway calls them, on build after build:
+
+- build 0 is the indexes as they are; before each later build every HNSW
+  index of the dataset's spaces is rebuilt (``REINDEX INDEX``, timed);
+- an *arm* per floor F: a schema ``ef_floor_F`` holding the two functions of
+  the store, copied from the database (``pg_get_functiondef``) with their
+  ``search_path`` pointed at that schema first, and an ``evidence_vector_ef``
+  of its own, ``least(greatest(2 * limit, F, space size / 100), 1000)`` (the
+  rule of db/0060 with F in place of its 100). And the arm ``store``: the
+  store's own functions, untouched (today's rule, whatever the migrations
+  say), so that today's recall and latency are measured in the same run;
+- questions: synthetic query vectors near the generator's topic centres
+  (recall_bench.py's own, the same draws every run), the teams in turn; per
+  question the exact top N of its team's space (every distance computed
+  below an ``OFFSET 0`` fence, so no index answers it), computed once;
+- per question and arm, in rotating arm order (so that load from elsewhere
+  falls on every arm alike): the evidence lists of 10 and of 60 (what a
+  recall of limit 10 asks for) and the relationship lists of 10 and 40 (what
+  discovery asks for at the default limits), each call timed from the client.
+
+Prints per build and arm: recall@10 of the list of 10, recall@60 / @40 of
+the wide lists, and the median time of each call; then each arm's worst build.
+With ``--compare-to ARM`` it also says, for every list where an arm's answer
+differs from that arm's, whether it holds at least as many of the exact top N
+and whether its k-th distance is at most the other's at every rank k (the
+test of "at least as near to exact search").
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from uuid import UUID
+
+import asyncpg
+import numpy as np
+from pgvector.asyncpg import register_vector
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recall_bench as rb
+
+STORE = "store"
+# (function, list sizes): evidence lists of 10 and 60 (limit 10: overfetch(10)),
+# relationship lists of 10 and 40 (relationshipLimit 5, communityLimit 3:
+# overfetch(5)).
+LISTS = {"evidence": (10, 60), "relationships": (10, 40)}
+FUNCTIONS = ("evidence_vector_candidates", "relationship_vector_candidates")
+EXACT_BELOW = 10_000  # gateway/store/search.py and related.py: EXACT_SEARCH_BELOW
+
+EXACT_SQL = {
+    "evidence": (
+        "SELECT s.id, s.distance FROM (SELECT evidence_id::text AS id, "
+        "embedding <=> $3 AS distance FROM evidence_embeddings "
+        "WHERE team_id = $1 AND space_id = $2 OFFSET 0) s "
+        'ORDER BY s.distance, s.id COLLATE "C" LIMIT $4'
+    ),
+    "relationships": (
+        "SELECT s.id, s.distance FROM (SELECT relationship_id::text AS id, "
+        "embedding <=> $3 AS distance FROM relationship_embeddings "
+        "WHERE team_id = $1 AND space_id = $2 AND projection_generation = 1 OFFSET 0) s "
+        'ORDER BY s.distance, s.id COLLATE "C" LIMIT $4'
+    ),
+}
+CALL_SQL = {
+    "evidence": "SELECT evidence_id, distance FROM {schema}evidence_vector_candidates("
+    "$1, $2, 1, $3, $4, NULL, '{{}}', $5)",
+    "relationships": "SELECT relationship_id, distance FROM "
+    "{schema}relationship_vector_candidates($1, $2, 1, 1, $3, $4, NULL, $5)",
+}
+
+
+def arm_schema(floor: int) -> str:
+    return f"ef_floor_{floor}"
+
+
+async def make_arms(conn: asyncpg.Connection, floors: list[int]) -> None:
+    """One schema per floor with the store's two functions and its own ef rule."""
+    for floor in floors:
+        schema = arm_schema(floor)
+        await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        await conn.execute(f"CREATE SCHEMA {schema}")
+        await conn.execute(
+            f"CREATE FUNCTION {schema}.evidence_vector_ef(p_space_size bigint, p_limit integer) "
+            "RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE "
+            f"RETURN least(greatest(p_limit * 2, {floor}, p_space_size / 100), 1000)::integer"
+        )
+        for name in FUNCTIONS:
+            source = await conn.fetchval(
+                "SELECT pg_get_functiondef(p.oid) FROM pg_proc p "
+                "JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = 'public' AND p.proname = $1",
+                name,
+            )
+            path = "SET search_path TO 'public', 'pg_temp'"
+            head = f"CREATE OR REPLACE FUNCTION public.{name}("
+            if path not in source or head not in source:
+                raise SystemExit(f"{name}: not the shape this benchmark copies")
+            source = source.replace(head, f"CREATE FUNCTION {schema}.{name}(", 1)
+            source = source.replace(path, f"SET search_path TO '{schema}', 'public', 'pg_temp'", 1)
+            await conn.execute(source)
+
+
+async def drop_arms(conn: asyncpg.Connection, floors: list[int]) -> None:
+    for floor in floors:
+        await conn.execute(f"DROP SCHEMA IF EXISTS {arm_schema(floor)} CASCADE")
+
+
+async def rebuild(conn: asyncpg.Connection, spaces: list[UUID]) -> float:
+    """REINDEX every HNSW index of the spaces' vector partitions; seconds taken."""
+    started = time.perf_counter()
+    names = await conn.fetch(
+        "SELECT i.indexrelid::regclass::text AS name FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am a ON a.oid = c.relam "
+        "WHERE a.amname = 'hnsw' AND i.indrelid::regclass::text = ANY ($1::text[])",
+        [
+            f"{t}_{s.hex}"
+            for s in spaces
+            for t in ("evidence_embeddings", "relationship_embeddings")
+        ],
+    )
+    await conn.execute("SET maintenance_work_mem = '256MB'")
+    for row in names:
+        await conn.execute(f"REINDEX INDEX {row['name']}")
+    await conn.execute("RESET maintenance_work_mem")
+    await conn.execute("ANALYZE evidence_embeddings, relationship_embeddings")
+    return time.perf_counter() - started
+
+
+@dataclass
+class Tally:
+    """Hits and call times of one arm, one list kind and size, one build."""
+
+    hits: int = 0
+    total: int = 0
+    ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Changed:
+    """Lists of one arm that differ from the compared arm's (one kind and size)."""
+
+    lists: int = 0
+    more: int = 0
+    same: int = 0
+    fewer: int = 0
+    nearer_every_rank: int = 0
+
+
+async def run(
+    dsn: str, floors: list[int], builds: int, n: int, seed: int, compare_to: str | None
+) -> None:
+    data = await rb.reuse(dsn, seed)
+    if data is None:
+        raise SystemExit("no dataset in that folder: run recall_bench.py --related first")
+    teams = list(data["teams"].items())
+    arms = [STORE, *(str(f) for f in floors)]
+    rng = np.random.default_rng(seed + 1)
+    questions = []
+    for i in range(n):
+        topic = int(rng.integers(0, len(rb.TOPICS)))
+        noise = rng.standard_normal(rb.DIM).astype(np.float32) * 0.045
+        questions.append((teams[i % len(teams)], rb.unit(data["centroids"][topic] + noise)))
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    try:
+        await make_arms(conn, floors)
+        exact: dict[tuple[int, str], list[tuple[str, float]]] = {}
+        for q, ((team, space), qv) in enumerate(questions):
+            for kind, sizes in LISTS.items():
+                rows = await conn.fetch(EXACT_SQL[kind], team, space, qv, max(sizes))
+                exact[(q, kind)] = [(r[0], r[1]) for r in rows]
+        results: dict[int, dict[tuple[str, str, int], Tally]] = {}
+        changed: dict[tuple[str, str, int], Changed] = {}
+        for build in range(builds):
+            note = "as found"
+            if build:
+                note = f"rebuilt in {await rebuild(conn, [s for _, s in teams]):.0f} s"
+            load = os.getloadavg()[0]
+            tallies: dict[tuple[str, str, int], Tally] = {}
+            for q, ((team, space), qv) in enumerate(questions):
+                order = arms[q % len(arms) :] + arms[: q % len(arms)]
+                for kind, sizes in LISTS.items():
+                    truth = exact[(q, kind)]
+                    for size in sizes:
+                        want = {i for i, _ in truth[:size]}
+                        got_by_arm: dict[str, list[tuple[str, float]]] = {}
+                        for arm in order:
+                            schema = "" if arm == STORE else f"{arm_schema(int(arm))}."
+                            sql = CALL_SQL[kind].format(schema=schema)
+                            started = time.perf_counter()
+                            rows = await conn.fetch(sql, team, space, qv, size, EXACT_BELOW)
+                            elapsed = (time.perf_counter() - started) * 1000
+                            got = [(r[0], r[1]) for r in rows]
+                            got_by_arm[arm] = got
+                            t = tallies.setdefault((arm, kind, size), Tally())
+                            t.hits += len(want & {i for i, _ in got})
+                            t.total += len(want)
+                            t.ms.append(elapsed)
+                        if compare_to is None:
+                            continue
+                        base = got_by_arm[compare_to]
+                        for arm, got in got_by_arm.items():
+                            if arm == compare_to or [i for i, _ in got] == [i for i, _ in base]:
+                                continue
+                            c = changed.setdefault((arm, kind, size), Changed())
+                            c.lists += 1
+                            mine = len(want & {i for i, _ in got})
+                            theirs = len(want & {i for i, _ in base})
+                            c.more += mine > theirs
+                            c.same += mine == theirs
+                            c.fewer += mine < theirs
+                            ranks = zip(
+                                sorted(d for _, d in got), sorted(d for _, d in base), strict=False
+                            )
+                            c.nearer_every_rank += all(a <= b + 1e-12 for a, b in ranks)
+            results[build] = tallies
+            print(
+                f"build {build} ({note}; load average {load:.1f} -> "
+                f"{os.getloadavg()[0]:.1f}), {n} questions, the teams in turn:"
+            )
+            print_build(tallies, arms)
+    finally:
+        await drop_arms(conn, floors)
+        await conn.close()
+    print("worst build per arm (lowest recall of any build; median of the builds' p50):")
+    for arm in arms:
+        cells = []
+        for kind, sizes in LISTS.items():
+            for size in sizes:
+                recalls = [r[(arm, kind, size)] for r in results.values()]
+                worst = min(t.hits / t.total for t in recalls)
+                p50 = statistics.median(statistics.median(t.ms) for t in recalls)
+                cells.append(f"{kind} @{size} {worst:.3f} ({p50:.2f} ms)")
+        print(f"  {label(arm):10} " + "   ".join(cells))
+    if compare_to is not None:
+        print(f"lists that differ from arm {label(compare_to)} (all builds):")
+        for (arm, kind, size), c in sorted(changed.items()):
+            print(
+                f"  {label(arm):10} {kind} list of {size}: {c.lists} differ; holds more of "
+                f"the exact top {size} in {c.more}, as many in {c.same}, fewer in {c.fewer}; "
+                f"at least as near at every rank in {c.nearer_every_rank}"
+            )
+
+
+def label(arm: str) -> str:
+    return "store" if arm == STORE else f"floor {arm}"
+
+
+def print_build(tallies: dict[tuple[str, str, int], Tally], arms: list[str]) -> None:
+    for arm in arms:
+        cells = []
+        for kind, sizes in LISTS.items():
+            for size in sizes:
+                t = tallies[(arm, kind, size)]
+                cells.append(
+                    f"{kind} @{size} {t.hits / t.total:.3f} ({statistics.median(t.ms):.2f} ms)"
+                )
+        print(f"  {label(arm):10} " + "   ".join(cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, required=True)
+    parser.add_argument("--floors", default="100,120,150,200")
+    parser.add_argument("--builds", type=int, default=3)
+    parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--compare-to",
+        help="an arm (store, or a floor) to compare every other arm's lists with",
+    )
+    args = parser.parse_args()
+    floors = [int(f) for f in args.floors.split(",")]
+    compare = args.compare_to
+    if compare is not None and compare != STORE and int(compare) not in floors:
+        raise SystemExit(f"--compare-to {compare}: not one of the arms")
+    with rb.database(args.data_dir) as dsn:
+        asyncio.run(run(dsn, floors, args.builds, args.queries, args.seed, compare))
+
+
+if __name__ == "__main__":
+    main()
