@@ -148,7 +148,8 @@ async def run(
     data = await rb.reuse(dsn, 7)
     if data is None:
         raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")
-    at = await rb.known_instant(dsn)
+    # The team's own instant: another team's would show it an empty space, or all of it.
+    at = await rb.known_instant(dsn, team or "bench-00")
     rng = np.random.default_rng(21)
     corpus = rb.Zipf(np.random.default_rng(10))
     questions = [corpus.query(rng, int(rng.integers(0, len(rb.TOPICS)))) for _ in range(n + WARM)]

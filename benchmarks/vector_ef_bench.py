@@ -41,12 +41,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import json
 import os
+import re
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -84,6 +88,19 @@ CALL_SQL = {
     "relationships": "SELECT relationship_id, distance FROM "
     "{schema}relationship_vector_candidates($1, $2, 1, 1, $3, $4, NULL, $5)",
 }
+
+
+async def call(
+    conn: asyncpg.Connection, arm: str, kind: str, team: str, space: UUID, qv: Any, size: int
+) -> tuple[list[tuple[str, float]], float]:
+    """One call of an arm's function as the gateway makes it: its rows, and ms."""
+    schema = "" if arm == STORE else f"{arm_schema(int(arm))}."
+    started = time.perf_counter()
+    rows = await conn.fetch(
+        CALL_SQL[kind].format(schema=schema), team, space, qv, size, EXACT_BELOW
+    )
+    elapsed = (time.perf_counter() - started) * 1000
+    return [(r[0], r[1]) for r in rows], elapsed
 
 
 def arm_schema(floor: int) -> str:
@@ -163,27 +180,153 @@ class Changed:
     nearer_every_rank: int = 0
 
 
-async def run(
-    dsn: str, floors: list[int], builds: int, n: int, seed: int, compare_to: str | None
-) -> None:
+Question = tuple[tuple[str, UUID], Any]
+
+
+async def synthetic_questions(dsn: str, n: int, seed: int) -> list[Question]:
+    """recall_bench.py's own query vectors, near its topic centres, the teams in turn."""
     data = await rb.reuse(dsn, seed)
     if data is None:
         raise SystemExit("no dataset in that folder: run recall_bench.py --related first")
     teams = list(data["teams"].items())
-    arms = [STORE, *(str(f) for f in floors)]
     rng = np.random.default_rng(seed + 1)
     questions = []
     for i in range(n):
         topic = int(rng.integers(0, len(rb.TOPICS)))
         noise = rng.standard_normal(rb.DIM).astype(np.float32) * 0.045
         questions.append((teams[i % len(teams)], rb.unit(data["centroids"][topic] + noise)))
+    return questions
+
+
+TEXT_TEAM = "text-00"
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9])")
+SENTENCES_PER_PASSAGE = 3
+
+
+def passages(folder: Path) -> list[tuple[str, str]]:
+    """The corpus cut into passages of up to three sentences (ID, text): SciFact's
+    5,183 abstracts make 16,735, a space above the store's exact-search bound of
+    10,000 (one evidence per abstract, 5,183, would be scanned exactly)."""
+    out = []
+    with (folder / "corpus.jsonl").open(encoding="utf-8") as f:
+        for line in f:
+            doc = json.loads(line)
+            parts = [x for x in SENTENCE_END.split(str(doc.get("text", "")).strip()) if x]
+            for k in range(0, len(parts), SENTENCES_PER_PASSAGE):
+                text = " ".join(parts[k : k + SENTENCES_PER_PASSAGE])
+                out.append((f"p-{doc['_id']}-{k // SENTENCES_PER_PASSAGE}", text))
+    return out
+
+
+async def text_questions(dsn: str, folder: Path, n: int) -> list[Question]:
+    """The BEIR folder's passages embedded by the local model into one shared space
+    (written once: a kept data folder reuses them), and its first ``n`` queries
+    embedded as recall embeds a question."""
+    from gateway.embeddings import embed_queries
+    from gateway.embeddings.local import LocalEmbeddingProvider
+
+    provider = LocalEmbeddingProvider()
+    conn = await asyncpg.connect(dsn)
+    await register_vector(conn)
+    try:
+        space = await conn.fetchval(
+            "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", TEXT_TEAM
+        )
+        if space is None:
+            space = await write_text_space(conn, provider, passages(folder))
+        texts = []
+        with (folder / "queries.jsonl").open(encoding="utf-8") as f:
+            for line in f:
+                texts.append(str(json.loads(line)["text"]))
+        vectors = []
+        for k in range(0, min(n, len(texts)), 64):
+            vectors.extend(await embed_queries(provider, texts[k : min(n, k + 64)]))
+    finally:
+        await conn.close()
+        await provider.aclose()
+    return [((TEXT_TEAM, space), np.asarray(v, dtype=np.float32)) for v in vectors]
+
+
+async def write_text_space(
+    conn: asyncpg.Connection, provider: Any, rows: list[tuple[str, str]]
+) -> UUID:
+    """The passages as evidence of one shared space, with their vectors (COPY, in
+    one transaction, so the partition's HNSW index is built by inserts, as the
+    store's writes build it)."""
+    started = time.perf_counter()
+    vectors: list[Any] = []
+    for k in range(0, len(rows), 256):
+        vectors.extend(await provider.embed([t for _, t in rows[k : k + 256]]))
+        rb.log(f"  embedded {len(vectors)} of {len(rows)} passages")
+    async with conn.transaction():
+        await conn.execute(
+            "INSERT INTO embedding_models (name, dimensions) VALUES ($1, 384) "
+            "ON CONFLICT DO NOTHING",
+            rb.MODEL,
+        )
+        await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $1)", TEXT_TEAM)
+        space = await conn.fetchval(
+            "INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared') RETURNING id",
+            TEXT_TEAM,
+        )
+        await conn.execute(
+            "INSERT INTO sources (team_id, id, space_id, generation, kind, title, authority) "
+            "VALUES ($1, 'src', $2, 1, 'document', 'Passages', 'medium')",
+            TEXT_TEAM,
+            space,
+        )
+        await conn.copy_records_to_table(
+            "evidence",
+            records=[
+                (TEXT_TEAM, i, space, 1, "src", t, hashlib.sha256(t.encode()).digest())
+                for i, t in rows
+            ],
+            columns=[
+                "team_id",
+                "id",
+                "space_id",
+                "generation",
+                "source_id",
+                "content",
+                "content_sha256",
+            ],
+        )
+        await conn.copy_records_to_table(
+            "evidence_lifecycle_events",
+            records=[(TEXT_TEAM, space, i, "active") for i, _ in rows],
+            columns=["team_id", "space_id", "evidence_id", "status"],
+        )
+        await conn.copy_records_to_table(
+            "evidence_embeddings",
+            records=[
+                (TEXT_TEAM, space, i, rb.MODEL, rb.DIM, np.asarray(v, dtype=np.float32))
+                for (i, _), v in zip(rows, vectors, strict=True)
+            ],
+            columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
+        )
+    await conn.execute("VACUUM ANALYZE")
+    rb.log(f"  wrote {len(rows)} passages in {time.perf_counter() - started:.0f} s")
+    return space
+
+
+async def run(
+    dsn: str,
+    floors: list[int],
+    builds: int,
+    questions: list[Question],
+    lists: dict[str, tuple[int, int]],
+    compare_to: str | None,
+) -> None:
+    teams = list(dict.fromkeys(team for team, _ in questions))
+    n = len(questions)
+    arms = [STORE, *(str(f) for f in floors)]
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
     try:
         await make_arms(conn, floors)
         exact: dict[tuple[int, str], list[tuple[str, float]]] = {}
         for q, ((team, space), qv) in enumerate(questions):
-            for kind, sizes in LISTS.items():
+            for kind, sizes in lists.items():
                 rows = await conn.fetch(EXACT_SQL[kind], team, space, qv, max(sizes))
                 exact[(q, kind)] = [(r[0], r[1]) for r in rows]
         results: dict[int, dict[tuple[str, str, int], Tally]] = {}
@@ -194,20 +337,21 @@ async def run(
                 note = f"rebuilt in {await rebuild(conn, [s for _, s in teams]):.0f} s"
             load = os.getloadavg()[0]
             tallies: dict[tuple[str, str, int], Tally] = {}
+            first: dict[tuple[str, str], list[float]] = {}
             for q, ((team, space), qv) in enumerate(questions):
                 order = arms[q % len(arms) :] + arms[: q % len(arms)]
-                for kind, sizes in LISTS.items():
+                for kind, sizes in lists.items():
                     truth = exact[(q, kind)]
+                    # The question's first call (its graph pages may be outside
+                    # shared buffers, as for a recall's one call): each arm makes
+                    # it for every len(arms)-th question; not counted below.
+                    _, elapsed = await call(conn, order[0], kind, team, space, qv, max(sizes))
+                    first.setdefault((order[0], kind), []).append(elapsed)
                     for size in sizes:
                         want = {i for i, _ in truth[:size]}
                         got_by_arm: dict[str, list[tuple[str, float]]] = {}
                         for arm in order:
-                            schema = "" if arm == STORE else f"{arm_schema(int(arm))}."
-                            sql = CALL_SQL[kind].format(schema=schema)
-                            started = time.perf_counter()
-                            rows = await conn.fetch(sql, team, space, qv, size, EXACT_BELOW)
-                            elapsed = (time.perf_counter() - started) * 1000
-                            got = [(r[0], r[1]) for r in rows]
+                            got, elapsed = await call(conn, arm, kind, team, space, qv, size)
                             got_by_arm[arm] = got
                             t = tallies.setdefault((arm, kind, size), Tally())
                             t.hits += len(want & {i for i, _ in got})
@@ -235,14 +379,14 @@ async def run(
                 f"build {build} ({note}; load average {load:.1f} -> "
                 f"{os.getloadavg()[0]:.1f}), {n} questions, the teams in turn:"
             )
-            print_build(tallies, arms)
+            print_build(tallies, first, arms, lists)
     finally:
         await drop_arms(conn, floors)
         await conn.close()
     print("worst build per arm (lowest recall of any build; median of the builds' p50):")
     for arm in arms:
         cells = []
-        for kind, sizes in LISTS.items():
+        for kind, sizes in lists.items():
             for size in sizes:
                 recalls = [r[(arm, kind, size)] for r in results.values()]
                 worst = min(t.hits / t.total for t in recalls)
@@ -263,16 +407,27 @@ def label(arm: str) -> str:
     return "store" if arm == STORE else f"floor {arm}"
 
 
-def print_build(tallies: dict[tuple[str, str, int], Tally], arms: list[str]) -> None:
+def print_build(
+    tallies: dict[tuple[str, str, int], Tally],
+    first: dict[tuple[str, str], list[float]],
+    arms: list[str],
+    lists: dict[str, tuple[int, int]],
+) -> None:
     for arm in arms:
         cells = []
-        for kind, sizes in LISTS.items():
+        for kind, sizes in lists.items():
             for size in sizes:
                 t = tallies[(arm, kind, size)]
                 cells.append(
                     f"{kind} @{size} {t.hits / t.total:.3f} ({statistics.median(t.ms):.2f} ms)"
                 )
         print(f"  {label(arm):10} " + "   ".join(cells))
+        firsts = "   ".join(
+            f"{kind} list of {max(sizes)}: {statistics.median(first[(arm, kind)]):.2f} ms"
+            for kind, sizes in lists.items()
+            if (arm, kind) in first
+        )
+        print(f"  {'':10} a question's first call (median): {firsts}")
 
 
 def main() -> None:
@@ -286,13 +441,27 @@ def main() -> None:
         "--compare-to",
         help="an arm (store, or a floor) to compare every other arm's lists with",
     )
+    parser.add_argument(
+        "--text",
+        type=Path,
+        metavar="BEIR_FOLDER",
+        help="real text instead of recall_bench's dataset: the folder's passages in one "
+        "space of --data-dir (written on the first run), its queries as questions",
+    )
     args = parser.parse_args()
     floors = [int(f) for f in args.floors.split(",")]
     compare = args.compare_to
     if compare is not None and compare != STORE and int(compare) not in floors:
         raise SystemExit(f"--compare-to {compare}: not one of the arms")
     with rb.database(args.data_dir) as dsn:
-        asyncio.run(run(dsn, floors, args.builds, args.queries, args.seed, compare))
+        if args.text is not None:
+            asyncio.run(rb.prepare(dsn, migrate=True))
+            questions = asyncio.run(text_questions(dsn, args.text, args.queries))
+            lists = {"evidence": LISTS["evidence"]}
+        else:
+            questions = asyncio.run(synthetic_questions(dsn, args.queries, args.seed))
+            lists = LISTS
+        asyncio.run(run(dsn, floors, args.builds, questions, lists, compare))
 
 
 if __name__ == "__main__":
