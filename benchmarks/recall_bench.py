@@ -1348,6 +1348,10 @@ def main() -> None:
     )
     vr = vector_recall
     print(
+        "vector lists against exact search, over synthetic query vectors near the "
+        "generator's topic centres (real text: benchmarks/vector_ef_bench.py --text):"
+    )
+    print(
         f"vector recall@10 vs exact search under the space filter: {vr['recall10']:.3f} "
         f"(list of 10, median {vr['ms10']:.1f} ms); recall@{vr['wide']:.0f} "
         f"{vr['recall_wide']:.3f} (list of {vr['wide']:.0f}, as a recall of limit 10 "

@@ -72,7 +72,8 @@ EXACT_SQL = {
     "evidence": (
         "SELECT s.id, s.distance FROM (SELECT evidence_id::text AS id, "
         "embedding <=> $3 AS distance FROM evidence_embeddings "
-        "WHERE team_id = $1 AND space_id = $2 OFFSET 0) s "
+        "WHERE team_id = $1 AND space_id = $2 AND NOT (evidence_id = ANY ($5::text[])) "
+        "OFFSET 0) s "
         'ORDER BY s.distance, s.id COLLATE "C" LIMIT $4'
     ),
     "relationships": (
@@ -84,20 +85,24 @@ EXACT_SQL = {
 }
 CALL_SQL = {
     "evidence": "SELECT evidence_id, distance FROM {schema}evidence_vector_candidates("
-    "$1, $2, 1, $3, $4, NULL, '{{}}', $5)",
+    "$1, $2, 1, $3, $4, NULL, $6::text[], $5)",
     "relationships": "SELECT relationship_id, distance FROM "
     "{schema}relationship_vector_candidates($1, $2, 1, 1, $3, $4, NULL, $5)",
 }
 
 
 async def call(
-    conn: asyncpg.Connection, arm: str, kind: str, team: str, space: UUID, qv: Any, size: int
+    conn: asyncpg.Connection, arm: str, kind: str, question: Question, size: int
 ) -> tuple[list[tuple[str, float]], float]:
-    """One call of an arm's function as the gateway makes it: its rows, and ms."""
+    """One call of an arm's function as the gateway makes it: its rows, and ms.
+    Excluded IDs (a recall's known evidence) apply to the evidence list only, as in
+    the gateway (discovery applies its coverage after its lists)."""
+    (team, space), qv, exclude = question
     schema = "" if arm == STORE else f"{arm_schema(int(arm))}."
+    more = [list(exclude)] if kind == "evidence" else []
     started = time.perf_counter()
     rows = await conn.fetch(
-        CALL_SQL[kind].format(schema=schema), team, space, qv, size, EXACT_BELOW
+        CALL_SQL[kind].format(schema=schema), team, space, qv, size, EXACT_BELOW, *more
     )
     elapsed = (time.perf_counter() - started) * 1000
     return [(r[0], r[1]) for r in rows], elapsed
@@ -178,9 +183,14 @@ class Changed:
     same: int = 0
     fewer: int = 0
     nearer_every_rank: int = 0
+    # The others: (question, excluded IDs, exact members of the compared list
+    # and of this one, ranks k where this k-th distance is larger, the largest
+    # such difference, this list's median distance minus the compared one's).
+    farther: list[tuple[int, int, int, int, list[int], float, float]] = field(default_factory=list)
 
 
-Question = tuple[tuple[str, UUID], Any]
+# (team, space), query vector, evidence IDs the recall excludes (known IDs)
+Question = tuple[tuple[str, UUID], Any, tuple[str, ...]]
 
 
 async def synthetic_questions(dsn: str, n: int, seed: int) -> list[Question]:
@@ -194,8 +204,48 @@ async def synthetic_questions(dsn: str, n: int, seed: int) -> list[Question]:
     for i in range(n):
         topic = int(rng.integers(0, len(rb.TOPICS)))
         noise = rng.standard_normal(rb.DIM).astype(np.float32) * 0.045
-        questions.append((teams[i % len(teams)], rb.unit(data["centroids"][topic] + noise)))
+        questions.append((teams[i % len(teams)], rb.unit(data["centroids"][topic] + noise), ()))
     return questions
+
+
+def read_answers(file: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in file.read_text().splitlines() if line]
+
+
+async def answers_questions(dsn: str, rows: list[dict[str, Any]]) -> list[Question]:
+    """The questions of a recall_bench.py ``--answers-out`` file, as its recalls asked
+    them of the token's team (``bench-00``): each embedded by the local model as
+    recall embeds a question; its ``current`` variant with no exclusion, its
+    ``known_ids`` variant without the two evidence IDs that recall had as known
+    (the first two results of the current answer). So the lists compared are
+    those of the recalls whose answers the file holds."""
+    from gateway.embeddings import embed_queries
+    from gateway.embeddings.local import LocalEmbeddingProvider
+
+    current = {r["query"]: r for r in rows if r["variant"] == "current"}
+    conn = await asyncpg.connect(dsn)
+    try:
+        space = await conn.fetchval(
+            "SELECT id FROM memory_spaces WHERE team_id = 'bench-00' AND kind = 'shared'"
+        )
+    finally:
+        await conn.close()
+    provider = LocalEmbeddingProvider()
+    try:
+        texts = [current[q]["text"] for q in sorted(current)]
+        vectors = [
+            v
+            for k in range(0, len(texts), 64)
+            for v in await embed_queries(provider, texts[k : k + 64])
+        ]
+    finally:
+        await provider.aclose()
+    out: list[Question] = []
+    for q, v in zip(sorted(current), vectors, strict=True):
+        qv = np.asarray(v, dtype=np.float32)
+        known = tuple(r["evidenceId"] for r in current[q]["answer"]["results"][:2])
+        out += [(("bench-00", space), qv, ()), (("bench-00", space), qv, known)]
+    return out
 
 
 TEXT_TEAM = "text-00"
@@ -244,7 +294,7 @@ async def text_questions(dsn: str, folder: Path, n: int) -> list[Question]:
     finally:
         await conn.close()
         await provider.aclose()
-    return [((TEXT_TEAM, space), np.asarray(v, dtype=np.float32)) for v in vectors]
+    return [((TEXT_TEAM, space), np.asarray(v, dtype=np.float32), ()) for v in vectors]
 
 
 async def write_text_space(
@@ -264,7 +314,7 @@ async def write_text_space(
             "ON CONFLICT DO NOTHING",
             rb.MODEL,
         )
-        await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $1)", TEXT_TEAM)
+        await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", TEXT_TEAM, TEXT_TEAM)
         space = await conn.fetchval(
             "INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared') RETURNING id",
             TEXT_TEAM,
@@ -317,7 +367,7 @@ async def run(
     lists: dict[str, tuple[int, int]],
     compare_to: str | None,
 ) -> None:
-    teams = list(dict.fromkeys(team for team, _ in questions))
+    teams = list(dict.fromkeys(team for team, _, _ in questions))
     n = len(questions)
     arms = [STORE, *(str(f) for f in floors)]
     conn = await asyncpg.connect(dsn)
@@ -325,12 +375,16 @@ async def run(
     try:
         await make_arms(conn, floors)
         exact: dict[tuple[int, str], list[tuple[str, float]]] = {}
-        for q, ((team, space), qv) in enumerate(questions):
+        for q, ((team, space), qv, exclude) in enumerate(questions):
             for kind, sizes in lists.items():
-                rows = await conn.fetch(EXACT_SQL[kind], team, space, qv, max(sizes))
+                if exclude and kind != "evidence":
+                    continue  # the same list as the question without exclusions
+                more = [list(exclude)] if kind == "evidence" else []
+                rows = await conn.fetch(EXACT_SQL[kind], team, space, qv, max(sizes), *more)
                 exact[(q, kind)] = [(r[0], r[1]) for r in rows]
         results: dict[int, dict[tuple[str, str, int], Tally]] = {}
-        changed: dict[tuple[str, str, int], Changed] = {}
+        # by arm, list kind and size, and whether the question excludes IDs
+        changed: dict[tuple[str, str, int, bool], Changed] = {}
         for build in range(builds):
             note = "as found"
             if build:
@@ -338,20 +392,22 @@ async def run(
             load = os.getloadavg()[0]
             tallies: dict[tuple[str, str, int], Tally] = {}
             first: dict[tuple[str, str], list[float]] = {}
-            for q, ((team, space), qv) in enumerate(questions):
+            for q, question in enumerate(questions):
                 order = arms[q % len(arms) :] + arms[: q % len(arms)]
                 for kind, sizes in lists.items():
+                    if (q, kind) not in exact:
+                        continue
                     truth = exact[(q, kind)]
                     # The question's first call (its graph pages may be outside
                     # shared buffers, as for a recall's one call): each arm makes
                     # it for every len(arms)-th question; not counted below.
-                    _, elapsed = await call(conn, order[0], kind, team, space, qv, max(sizes))
+                    _, elapsed = await call(conn, order[0], kind, question, max(sizes))
                     first.setdefault((order[0], kind), []).append(elapsed)
                     for size in sizes:
                         want = {i for i, _ in truth[:size]}
                         got_by_arm: dict[str, list[tuple[str, float]]] = {}
                         for arm in order:
-                            got, elapsed = await call(conn, arm, kind, team, space, qv, size)
+                            got, elapsed = await call(conn, arm, kind, question, size)
                             got_by_arm[arm] = got
                             t = tallies.setdefault((arm, kind, size), Tally())
                             t.hits += len(want & {i for i, _ in got})
@@ -363,17 +419,35 @@ async def run(
                         for arm, got in got_by_arm.items():
                             if arm == compare_to or [i for i, _ in got] == [i for i, _ in base]:
                                 continue
-                            c = changed.setdefault((arm, kind, size), Changed())
+                            key = (arm, kind, size, bool(question[2]))
+                            c = changed.setdefault(key, Changed())
                             c.lists += 1
                             mine = len(want & {i for i, _ in got})
                             theirs = len(want & {i for i, _ in base})
                             c.more += mine > theirs
                             c.same += mine == theirs
                             c.fewer += mine < theirs
-                            ranks = zip(
-                                sorted(d for _, d in got), sorted(d for _, d in base), strict=False
+                            mine_d = sorted(d for _, d in got)
+                            theirs_d = sorted(d for _, d in base)
+                            worse = [
+                                k + 1
+                                for k, (a, b) in enumerate(zip(mine_d, theirs_d, strict=False))
+                                if a > b + 1e-12
+                            ]
+                            if not worse:
+                                c.nearer_every_rank += 1
+                                continue
+                            c.farther.append(
+                                (
+                                    q,
+                                    len(question[2]),
+                                    theirs,
+                                    mine,
+                                    worse,
+                                    max(mine_d[k - 1] - theirs_d[k - 1] for k in worse),
+                                    statistics.median(mine_d) - statistics.median(theirs_d),
+                                )
                             )
-                            c.nearer_every_rank += all(a <= b + 1e-12 for a, b in ranks)
             results[build] = tallies
             print(
                 f"build {build} ({note}; load average {load:.1f} -> "
@@ -395,12 +469,20 @@ async def run(
         print(f"  {label(arm):10} " + "   ".join(cells))
     if compare_to is not None:
         print(f"lists that differ from arm {label(compare_to)} (all builds):")
-        for (arm, kind, size), c in sorted(changed.items()):
+        for (arm, kind, size, excluding), c in sorted(changed.items()):
             print(
-                f"  {label(arm):10} {kind} list of {size}: {c.lists} differ; holds more of "
+                f"  {label(arm):10} {kind} list of {size}"
+                f"{', known IDs excluded' if excluding else ''}: {c.lists} differ; holds more of "
                 f"the exact top {size} in {c.more}, as many in {c.same}, fewer in {c.fewer}; "
                 f"at least as near at every rank in {c.nearer_every_rank}"
             )
+            for q, excluded, theirs, mine, worse, most, median in c.farther:
+                print(
+                    f"    question {q} ({excluded} excluded): exact top {size} held "
+                    f"{theirs} -> {mine}; farther at ranks {worse[:8]}"
+                    f"{'...' if len(worse) > 8 else ''} ({len(worse)}), by at most {most:.4f}; "
+                    f"median distance {median:+.4f}"
+                )
 
 
 def label(arm: str) -> str:
@@ -448,6 +530,13 @@ def main() -> None:
         help="real text instead of recall_bench's dataset: the folder's passages in one "
         "space of --data-dir (written on the first run), its queries as questions",
     )
+    parser.add_argument(
+        "--answers",
+        type=Path,
+        metavar="FILE",
+        help="the questions of a recall_bench.py --answers-out file (its current and "
+        "known-IDs recalls), embedded by the local model, instead of synthetic ones",
+    )
     args = parser.parse_args()
     floors = [int(f) for f in args.floors.split(",")]
     compare = args.compare_to
@@ -458,6 +547,9 @@ def main() -> None:
             asyncio.run(rb.prepare(dsn, migrate=True))
             questions = asyncio.run(text_questions(dsn, args.text, args.queries))
             lists = {"evidence": LISTS["evidence"]}
+        elif args.answers is not None:
+            questions = asyncio.run(answers_questions(dsn, read_answers(args.answers)))
+            lists = LISTS
         else:
             questions = asyncio.run(synthetic_questions(dsn, args.queries, args.seed))
             lists = LISTS
