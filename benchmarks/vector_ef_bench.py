@@ -60,6 +60,8 @@ from pgvector.asyncpg import register_vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recall_bench as rb
 
+from gateway.store.database import APP_ROLE
+
 STORE = "store"
 # (function, list sizes): evidence lists of 10 and 60 (limit 10: overfetch(10)),
 # relationship lists of 10 and 40 (relationshipLimit 5, communityLimit 3:
@@ -118,6 +120,8 @@ async def make_arms(conn: asyncpg.Connection, floors: list[int]) -> None:
         schema = arm_schema(floor)
         await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         await conn.execute(f"CREATE SCHEMA {schema}")
+        # recall_ab.py's arms run them as the gateway does, as its tenant role.
+        await conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO {APP_ROLE}")
         await conn.execute(
             f"CREATE FUNCTION {schema}.evidence_vector_ef(p_space_size bigint, p_limit integer) "
             "RETURNS integer LANGUAGE sql IMMUTABLE PARALLEL SAFE "
