@@ -272,22 +272,28 @@ def passages(folder: Path) -> list[tuple[str, str]]:
     return out
 
 
-async def text_questions(dsn: str, folder: Path, n: int) -> list[Question]:
+async def text_questions(dsn: str, folder: Path, n: int, size: int | None = None) -> list[Question]:
     """The BEIR folder's passages embedded by the local model into one shared space
     (written once: a kept data folder reuses them), and its first ``n`` queries
-    embedded as recall embeds a question."""
+    embedded as recall embeds a question. ``size``: only the first ``size``
+    passages, in a space (and team) of their own, their vectors copied from the
+    whole corpus's space when it is there (a space between 10,000 and 15,000
+    vectors is where the ef_search floor decides the walk: from 15,000 on,
+    size / 100 does)."""
     from gateway.embeddings import embed_queries
     from gateway.embeddings.local import LocalEmbeddingProvider
 
+    team = TEXT_TEAM if size is None else f"text-{size}"
     provider = LocalEmbeddingProvider()
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
     try:
         space = await conn.fetchval(
-            "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", TEXT_TEAM
+            "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", team
         )
         if space is None:
-            space = await write_text_space(conn, provider, passages(folder))
+            rows = passages(folder)[:size]
+            space = await write_text_space(conn, provider, rows, team)
         texts = []
         with (folder / "queries.jsonl").open(encoding="utf-8") as f:
             for line in f:
@@ -298,42 +304,55 @@ async def text_questions(dsn: str, folder: Path, n: int) -> list[Question]:
     finally:
         await conn.close()
         await provider.aclose()
-    return [((TEXT_TEAM, space), np.asarray(v, dtype=np.float32), ()) for v in vectors]
+    return [((team, space), np.asarray(v, dtype=np.float32), ()) for v in vectors]
 
 
 async def write_text_space(
-    conn: asyncpg.Connection, provider: Any, rows: list[tuple[str, str]]
+    conn: asyncpg.Connection, provider: Any, rows: list[tuple[str, str]], team: str
 ) -> UUID:
     """The passages as evidence of one shared space, with their vectors (COPY, in
     one transaction, so the partition's HNSW index is built by inserts, as the
-    store's writes build it)."""
+    store's writes build it). Vectors already in the whole corpus's space are
+    copied, the others embedded."""
     started = time.perf_counter()
-    vectors: list[Any] = []
-    for k in range(0, len(rows), 256):
-        vectors.extend(await provider.embed([t for _, t in rows[k : k + 256]]))
-        rb.log(f"  embedded {len(vectors)} of {len(rows)} passages")
+    known = {
+        # pgvector's codec gives a Vector (to_numpy) or an array, by version
+        r["evidence_id"]: getattr(r["embedding"], "to_numpy", lambda e=r["embedding"]: e)()
+        for r in await conn.fetch(
+            "SELECT evidence_id::text AS evidence_id, embedding FROM evidence_embeddings "
+            "WHERE team_id = $1 AND evidence_id = ANY ($2::text[])",
+            TEXT_TEAM,
+            [i for i, _ in rows],
+        )
+    }
+    vectors: list[Any] = [known.get(i) for i, _ in rows]
+    missing = [k for k, v in enumerate(vectors) if v is None]
+    for start in range(0, len(missing), 256):
+        batch = missing[start : start + 256]
+        for k, v in zip(batch, await provider.embed([rows[k][1] for k in batch]), strict=True):
+            vectors[k] = v
+        rb.log(f"  embedded {start + len(batch)} of {len(missing)} passages")
     async with conn.transaction():
         await conn.execute(
             "INSERT INTO embedding_models (name, dimensions) VALUES ($1, 384) "
             "ON CONFLICT DO NOTHING",
             rb.MODEL,
         )
-        await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", TEXT_TEAM, TEXT_TEAM)
+        await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", team, team)
         space = await conn.fetchval(
             "INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared') RETURNING id",
-            TEXT_TEAM,
+            team,
         )
         await conn.execute(
             "INSERT INTO sources (team_id, id, space_id, generation, kind, title, authority) "
             "VALUES ($1, 'src', $2, 1, 'document', 'Passages', 'medium')",
-            TEXT_TEAM,
+            team,
             space,
         )
         await conn.copy_records_to_table(
             "evidence",
             records=[
-                (TEXT_TEAM, i, space, 1, "src", t, hashlib.sha256(t.encode()).digest())
-                for i, t in rows
+                (team, i, space, 1, "src", t, hashlib.sha256(t.encode()).digest()) for i, t in rows
             ],
             columns=[
                 "team_id",
@@ -347,13 +366,13 @@ async def write_text_space(
         )
         await conn.copy_records_to_table(
             "evidence_lifecycle_events",
-            records=[(TEXT_TEAM, space, i, "active") for i, _ in rows],
+            records=[(team, space, i, "active") for i, _ in rows],
             columns=["team_id", "space_id", "evidence_id", "status"],
         )
         await conn.copy_records_to_table(
             "evidence_embeddings",
             records=[
-                (TEXT_TEAM, space, i, rb.MODEL, rb.DIM, np.asarray(v, dtype=np.float32))
+                (team, space, i, rb.MODEL, rb.DIM, np.asarray(v, dtype=np.float32))
                 for (i, _), v in zip(rows, vectors, strict=True)
             ],
             columns=["team_id", "space_id", "evidence_id", "model", "dimensions", "embedding"],
@@ -541,6 +560,12 @@ def main() -> None:
         help="the questions of a recall_bench.py --answers-out file (its current and "
         "known-IDs recalls), embedded by the local model, instead of synthetic ones",
     )
+    parser.add_argument(
+        "--text-size",
+        type=int,
+        metavar="N",
+        help="with --text: only the first N passages, in a space of their own",
+    )
     args = parser.parse_args()
     floors = [int(f) for f in args.floors.split(",")]
     compare = args.compare_to
@@ -549,7 +574,7 @@ def main() -> None:
     with rb.database(args.data_dir) as dsn:
         if args.text is not None:
             asyncio.run(rb.prepare(dsn, migrate=True))
-            questions = asyncio.run(text_questions(dsn, args.text, args.queries))
+            questions = asyncio.run(text_questions(dsn, args.text, args.queries, args.text_size))
             lists = {"evidence": LISTS["evidence"]}
         elif args.answers is not None:
             questions = asyncio.run(answers_questions(dsn, read_answers(args.answers)))
