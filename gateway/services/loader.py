@@ -216,6 +216,22 @@ def _parse(lines: Iterable[str | bytes], errors: list[LineError]) -> Iterator[tu
         if not text:
             continue
         try:
+            # Most lines are valid records: one parse (pydantic's) settles them.
+            # Anything else takes the checks below, which name what is wrong; they
+            # parse again (a valid record's JSON is valid for json.loads too).
+            record = _ADAPTER.validate_json(text)
+        except ValidationError:
+            pass
+        else:
+            problem = _embedding_problem(getattr(record, "embedding", None), declared)
+            if problem is not None:
+                errors.append(LineError(number, "embedding", problem))
+                if len(errors) >= MAX_REPORTED_ERRORS:
+                    return
+            else:
+                yield number, record
+            continue
+        try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             errors.append(
@@ -274,7 +290,7 @@ def _embedding_problem(
             f"{len(vector)} numbers; the file's embedding model "
             f"'{declared.model}' makes {declared.dimensions}"
         )
-    if not all(math.isfinite(x) for x in vector) or not any(vector):
+    if not all(map(math.isfinite, vector)) or not any(vector):
         return "the vector must hold finite numbers, not all zero"
     return None
 

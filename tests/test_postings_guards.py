@@ -1,0 +1,334 @@
+"""The postings' references to their documents, checked per statement (db/0115).
+
+``evidence_terms`` and ``relationship_terms`` lost their per-posting foreign
+keys; statement-level triggers keep the same guard. Shown here against the
+database itself (a posting naming no document, or a document of another team
+or space, is refused with the foreign key's error; a document that postings
+name cannot be deleted, re-keyed or truncated away; the check locks the
+document as the foreign key's did), and over every write path: the loader on
+both paths, the mutations, supersede, retract, withdraw, quarantine, space
+reset and history, with other teams in the same store, leave no posting
+without its document and no document without its postings.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_load_paths import EXAMPLE, _generated, _load, _retarget
+from .test_mutations import incident_memory, ok, remember
+from .test_postings import _as_before_0055, _assert_as_before
+from .test_recall import token
+
+# (document table, postings table, postings' document column, former foreign key)
+_POSTINGS = (
+    (
+        "evidence",
+        "evidence_terms",
+        "evidence_id",
+        "evidence_terms_team_id_space_id_evidence_id_fkey",
+    ),
+    (
+        "relationships",
+        "relationship_terms",
+        "relationship_id",
+        "relationship_terms_team_id_space_id_relationship_id_fkey",
+    ),
+)
+
+
+async def _team_with_memory(writes: WriteService, conn: asyncpg.Connection) -> tuple[str, Any]:
+    team = unique("guard")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    shared = await conn.fetchval(
+        "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", team
+    )
+    return team, shared
+
+
+async def test_the_postings_are_checked_per_statement(admin_conn: asyncpg.Connection) -> None:
+    """No per-posting foreign key is left; statement-level triggers over the
+    statement's rows check new postings and keep documents that postings name."""
+    fks = await admin_conn.fetch(
+        "SELECT conrelid::regclass::text AS t FROM pg_constraint WHERE contype = 'f' "
+        "AND conrelid IN ('evidence_terms'::regclass, 'relationship_terms'::regclass)"
+    )
+    assert fks == []
+    rows = await admin_conn.fetch(
+        "SELECT tgrelid::regclass::text AS t, tgname, (tgtype & 1) = 1 AS per_row, "
+        "tgnewtable IS NOT NULL AS new_rows, tgoldtable IS NOT NULL AS old_rows "
+        "FROM pg_trigger WHERE tgname LIKE '%check_documents%' OR tgname LIKE '%keep_postings%' "
+        "ORDER BY 1, 2"
+    )
+    assert [tuple(r) for r in rows] == [
+        ("evidence", "evidence_keep_postings", False, False, True),
+        ("evidence", "evidence_keep_postings_truncate", False, False, False),
+        ("evidence", "evidence_keep_postings_update", False, False, True),
+        ("evidence_terms", "evidence_terms_check_documents", False, True, False),
+        ("evidence_terms", "evidence_terms_check_documents_update", False, True, False),
+        ("relationship_terms", "relationship_terms_check_documents", False, True, False),
+        ("relationship_terms", "relationship_terms_check_documents_update", False, True, False),
+        ("relationships", "relationships_keep_postings", False, False, True),
+        ("relationships", "relationships_keep_postings_truncate", False, False, False),
+        ("relationships", "relationships_keep_postings_update", False, False, True),
+    ]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["evidence", "relationships"])
+async def test_a_posting_must_name_a_document_of_its_team_and_space(
+    writes: WriteService, admin_conn: asyncpg.Connection, which: int
+) -> None:
+    table, terms, column, constraint = _POSTINGS[which]
+    team, shared = await _team_with_memory(writes, admin_conn)
+    other, other_shared = await _team_with_memory(writes, admin_conn)
+    doc = "ev-owner" if table == "evidence" else "rel-owner"
+    private = await admin_conn.fetchval(
+        "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'private' "
+        "AND owner_principal_id = 'alice'",
+        team,
+    )
+    insert = (
+        f"INSERT INTO {terms} (team_id, space_id, lexeme, {column}, tf, recorded_at) "
+        "SELECT * FROM unnest($1::text[], $2::uuid[], $3::text[], $4::text[]) "
+        "AS t(team_id, space_id, lexeme, doc), LATERAL (VALUES (1, now())) AS v(tf, at)"
+    )
+    wrong = {
+        "no such document": (team, shared, "zz-guard", "nope"),
+        "its team's id, another space": (team, private, "zz-guard", doc),
+        "another team's document": (team, other_shared, "zz-guard", doc),
+        "another team's key": (other, shared, "zz-guard", doc),
+    }
+    for label, (t, s, lexeme, d) in wrong.items():
+        async with admin_conn.transaction():
+            # one good posting in the same statement: the statement is refused whole
+            with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
+                await admin_conn.execute(
+                    insert, [team, t], [shared, s], ["zz-good", lexeme], [doc, d]
+                )
+            assert caught.value.constraint_name == constraint, label
+            assert caught.value.table_name == terms, label
+    async with admin_conn.transaction():
+        await admin_conn.execute(insert, [team], [shared], ["zz-good"], [doc])
+        with pytest.raises(asyncpg.ForeignKeyViolationError):
+            await admin_conn.execute(
+                f"UPDATE {terms} SET {column} = 'nope' WHERE team_id = $1 AND lexeme = 'zz-good'",
+                team,
+            )
+    assert await admin_conn.fetchval(f"SELECT count(*) FROM {terms} WHERE lexeme LIKE 'zz-%'") == 0
+
+
+async def test_the_check_sees_documents_under_row_level_security(
+    writes: WriteService, db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """A principal's transaction (recall_app, row-level security) writes postings as
+    ``remember`` does: the check finds its documents and refuses missing ones."""
+    team, shared = await _team_with_memory(writes, admin_conn)
+    for _table, terms, column, constraint in _POSTINGS:
+        doc = "ev-owner" if terms == "evidence_terms" else "rel-owner"
+        sql = (
+            f"INSERT INTO {terms} (team_id, space_id, lexeme, {column}, tf, recorded_at) "
+            "VALUES ($1, $2, 'zz-rls', $3, 1, now())"
+        )
+        with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
+            async with db.tenant(team, [shared], readonly=False) as conn:
+                await conn.execute(sql, team, shared, "nope")
+        assert caught.value.constraint_name == constraint
+        with pytest.raises(_RolledBack):
+            async with db.tenant(team, [shared], readonly=False) as conn:
+                assert await conn.fetchval("SELECT current_user") == "recall_app"
+                await conn.execute(sql, team, shared, doc)
+                raise _RolledBack
+
+
+class _RolledBack(Exception):
+    """Leaves a transaction that worked without committing it."""
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["evidence", "relationships"])
+async def test_a_document_that_postings_name_cannot_go(
+    writes: WriteService, admin_conn: asyncpg.Connection, which: int
+) -> None:
+    """The foreign key's NO ACTION: a document goes only once no posting names it."""
+    table, terms, column, constraint = _POSTINGS[which]
+    team, _shared = await _team_with_memory(writes, admin_conn)
+    await _team_with_memory(writes, admin_conn)  # another team's postings stay as they are
+    doc = "ev-owner" if table == "evidence" else "rel-owner"
+    # the rows that other foreign keys keep with the document go first (the
+    # owner may; the application role may delete none of these)
+    others = await admin_conn.fetch(
+        "SELECT conrelid::regclass::text AS t, "
+        "(SELECT attname FROM pg_attribute WHERE attrelid = conrelid AND attnum = conkey[array_length(conkey, 1)]) AS c "
+        "FROM pg_constraint WHERE contype = 'f' AND confrelid = $1::regclass "
+        "AND conparentid = 0 ORDER BY conrelid::regclass::text <> 'supports', 1",
+        table,
+    )
+
+    async def clear_others() -> None:
+        # rows that reference the referencing rows (support decisions, ...) first
+        if table == "relationships":
+            await admin_conn.execute(
+                "DELETE FROM support_decisions d USING supports s WHERE s.team_id = $1 "
+                "AND s.relationship_id = $2 AND d.team_id = s.team_id AND d.support_id = s.id",
+                team,
+                doc,
+            )
+        else:
+            await admin_conn.execute(
+                "DELETE FROM support_decisions d USING supports s WHERE s.team_id = $1 "
+                "AND s.evidence_id = $2 AND d.team_id = s.team_id AND d.support_id = s.id",
+                team,
+                doc,
+            )
+            await admin_conn.execute(
+                "DELETE FROM evidence_entity_mentions WHERE team_id = $1 AND evidence_id = $2",
+                team,
+                doc,
+            )
+        for row in others:
+            await admin_conn.execute(
+                f"DELETE FROM {row['t']} WHERE team_id = $1 AND {row['c']} = $2", team, doc
+            )
+
+    statements = {
+        "delete": f"DELETE FROM {table} WHERE team_id = $1 AND id = $2",
+        "new key": f"UPDATE {table} SET id = id || '-moved' WHERE team_id = $1 AND id = $2",
+    }
+    for label, sql in statements.items():
+        async with admin_conn.transaction():
+            await clear_others()
+            with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
+                await admin_conn.execute(sql, team, doc)
+            assert caught.value.constraint_name == constraint, label
+        tx = admin_conn.transaction()
+        await tx.start()
+        try:
+            await clear_others()
+            await admin_conn.execute(
+                f"DELETE FROM {terms} WHERE team_id = $1 AND {column} = $2", team, doc
+            )
+            assert await admin_conn.execute(sql, team, doc) == (
+                "DELETE 1" if label == "delete" else "UPDATE 1"
+            )
+        finally:
+            await tx.rollback()
+    async with admin_conn.transaction():
+        # an update that keeps the key is no change to the postings' reference
+        await admin_conn.execute(
+            f"UPDATE {table} SET recorded_by = recorded_by WHERE team_id = $1 AND id = $2",
+            team,
+            doc,
+        )
+        with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
+            await admin_conn.execute(f"TRUNCATE {table} CASCADE")
+        assert caught.value.constraint_name == constraint
+    assert await admin_conn.fetchval(
+        f"SELECT count(*) FROM {terms} WHERE team_id = $1 AND {column} = $2", team, doc
+    )
+
+
+async def test_the_check_locks_the_document_as_the_foreign_key_did(
+    writes: WriteService, db: Database, admin_conn: asyncpg.Connection
+) -> None:
+    """FOR KEY SHARE on the document until the writer ends: another session cannot
+    delete it or change its key meanwhile, but may update its other columns."""
+    team, shared = await _team_with_memory(writes, admin_conn)
+    async with db.pool.acquire() as other:
+        tx = admin_conn.transaction()
+        await tx.start()
+        try:
+            await admin_conn.execute(
+                "INSERT INTO evidence_terms (team_id, space_id, lexeme, evidence_id, tf, "
+                "recorded_at) VALUES ($1, $2, 'zz-lock', 'ev-owner', 1, now())",
+                team,
+                shared,
+            )
+            lock = "SELECT 1 FROM evidence WHERE team_id = $1 AND id = 'ev-owner' FOR {}"
+            async with other.transaction():
+                await other.execute("SET LOCAL lock_timeout = '200ms'")
+                await other.execute(lock.format("NO KEY UPDATE"), team)
+            with pytest.raises(asyncpg.LockNotAvailableError):
+                async with other.transaction():
+                    await other.execute("SET LOCAL lock_timeout = '200ms'")
+                    await other.execute(lock.format("UPDATE"), team)
+        finally:
+            await tx.rollback()
+
+
+async def test_no_write_path_leaves_an_orphan_or_a_missing_posting(
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """Loads on both paths (every record kind: supersede, withdraw, quarantine,
+    space reset, conflicts, hypotheses, a retraction), then the mutations (remember
+    in both spaces, withdraw, quarantine, supersede, retract, reset, restore), in
+    several teams of one store: every document has exactly the postings its text
+    makes, and no posting anywhere names a missing document."""
+    lines = [json.loads(x) for x in EXAMPLE.read_text().splitlines() if x.strip()]
+    retract = {
+        "kind": "relationship_transition",
+        "team": "acme",
+        "id": "tr-retract",
+        "relationship": "rel-docks-b",
+        "status": "retracted",
+        "reason": "scout withdrew it",
+    }
+    teams = []
+    for set_based in (False, True):
+        team = unique("gpath")
+        await _load(writes, _retarget([*lines, retract], team), set_based=set_based, batch_size=7)
+        teams.append(team)
+        gen = unique("ggen")
+        await _load(writes, _retarget(_generated(12), gen), set_based=set_based, batch_size=9)
+        teams.append(gen)
+    team = unique("gmut")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+    for suffix, space in (("-a", "SHARED"), ("-b", "PRIVATE"), ("-c", "SHARED")):
+        body = await remember(client, tok, incident_memory(space, suffix))
+        assert "errors" not in body, body
+    steps: list[tuple[str, str, dict[str, Any]]] = [
+        ("withdrawSource", "SourceLifecycleInput", {"id": "m1", "source": "src-handbook"}),
+        ("quarantineEvidence", "EvidenceLifecycleInput", {"id": "m2", "evidence": "ev-export-a"}),
+        (
+            "transitionRelationship",
+            "RelationshipTransitionInput",
+            {
+                "id": "m3",
+                "relationship": "rel-export-a",
+                "status": "SUPERSEDED",
+                "supersededBy": "rel-export-c",
+            },
+        ),
+        (
+            "transitionRelationship",
+            "RelationshipTransitionInput",
+            {"id": "m4", "relationship": "rel-owner", "status": "RETRACTED"},
+        ),
+        ("resetSpace", "ResetSpaceInput", {"id": "m5", "space": "PRIVATE", "reason": "clean"}),
+        ("restoreEvidence", "EvidenceLifecycleInput", {"id": "m6", "evidence": "ev-export-a"}),
+    ]
+    for name, input_type, data in steps:
+        await ok(client, tok, name, input_type, data)
+    # a write after the reset, into the new generation of the private space
+    body = await remember(client, tok, incident_memory("PRIVATE", "-d"))
+    assert "errors" not in body, body
+    teams.append(team)
+    present = await admin_conn.fetchval("SELECT count(DISTINCT team_id) FROM evidence_terms")
+    assert present > len(teams), "other teams share the store"
+    for t in teams:
+        _assert_as_before(await _as_before_0055(admin_conn, t))
+    for table, terms, column, _constraint in _POSTINGS:
+        orphans = await admin_conn.fetchval(
+            f"SELECT count(*) FROM {terms} p WHERE NOT EXISTS (SELECT 1 FROM {table} d "
+            f"WHERE d.team_id = p.team_id AND d.space_id = p.space_id AND d.id = p.{column})"
+        )
+        assert orphans == 0, terms
