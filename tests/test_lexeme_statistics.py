@@ -211,3 +211,100 @@ async def test_statistics_are_walled_like_the_postings(
             f"SELECT count(*) FROM {stats} WHERE space_id = $1", spaces["alice"]
         )
         assert private > 0 or stats.startswith("relationship")
+
+
+@pytest.mark.parametrize("table", [0, 1], ids=["evidence", "relationships"])
+async def test_owner_delete_and_update_of_postings_keep_them_exact(
+    writes: WriteService, admin_conn: asyncpg.Connection, table: int
+) -> None:
+    """db/0107: an owner's DELETE or UPDATE of postings recounts the lexemes it
+    touched (df and max_tf exact again), and a lexeme left with no posting has no
+    row. Each change is checked against a count of the postings."""
+    stats, terms, key, _ = _TABLES[table]
+    team = unique("lexdel")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    await load_jsonl(writes, _notes(team, "a-", 8), batch_size=4)
+    await _insert_postings(admin_conn, team, table)  # 'zzlexstat': tf 3, 3, 3, 1, 1
+    one = await admin_conn.fetchval(
+        f"SELECT {key} FROM {terms} WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 3 "
+        f"ORDER BY {key} LIMIT 1",
+        team,
+    )
+    changes = (
+        # one posting of a lexeme others share: df down by one
+        (f"DELETE FROM {terms} WHERE team_id = $1 AND lexeme = 'zzlexstat' AND {key} = $2", one),
+        # tf lowered: the largest tf goes down, an upper bound would not
+        f"UPDATE {terms} SET tf = 2 WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 3",
+        # a posting moved to another lexeme: one down, one up
+        (f"UPDATE {terms} SET lexeme = 'zzlexmoved' WHERE team_id = $1 "
+         f"AND lexeme = 'zzlexstat' AND tf = 1 AND {key} = (SELECT min({key}) FROM {terms} "
+         "WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 1)"),
+        # every posting of a document's lexemes at once (many lexemes, several statements' rows)
+        f"DELETE FROM {terms} WHERE team_id = $1 AND {key} = (SELECT max({key}) FROM {terms} "
+        "WHERE team_id = $1)",
+        # the lexeme's last postings: no row left for it
+        f"DELETE FROM {terms} WHERE team_id = $1 AND lexeme IN ('zzlexstat', 'zzlexmoved')",
+    )
+    for change in changes:
+        sql, *args = change if isinstance(change, tuple) else (change,)
+        status = await admin_conn.execute(sql, team, *args)
+        assert not status.endswith(" 0"), (sql, status)
+        _assert_exact(await _mismatches(admin_conn, team))
+    assert not await admin_conn.fetchval(
+        f"SELECT count(*) FROM {stats} WHERE team_id = $1 AND lexeme LIKE 'zzlex%'", team
+    )
+
+
+async def test_truncate_of_postings_empties_their_statistics(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """db/0107: TRUNCATE of a postings table (docs/data-model.md tells the owner to
+    name them in a TRUNCATE of documents) leaves no statistics row behind; in a
+    transaction rolled back, so other tests' data stays."""
+    team = unique("lextrunc")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    await load_jsonl(writes, _notes(team, "a-", 4))
+    for stats, terms, _, _ in _TABLES:
+        tx = admin_conn.transaction()
+        await tx.start()
+        try:
+            assert await admin_conn.fetchval(f"SELECT count(*) FROM {stats}")
+            await admin_conn.execute(f"TRUNCATE {terms}")
+            left = await admin_conn.fetchval(f"SELECT count(*) FROM {stats}")
+        finally:
+            await tx.rollback()
+        assert left == 0, (terms, left)
+
+
+async def test_statistics_reference_their_space(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """db/0107: a statistics row must name an existing space (as db/0002's
+    evidence_search_stats must), so a TRUNCATE of spaces CASCADE reaches them."""
+    team = unique("lexfk")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    for stats, _, _, _ in _TABLES:
+        with pytest.raises(asyncpg.ForeignKeyViolationError):
+            await admin_conn.execute(
+                f"INSERT INTO {stats} (team_id, space_id, lexeme, shard, df, max_tf) "
+                "VALUES ($1, gen_random_uuid(), 'zzlexfk', 0, 1, 1)",
+                team,
+            )
+
+
+async def test_rebuild_recounts_the_statistics(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """db/0107's recall_rebuild_lexeme_stats() puts back exact rows after they were
+    made wrong behind the triggers' back."""
+    team = unique("lexrebuild")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    await load_jsonl(writes, _notes(team, "a-", 6), batch_size=3)
+    for stats, _, _, _ in _TABLES:
+        await admin_conn.execute(
+            f"UPDATE {stats} SET df = df + 3, max_tf = max_tf + 1 WHERE team_id = $1", team
+        )
+    broken = await _mismatches(admin_conn, team)
+    assert all(n > 0 for n in broken.values()), broken
+    await admin_conn.execute("SELECT recall_rebuild_lexeme_stats()")
+    _assert_exact(await _mismatches(admin_conn, team))
