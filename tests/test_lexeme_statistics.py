@@ -236,9 +236,11 @@ async def test_owner_delete_and_update_of_postings_keep_them_exact(
         # tf lowered: the largest tf goes down, an upper bound would not
         f"UPDATE {terms} SET tf = 2 WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 3",
         # a posting moved to another lexeme: one down, one up
-        (f"UPDATE {terms} SET lexeme = 'zzlexmoved' WHERE team_id = $1 "
-         f"AND lexeme = 'zzlexstat' AND tf = 1 AND {key} = (SELECT min({key}) FROM {terms} "
-         "WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 1)"),
+        (
+            f"UPDATE {terms} SET lexeme = 'zzlexmoved' WHERE team_id = $1 "
+            f"AND lexeme = 'zzlexstat' AND tf = 1 AND {key} = (SELECT min({key}) FROM {terms} "
+            "WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 1)"
+        ),
         # every posting of a document's lexemes at once (many lexemes, several statements' rows)
         f"DELETE FROM {terms} WHERE team_id = $1 AND {key} = (SELECT max({key}) FROM {terms} "
         "WHERE team_id = $1)",
