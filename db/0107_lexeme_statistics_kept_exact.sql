@@ -22,7 +22,10 @@
 -- 3. A foreign key from the statistics to memory_spaces, as db/0002's
 --    evidence_search_stats has: TRUNCATE memory_spaces CASCADE now reaches them
 --    and no orphan row is left. It is checked only when a new (space, lexeme,
---    shard) row is inserted, never on the upsert's update.
+--    shard) row is inserted, never on the upsert's update; deferred to the
+--    commit, so that a posting naming no document of its space is still refused
+--    by db/0115's check, with that check's error (the statistics trigger fires
+--    first).
 -- 4. recall_rebuild_lexeme_stats(): the owner's recount of both tables from
 --    the postings, for a migration that ever rewrites postings with the
 --    triggers disabled.
@@ -134,6 +137,8 @@ WHERE NOT EXISTS (SELECT 1 FROM memory_spaces m WHERE m.team_id = s.team_id AND 
 DELETE FROM relationship_lexeme_stats s
 WHERE NOT EXISTS (SELECT 1 FROM memory_spaces m WHERE m.team_id = s.team_id AND m.id = s.space_id);
 ALTER TABLE evidence_lexeme_stats
-    ADD FOREIGN KEY (team_id, space_id) REFERENCES memory_spaces (team_id, id);
+    ADD FOREIGN KEY (team_id, space_id) REFERENCES memory_spaces (team_id, id)
+    DEFERRABLE INITIALLY DEFERRED;
 ALTER TABLE relationship_lexeme_stats
-    ADD FOREIGN KEY (team_id, space_id) REFERENCES memory_spaces (team_id, id);
+    ADD FOREIGN KEY (team_id, space_id) REFERENCES memory_spaces (team_id, id)
+    DEFERRABLE INITIALLY DEFERRED;
