@@ -540,8 +540,9 @@ _POSTINGS = (
 async def postings_costs(conn: asyncpg.Connection, rows: int) -> None:
     """Inside the evidence postings' statement (evidence_terms_fill's INSERT):
     ``rows`` more evidence rows copied with that trigger off, then the trigger's
-    INSERT of their postings under EXPLAIN ANALYZE, with the foreign-key check of
-    each posting and with every trigger of the postings table off (a savepoint
+    INSERT of their postings under EXPLAIN ANALYZE, with the check of their
+    documents (db/0115's statement trigger; a foreign key per posting before) and
+    with every trigger of the postings table off (a savepoint
     apart; all rolled back). The rest is the heap and its B-tree indexes."""
     tx = conn.transaction()
     await tx.start()
@@ -549,7 +550,7 @@ async def postings_costs(conn: asyncpg.Connection, rows: int) -> None:
         await conn.execute("ALTER TABLE evidence DISABLE TRIGGER evidence_terms_fill")
         await conn.execute(_EXPLAINED["evidence"], rows)
         plans = {}
-        for label, off in (("as loaded", False), ("foreign-key check off", True)):
+        for label, off in (("as loaded", False), ("reference check off", True)):
             savepoint = conn.transaction()
             await savepoint.start()
             try:
