@@ -230,6 +230,13 @@ async def test_schema_is_ready_for_distribution_by_team(
 STATEMENT_TRIGGERS: frozenset[str] = frozenset(STATEMENT_TRIGGER_NAMES)
 
 
+def _triggers_in_the_plan() -> str:
+    """The "Triggers" item of docs/deploy.md's conversion plan."""
+    plan = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    plan = plan[plan.index("- **Triggers.**") :]
+    return plan[: plan.index("\n- **", 1)]
+
+
 async def statement_triggers(conn: asyncpg.Connection) -> list[str]:
     """``table.trigger`` for every statement-level or transition-table trigger of
     the public schema (a partition's clones are checked through their parent)."""
@@ -254,9 +261,7 @@ async def test_every_statement_trigger_is_in_the_conversion_plan(
     assert sorted(set(found) - STATEMENT_TRIGGERS) == [], (
         "statement-level triggers missing from STATEMENT_TRIGGER_NAMES and docs/deploy.md"
     )
-    plan = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
-    plan = plan[plan.index("- **Triggers.**") :]
-    plan = plan[: plan.index("\n- **", 1)]
+    plan = _triggers_in_the_plan()
     missing = [n for n in found if f"`{n.split('.', 1)[1]}`" not in plan]
     assert missing == [], "not named in docs/deploy.md, Triggers"
 
