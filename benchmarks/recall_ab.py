@@ -28,6 +28,12 @@ Prints per kind of recall and arm: p50 and p95 end to end, the statements'
 time (median) and the statements per recall; and checks that the arms return
 the same ranked results and related relationships for every question (exit 1
 if any differ).
+
+``--ef-floor F`` (repeatable) makes the schema ``ef_floor_F`` of
+``vector_ef_bench.py``: the store's two vector functions with the ef_search rule
+of db/0060 at a floor of F, for an arm ``NAME=CACHE:MODE:ef_floor_F`` (a file
+of ``--functions`` cannot do it: the functions set their own search path, so
+they would call the store's rule).
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recall_bench as rb
+import vector_ef_bench
 
 import gateway.store.database as database_module
 
@@ -139,16 +146,24 @@ async def run(
     kinds: list[str],
     functions: list[tuple[str, Path]],
     team: str | None = None,
+    ef_floors: list[int] | None = None,
 ) -> int:
     from gateway.app import create_app
     from gateway.settings import Settings
 
     await database_module.prepare(dsn, migrate=True)
     await make_schemas(dsn, functions)
+    if ef_floors:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await vector_ef_bench.make_arms(conn, ef_floors)
+        finally:
+            await conn.close()
     data = await rb.reuse(dsn, 7)
     if data is None:
         raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")
-    at = await rb.known_instant(dsn)
+    # The team's own instant: another team's would show it an empty space, or all of it.
+    at = await rb.known_instant(dsn, team or "bench-00")
     rng = np.random.default_rng(21)
     corpus = rb.Zipf(np.random.default_rng(10))
     questions = [corpus.query(rng, int(rng.integers(0, len(rb.TOPICS)))) for _ in range(n + WARM)]
@@ -236,10 +251,27 @@ def main() -> None:
     parser.add_argument(
         "--team", help="recall as this team's analyst (default: the dataset's token, bench-00)"
     )
+    parser.add_argument(
+        "--ef-floor",
+        type=int,
+        action="append",
+        default=[],
+        metavar="F",
+        help="make schema ef_floor_F: the store's two vector functions with db/0060's "
+        "ef_search rule at a floor of F (benchmarks/vector_ef_bench.py), for an arm",
+    )
     args = parser.parse_args()
     with rb.database(args.data_dir) as dsn:
         differ = asyncio.run(
-            run(dsn, args.arm, args.queries, args.kinds.split(","), args.functions, args.team)
+            run(
+                dsn,
+                args.arm,
+                args.queries,
+                args.kinds.split(","),
+                args.functions,
+                args.team,
+                args.ef_floor,
+            )
         )
     sys.exit(1 if differ else 0)
 

@@ -29,15 +29,32 @@ from pydantic import ValidationError
 from gateway import __version__, tokens
 from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings.catalog import LOCAL_MODELS
-from gateway.errors import GatewayError
-from gateway.services.loader import split_lines
+from gateway.errors import ConfigurationError, GatewayError, InvalidInput
+from gateway.services.loader import LoadError, split_lines
 from gateway.settings import Settings, settings_problems
 
 DEMO_TEAM = "northwind"
 
 
-def _err(message: str) -> None:
-    print(f"recall-gateway: {message}", file=sys.stderr)
+def _err(message: str, code: str | None = None) -> None:
+    """One line on standard error; a failure's stable ``code`` (docs/errors.md)
+    leads it, as ``error CODE: message``, so that a script can act on it."""
+    print(f"recall-gateway: {f'error {code}: ' if code else ''}{message}", file=sys.stderr)
+
+
+def _refused(exc: LoadError) -> None:
+    """A refused load (``loader.LoadError``): each refused line with its own code,
+    then the load's ``LOAD_REFUSED`` with what was and was not written. A batch
+    the database refused has one line, whose message already says both: it is
+    printed once, with the line's code (``DATABASE_UNAVAILABLE``: try again;
+    ``NOT_FOUND``: fix the file)."""
+    errors = exc.errors
+    if len(errors) == 1 and exc.message.startswith(str(errors[0])):
+        _err(exc.message, errors[0].code)
+        return
+    for error in errors:
+        _err(str(error), error.code)
+    _err(exc.message, exc.code)
 
 
 @contextlib.contextmanager
@@ -112,7 +129,7 @@ def _input(path: str) -> Iterator[LineSource]:
         return
     file = Path(path)
     if not file.is_file():
-        raise GatewayError(f"no such file: {path}")
+        raise InvalidInput(f"no such file: {path}")
 
     def reopened() -> Iterator[bytes]:
         with file.open("rb") as f:
@@ -162,9 +179,9 @@ async def _build_vector_indexes(
         )
     for table, space, reason in report.failed:
         _err(
-            f"error {vector_indexes.VectorIndexBuildFailed.code}: the vector index of {space} "
-            f"(table {table}) could not be built and attached, and the table stays detached: "
-            f"{reason}"
+            f"the vector index of {space} (table {table}) could not be built and attached, "
+            f"and the table stays detached: {reason}",
+            vector_indexes.VectorIndexBuildFailed.code,
         )
     return 1 if report.failed else 0
 
@@ -183,9 +200,7 @@ def _load_lines(
     try:
         checked = loader.check(lines())
     except loader.LoadError as exc:
-        for error in exc.errors:
-            _err(str(error))
-        _err(exc.message)
+        _refused(exc)
         return 1
 
     async def work(service: Any) -> loader.LoadReport:
@@ -218,7 +233,7 @@ def _load_lines(
     try:
         report = asyncio.run(_with_services(dsn, settings, work))
     except loader.LoadError as exc:
-        _err(exc.message)
+        _refused(exc)
         if exc.deferred:
             _err(
                 "vectors written with --index-after are not yet indexed: load the file "
@@ -454,7 +469,7 @@ def _reembed_target(settings: Settings, model: str | None, batch_size: int) -> A
     if settings.embedding_provider != "local":
         return create_provider(settings)
     if settings.embedding_model == AUTO:
-        raise GatewayError(
+        raise InvalidInput(
             "name the model to move the store to: reembed --model KEY "
             f"({', '.join(sorted(LOCAL_MODELS))}); RECALL_EMBEDDING_MODEL=auto follows the store"
         )
@@ -810,15 +825,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             overrides["data_dir"] = args.data_dir
         settings = Settings(**overrides)
     except ValidationError as exc:  # name the variable the user set, and why
-        _err("invalid settings: " + "; ".join(settings_problems(exc)))
+        _err("invalid settings: " + "; ".join(settings_problems(exc)), ConfigurationError.code)
         return 2
     except Exception as exc:
-        _err(f"invalid settings: {exc}")
+        _err(f"invalid settings: {exc}", ConfigurationError.code)
         return 2
     try:
         return int(args.func(settings, args))
     except GatewayError as exc:
-        _err(exc.message)
+        _err(exc.message, exc.code)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from gateway.services.records import RECORD_KINDS
+
 from .conftest import REPO, unique
 from .factories import jsonl, team_records
 
@@ -78,6 +80,52 @@ def test_bad_line_names_line_and_field(dsn: str, tmp_path: Path) -> None:
     assert "line 4, field 'authority'" in result.stderr
     assert "nothing was written" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_refusals_lead_with_their_stable_code(dsn: str, tmp_path: Path) -> None:
+    """A refused file prints each refusal's code from docs/errors.md before its
+    line-precise message: the lines' own codes and the load's LOAD_REFUSED for an
+    invalid file; the record's code (here NOT_FOUND) for a batch the database
+    refused; and a command's failure its code too."""
+    team = unique("clicode")
+    records = team_records(team)
+    records[3]["authority"] = "supreme"
+    records[5] = {"kind": "gossip", "team": team, "id": "g"}
+    invalid = tmp_path / "invalid.jsonl"
+    invalid.write_text(jsonl(records))
+    result = run(["load", str(invalid)], dsn)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "recall-gateway: error BAD_USER_INPUT: line 4, field 'authority': Input should be "
+        "'unverified', 'low', 'medium', 'high' or 'authoritative'",
+        "recall-gateway: error BAD_USER_INPUT: line 6, field 'kind': unknown kind 'gossip'; "
+        "one of: " + ", ".join(RECORD_KINDS),
+        "recall-gateway: error LOAD_REFUSED: 2 invalid line(s); nothing was written",
+    ]
+
+    unknown = tmp_path / "unknown.jsonl"
+    lines = [
+        *team_records(team),
+        {"kind": "evidence", "team": team, "id": "ev-x", "source": "nope", "content": "x"},
+    ]
+    unknown.write_text(jsonl(lines))
+    refused = run(["load", str(unknown)], dsn)
+    assert refused.returncode == 1
+    last = [x for x in refused.stderr.splitlines() if x.startswith("recall-gateway:")]
+    assert len(last) == 1, refused.stderr
+    assert last[0].startswith(
+        f"recall-gateway: error NOT_FOUND: line {len(lines)}, field 'source': "
+        f"no source 'nope' in team '{team}'"
+    ), refused.stderr
+    assert "were not written" in last[0]
+
+    missing = run(["load", "no-such-file.jsonl"], dsn)
+    assert missing.stderr == (
+        "recall-gateway: error BAD_USER_INPUT: no such file: no-such-file.jsonl\n"
+    )
+    nobody = run(["tokens", "issue", "--team", team, "--principal", "nobody"], dsn)
+    assert nobody.returncode == 1
+    assert nobody.stderr.startswith("recall-gateway: error NOT_FOUND: "), nobody.stderr
 
 
 def test_missing_file_and_bad_flag(dsn: str) -> None:

@@ -29,6 +29,7 @@ from gateway.store.database import Database
 
 from .conftest import unique
 from .factories import jsonl
+from .held_loads import StopAfter, Stopped
 
 _DOCS = 30
 
@@ -208,25 +209,14 @@ async def test_a_space_whose_vectors_readers_find_is_refused_and_kept(
     assert await admin_conn.fetchval("SELECT count(*) FROM evidence WHERE team_id = $1", team) == 5
 
 
-class _Abort(Exception):
-    pass
-
-
 async def test_a_load_aborted_between_batches_loses_nothing_and_a_rerun_finishes(
     writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
 ) -> None:
     team = unique("ixcrash")
     lines = _records(team, embedder.model)
-    committed: list[int] = []
-
-    def die_after_two_batches(n: int) -> None:
-        committed.append(n)
-        if len(committed) == 2:
-            raise _Abort
-
-    with pytest.raises(_Abort):
+    with pytest.raises(Stopped):
         await loader.load(
-            writes, _parsed(lines), batch_size=20, index_after=True, progress=die_after_two_batches
+            writes, _parsed(lines), batch_size=20, index_after=True, progress=StopAfter(batches=2)
         )
     space = await _space(admin_conn, team)
     held = await admin_conn.fetchval(

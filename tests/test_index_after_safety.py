@@ -12,7 +12,6 @@ lock timeout far longer than the detach ever waits.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -31,34 +30,34 @@ from gateway.services.writes import WriteService
 from gateway.store import migrations, vector_partitions
 from gateway.store import reembed as reembed_store
 from gateway.store.database import Database
+from gateway.store.vector_partitions import VECTOR_TABLES
 
 from .conftest import unique
 from .factories import jsonl
+from .held_loads import (
+    LONG_READ,
+    OTHER_READ,
+    StopAfter,
+    Stopped,
+    holding,
+    served,
+    until_queued,
+)
 from .test_index_after import _build, _parsed, _records, _space, _state
 from .test_reembed import Double
-
-
-class _Stop(Exception):
-    pass
-
-
-def _stop_after_first_vectors(n: int) -> None:
-    """Progress callback: stop after the first batch past the team and principal
-    (the loader writes those two in a batch of their own, before any vector)."""
-    if n > 2:
-        raise _Stop
 
 
 async def _interrupted(writes: WriteService, team: str, model: str) -> UUID:
     """An ``index_after`` load stopped after its first batch of vectors: the
     team's shared space is left detached, recorded, and held by nobody."""
-    with pytest.raises(_Stop):
+    # the team and principal go in a batch of their own, before any vector
+    with pytest.raises(Stopped):
         await loader.load(
             writes,
             _parsed(_records(team, model, docs=10)),
             batch_size=8,
             index_after=True,
-            progress=_stop_after_first_vectors,
+            progress=StopAfter(batches=2),
         )
     async with writes.db.admin(readonly=True) as conn:
         return await _space(conn, team)  # type: ignore[arg-type]
@@ -147,37 +146,13 @@ async def test_an_index_after_load_refuses_while_a_reembed_is_under_way(
 # --- finding 2: the detach gives way to readers ---------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def _long_reader(db: Database) -> AsyncIterator[None]:
-    """A session that holds ACCESS SHARE on the evidence parent (a slow recall, a
-    pg_dump) until the block ends."""
-    async with db.pool.acquire() as conn, conn.transaction():
-        await conn.fetchval("SELECT count(*) FROM evidence_embeddings WHERE team_id = 'nobody'")
-        yield
-
-
-async def _reader_is_served(db: Database) -> bool:
-    """Another team's read of the parent, allowed to wait 3 s for its lock (the
-    detach waits at most 100 ms at a time): False when it was queued longer."""
-    async with db.pool.acquire() as conn:
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '3s'")
-                await conn.fetchval(
-                    "SELECT count(*) FROM evidence_embeddings WHERE team_id = 'other-team'"
-                )
-        except asyncpg.LockNotAvailableError:
-            return False
-    return True
-
-
 async def test_other_teams_read_the_parents_while_a_detach_waits_for_a_long_reader(
     writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
 ) -> None:
     team = unique("ixlock")
     await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
     space = await _space(admin_conn, team)
-    async with _long_reader(writes.db):
+    async with holding(writes.db, LONG_READ):
         load = asyncio.create_task(
             loader.load(
                 writes,
@@ -187,18 +162,10 @@ async def test_other_teams_read_the_parents_while_a_detach_waits_for_a_long_read
             )
         )
         # wait until the load is trying to detach (its lock request comes and goes)
-        for _ in range(500):
-            if await admin_conn.fetchval(
-                "SELECT count(*) FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock' "
-                "AND relation IN ('evidence_embeddings'::regclass, "
-                "'relationship_embeddings'::regclass)"
-            ):
-                break
-            await asyncio.sleep(0.01)
-        else:
+        if not await until_queued(admin_conn, "AccessExclusiveLock", VECTOR_TABLES):
             pytest.fail("the load never asked for the parents' lock")
         for _ in range(3):
-            assert await _reader_is_served(writes.db), "a reader queued behind the detach"
+            assert await served(writes.db, OTHER_READ), "a reader queued behind the detach"
         assert not load.done()
     report = await load
     assert report.created["evidence"] == 10 and report.deferred == [space]
@@ -213,7 +180,7 @@ async def test_a_space_with_vectors_is_refused_without_waiting_for_the_parents(
     team = unique("ixfull2")
     await loader.load(writes, _parsed(_records(team, embedder.model, docs=3)), batch_size=50)
     with pytest.raises(loader.LoadError) as caught:
-        async with _long_reader(writes.db):
+        async with holding(writes.db, LONG_READ):
             await loader.load(
                 writes,
                 _parsed(_records(team, embedder.model, docs=3, start=3)),
@@ -234,7 +201,7 @@ async def test_a_detach_that_never_gets_the_lock_gives_up_cleanly(
     team = unique("ixgive")
     await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
     with pytest.raises(loader.LoadError) as caught:
-        async with _long_reader(writes.db):
+        async with holding(writes.db, LONG_READ):
             await loader.load(
                 writes,
                 _parsed(_evidence_only(team, embedder.model)),

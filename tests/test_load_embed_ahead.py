@@ -127,3 +127,37 @@ async def test_a_rerun_embeds_nothing(db: Database, embedder: EmbeddingProvider)
     report = await _load(WriteService(db, counting), text, embed_ahead=True)
     assert report.created.total() == 0 and report.unchanged["evidence"] == 25
     assert counting.texts == []
+
+
+def _shape(call: list[str]) -> str:
+    """What one embedding call held: evidence texts, relationship texts, or both."""
+    evidence = [t.startswith("Document ") for t in call]
+    return "both" if any(evidence) and not all(evidence) else "evidence" if all(evidence) else "rel"
+
+
+async def test_a_batch_of_principals_between_two_batches_keeps_the_overlap(
+    db: Database, embedder: EmbeddingProvider
+) -> None:
+    """A principal in the middle of a file is written in a batch of its own (it
+    creates a space), which creates no evidence. The batch after it must still
+    embed its evidence ahead, in a call of its own as its transaction starts,
+    and its relationships at commit; not everything together at commit, as a
+    load does before it has created any evidence. (A review found the overlap
+    turned off for the batch after every principal.)"""
+    team = unique("keep")
+    records = _records(team, 10)
+    bob = {"kind": "principal", "team": team, "id": "bob", "display_name": "Bob"}
+    records = [*records[:18], bob, *records[18:]]  # after the 4th document
+    counting = Counting(embedder)
+    report = await _load(WriteService(db, counting), jsonl(records), embed_ahead=True)
+    # team and ann; documents 0-3; bob; documents 4-8; document 9
+    assert report.batches == 5 and report.created["evidence"] == 10
+    # the first batch of documents embeds at commit (nothing created yet); each
+    # later one ahead, the one after bob's batch too
+    assert [_shape(call) for call in counting.calls] == [
+        "both",
+        "evidence",
+        "rel",
+        "evidence",
+        "rel",
+    ]

@@ -20,17 +20,14 @@ before its first batch, in a transaction of its own; that batch is applied once
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import uuid
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
-from gateway.embeddings.base import Vectors
 from gateway.services import loader, lock_waits
 from gateway.services.writes import Actor, WriteService
 from gateway.store import vector_partitions
@@ -38,35 +35,17 @@ from gateway.store import writes as store
 from gateway.store.database import Database
 
 from .conftest import unique
+from .held_loads import (
+    OTHER_READ,
+    WRITE_EVIDENCE,
+    Barrier,
+    batch_held_open,
+    holding,
+    served,
+    until_queued,
+)
 from .test_index_after import _build, _parsed, _records, _space, _state
 from .test_index_after_safety import _evidence_only, _recall, _setup_only
-
-
-class Barrier:
-    """An embedding provider that, at its first call, says so and waits for the
-    test before answering: the loader's batch stays open (its transaction holds
-    whatever it has taken) for as long as the test wants."""
-
-    def __init__(self, inner: EmbeddingProvider) -> None:
-        self.inner = inner
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-
-    @property
-    def model(self) -> str:
-        return self.inner.model
-
-    @property
-    def dimensions(self) -> int:
-        return self.inner.dimensions
-
-    async def embed(self, texts: Sequence[str]) -> Vectors:
-        self.entered.set()
-        await self.release.wait()
-        return await self.inner.embed(texts)
-
-    async def aclose(self) -> None:
-        return None
 
 
 def _new_team(team: str) -> list[dict[str, Any]]:
@@ -89,30 +68,6 @@ def _new_team(team: str) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-@contextlib.asynccontextmanager
-async def _batch_held_open(
-    writes: WriteService, barrier: Barrier, lines: list[dict[str, Any]], *, index_after: bool
-) -> AsyncIterator[asyncio.Task[loader.LoadReport]]:
-    """A load whose first batch of memory waits at the barrier, inside its
-    transaction; released (and the load awaited) when the block ends."""
-    held = WriteService(writes.db, barrier)
-    task = asyncio.create_task(
-        loader.load(held, _parsed(lines), batch_size=50, index_after=index_after)
-    )
-    entered = asyncio.create_task(barrier.entered.wait())
-    try:
-        await asyncio.wait({task, entered}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            task.result()  # raises what the load raised
-            pytest.fail("the load never embedded")
-        yield task
-    finally:
-        barrier.release.set()
-        entered.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await entered
 
 
 async def _writes_in_progress(conn: asyncpg.Connection) -> int:
@@ -141,7 +96,9 @@ async def test_other_teams_recall_while_a_new_teams_first_batch_is_written(
 
     team = unique("locknew")
     barrier = Barrier(embedder)
-    async with _batch_held_open(writes, barrier, _new_team(team), index_after=index_after) as load:
+    async with batch_held_open(
+        writes, barrier, _parsed(_new_team(team)), index_after=index_after
+    ) as load:
         assert await _writes_in_progress(admin_conn) >= 1, "the batch is open and has written"
         # Reads wait at most the gateway's lock timeout (2 s) before a list is
         # dropped: a recall that queued behind the new space's lock says so.
@@ -195,29 +152,6 @@ async def test_the_first_batch_into_an_existing_space_is_applied_once(
         assert attached is True and "hnsw:True" in methods
 
 
-@contextlib.asynccontextmanager
-async def _long_writer(db: Database) -> AsyncIterator[None]:
-    """A session with an open transaction that writes evidence (ROW EXCLUSIVE on
-    ``evidence``, as a slow ``remember`` or another load holds it) until the block
-    ends."""
-    async with db.pool.acquire() as conn, conn.transaction():
-        await conn.execute("LOCK TABLE evidence IN ROW EXCLUSIVE MODE")
-        yield
-
-
-async def _writer_is_served(db: Database) -> bool:
-    """Another team's write of evidence, allowed to wait 3 s for its lock (a
-    space batch waits at most 100 ms at a time): False when it was queued longer."""
-    async with db.pool.acquire() as conn:
-        try:
-            async with conn.transaction():
-                await conn.execute("SET LOCAL lock_timeout = '3s'")
-                await conn.execute("LOCK TABLE evidence IN ROW EXCLUSIVE MODE")
-        except asyncpg.LockNotAvailableError:
-            return False
-    return True
-
-
 async def test_a_space_batch_gives_way_to_writers_and_gives_up_cleanly(
     writes: WriteService,
     embedder: EmbeddingProvider,
@@ -232,16 +166,11 @@ async def test_a_space_batch_gives_way_to_writers_and_gives_up_cleanly(
     monkeypatch.setattr(lock_waits, "ATTEMPTS", 4)
     team = unique("lockgive")
     with pytest.raises(loader.LoadError) as caught:
-        async with _long_writer(db):
+        async with holding(db, WRITE_EVIDENCE):
             load = asyncio.create_task(loader.load(writes, _parsed(_new_team(team)), batch_size=50))
-            for _ in range(500):  # until the batch asks for the lock
-                if load.done() or await admin_conn.fetchval(
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted "
-                    "AND mode = 'ShareRowExclusiveLock' AND relation = 'evidence'::regclass"
-                ):
-                    break
-                await asyncio.sleep(0.01)
-            assert await _writer_is_served(db), "a writer queued behind the new space"
+            # until the batch asks for the lock
+            await until_queued(admin_conn, "ShareRowExclusiveLock", ["evidence"], unless=load)
+            assert await served(db, WRITE_EVIDENCE), "a writer queued behind the new space"
             await load
     error = caught.value.errors[0]
     assert error.code == "DATABASE_UNAVAILABLE"
@@ -262,8 +191,6 @@ async def test_a_space_being_created_blocks_no_reader_of_the_vector_tables(
     of the parents is served while the creating transaction is still open. Writers
     of evidence still wait for it (the cloned foreign keys take SHARE ROW
     EXCLUSIVE), which is why the loader keeps space records in short batches."""
-    from .test_index_after_safety import _reader_is_served
-
     team = unique("lockattach")
     async with db.pool.acquire() as conn, conn.transaction():
         await store.insert_team(conn, team, "Attached", "operator")
@@ -276,7 +203,7 @@ async def test_a_space_being_created_blocks_no_reader_of_the_vector_tables(
         )
         assert {r["parent"] for r in held} == {"evidence_embeddings", "relationship_embeddings"}
         assert "AccessExclusiveLock" not in {r["mode"] for r in held}
-        assert await _reader_is_served(db), "a reader queued behind the new space"
+        assert await served(db, OTHER_READ), "a reader queued behind the new space"
     space = await _space(admin_conn, team)
     for _table, attached, methods in await _state(admin_conn, space):
         assert attached is True and "hnsw:True" in methods
@@ -396,7 +323,7 @@ async def test_a_space_batch_that_gets_its_locks_after_a_few_tries_is_written_on
     tries = _count_tries(monkeypatch)
     team = unique("lockfree")
     lines = _new_team(team)
-    async with _long_writer(db):
+    async with holding(db, WRITE_EVIDENCE):
         load = asyncio.create_task(loader.load(writes, _parsed(lines), batch_size=50))
         for _ in range(1000):  # until the space batch has timed out at least twice
             if load.done() or tries[0] >= 3:

@@ -332,7 +332,9 @@ async def load(
     compares the two). Once a batch has created evidence, the next batches'
     evidence texts are embedded while their writes run (``embed_ahead``): the
     model then works while the database does. A re-run creates nothing, so it
-    embeds nothing. ``index_after`` keeps the vectors of the spaces it writes
+    embeds nothing. A batch without evidence (one of :data:`SPACE_BATCH_SIZE`
+    space records, say) leaves that choice as the batch before it made it.
+    ``index_after`` keeps the vectors of the spaces it writes
     (empty ones only) in detached tables; the caller then builds their indexes
     (:func:`gateway.services.vector_indexes.build_pending`, for the spaces in
     ``report.deferred``). The load holds those spaces against other builds while
@@ -363,7 +365,10 @@ async def load(
             if isinstance(item, EmbeddingModelLine):
                 await check_embedding_model(service, line, item)
     ahead = False
-    for chunk in batches(records, batch_size):
+    chunks = batches(records, batch_size)
+    following = next(chunks, None)
+    while following is not None:
+        chunk = following
         try:
             result = await service.apply(
                 [r for _, r in chunk],
@@ -394,13 +399,23 @@ async def load(
         report.records += len(chunk)
         report.created.update(result.created)
         report.unchanged.update(result.unchanged)
-        ahead = embed_ahead and result.created["evidence"] > 0
+        if result.created["evidence"] or result.unchanged["evidence"]:
+            # Only a batch that held evidence tells whether the load is creating
+            # it: a batch of team and principal records (or of sources alone)
+            # keeps the overlap as it was, rather than turning it off for the
+            # batch after it.
+            ahead = embed_ahead and result.created["evidence"] > 0
         if progress is not None:
             progress(len(chunk))
-        if result.created:  # after the count: the batch is committed whatever happens here
+        # After the count: the batch is committed whatever happens here. The
+        # last batch's refresh is the load's own, at autovacuum's thresholds
+        # (counting the last batches, which the doubling rule may not): one
+        # refresh, not a batch's and then the load's.
+        following = next(chunks, None)
+        if following is None and report.created:
+            await service.analyze_unplanned_tables(load_end=True)
+        elif following is not None and result.created:
             await service.analyze_unplanned_tables()
-    if report.created:  # the last batches, which the doubling rule may not count
-        await service.analyze_unplanned_tables(load_end=True)
     if deferral is not None:
         report.deferred = list(deferral.spaces)
     return report

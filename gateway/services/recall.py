@@ -95,13 +95,14 @@ PLAN_CACHE_MODES: Final = ("force_generic_plan", "auto", "force_custom_plan", "s
 
 def plan_cache_mode(setting: str) -> str | None:
     """The ``plan_cache_mode`` a recall's transaction sets for ``setting``, or None
-    (``server``: none, the one the connection got at login, the server's, the
-    database's or the login role's; not ``recall_app``'s, which ``SET ROLE`` does
-    not apply). One generic plan serves
-    every team, so its estimates are those of an average team; a store with one
-    team far larger than the others may answer it faster with
-    ``force_custom_plan``, at the cost of planning every recall (docs/deploy.md).
-    The answers are the same whatever the mode."""
+    for ``server``: then none is set, and the connection keeps the one it got at
+    login (the server's, the database's or the login role's; not ``recall_app``'s,
+    which ``SET ROLE`` does not apply).
+
+    One generic plan serves every team, so its estimates are those of an average
+    team; a store with one team far larger than the others may answer it faster
+    with ``force_custom_plan``, at the cost of planning every recall
+    (docs/deploy.md). The answers are the same whatever the mode."""
     if setting not in PLAN_CACHE_MODES:
         raise ValueError(f"plan_cache_mode must be one of {', '.join(PLAN_CACHE_MODES)}")
     return None if setting == "server" else setting

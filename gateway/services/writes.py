@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, cast
 from uuid import UUID
@@ -763,6 +763,21 @@ class _Batch:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Way:
+    """How :meth:`WriteService.apply` writes one batch, handed down its steps as
+    one value: through the set-based path where the records allow
+    (``set_based``); the operator's evidence texts embedded as the transaction
+    starts (``embed_ahead``); vectors into detached tables (``deferral``, for
+    ``load --index-after``); and every lock waited for 100 ms at most
+    (``short_locks``, a batch that creates spaces, tried again on a timeout)."""
+
+    set_based: bool
+    embed_ahead: bool
+    deferral: Deferral | None
+    short_locks: bool = False
+
+
 class _DetachFirst(Exception):
     """The batch stores vectors into spaces to detach first, outside its transaction."""
 
@@ -800,13 +815,15 @@ class WriteService:
     async def analyze_unplanned_tables(self, *, load_end: bool = False) -> None:
         """After a loader batch: planner statistics for referenced tables that have
         rows but none yet, so that foreign-key checks stay lookups by key as a first
-        load grows, and for tables that have grown a lot; with ``load_end``, once
-        when a load ends, for every table whose statistics miss about a tenth of it
-        (:func:`gateway.store.bulk_writes.analyze_stale` says why)."""
+        load grows, and for tables that have grown a lot; with ``load_end``, after
+        a load's last batch, for every table whose statistics miss about a tenth of
+        it (:func:`gateway.store.bulk_writes.analyze_stale` says why)."""
         rule = bulk_store.AT_LOAD_END if load_end else bulk_store.AFTER_BATCH
         try:
-            async with self.db.acquire() as conn:  # short statements of their own
-                skipped = await bulk_store.analyze_stale(conn, rule)
+            async with self.db.acquire() as conn:  # outside any transaction block
+                skipped = await bulk_store.analyze_stale(
+                    conn, rule, statement_timeout_ms=self.db.statement_timeout_ms
+                )
         except (asyncpg.PostgresError, GatewayError) as exc:  # a timeout, a lost server
             # The batch is committed; statistics only make later batches faster,
             # and autovacuum takes them later anyway: never fail a load for them.
@@ -862,15 +879,12 @@ class WriteService:
         detached between two tries of the batch, outside its transaction. A space
         detached for this batch is attached again when the batch is refused
         (:meth:`_undo_claims`): a refusal changes nothing other clients see."""
+        way = _Way(set_based=set_based, embed_ahead=embed_ahead, deferral=deferral)
         if deferral is None or not actor.is_operator:
-            return await self._apply_batch(
-                records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
-            )
+            return await self._apply_batch(records, actor, way)
         held = set(deferral.spaces)
         try:
-            return await self._apply_batch(
-                records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
-            )
+            return await self._apply_batch(records, actor, way)
         except Exception:
             await self._undo_claims(deferral, [s for s in deferral.spaces if s not in held])
             raise
@@ -889,15 +903,8 @@ class WriteService:
             except (asyncpg.PostgresError, GatewayError, OSError) as exc:  # a lost server
                 log.warning("space %s stays detached after a refused batch: %s", space, exc)
 
-    async def _apply_batch(
-        self,
-        records: Sequence[Any],
-        actor: Actor,
-        *,
-        set_based: bool,
-        embed_ahead: bool,
-        deferral: Deferral | None,
-    ) -> BatchResult:
+    async def _apply_batch(self, records: Sequence[Any], actor: Actor, way: _Way) -> BatchResult:
+        deferral = way.deferral
         if deferral is not None and actor.is_operator:
             try:
                 await self._claim_ahead(records, deferral)
@@ -906,12 +913,8 @@ class WriteService:
         for _ in range(_DETACH_ROUNDS):
             try:
                 if actor.is_operator and all(r.kind in rec.SPACE_KINDS for r in records):
-                    return await self._apply_creating_spaces(
-                        records, actor, set_based=set_based, deferral=deferral
-                    )
-                return await self._apply_either(
-                    records, actor, set_based=set_based, embed_ahead=embed_ahead, deferral=deferral
-                )
+                    return await self._apply_creating_spaces(records, actor, way)
+                return await self._apply_either(records, actor, way)
             except _DetachFirst as first:
                 assert deferral is not None
                 try:
@@ -979,12 +982,7 @@ class WriteService:
         return out
 
     async def _apply_creating_spaces(
-        self,
-        records: Sequence[Any],
-        actor: Actor,
-        *,
-        set_based: bool,
-        deferral: Deferral | None,
+        self, records: Sequence[Any], actor: Actor, way: _Way
     ) -> BatchResult:
         """A batch that creates spaces (the loader gives them batches of their own,
         :data:`gateway.services.records.SPACE_KINDS`): their partitions' foreign
@@ -1000,12 +998,7 @@ class WriteService:
             async for attempt in lock_waits.retrying():
                 with attempt:
                     return await self._apply_either(
-                        records,
-                        actor,
-                        set_based=set_based,
-                        embed_ahead=False,
-                        deferral=deferral,
-                        short_locks=True,
+                        records, actor, replace(way, embed_ahead=False, short_locks=True)
                     )
         except tenacity.RetryError:
             pass
@@ -1020,25 +1013,18 @@ class WriteService:
             ),
         )
 
-    async def _apply_either(
-        self,
-        records: Sequence[Any],
-        actor: Actor,
-        *,
-        set_based: bool,
-        embed_ahead: bool,
-        deferral: Deferral | None,
-        short_locks: bool = False,
-    ) -> BatchResult:
-        if set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
+    async def _apply_either(self, records: Sequence[Any], actor: Actor, way: _Way) -> BatchResult:
+        """The batch through the set-based path if ``way`` allows it and any record
+        is eligible, else (or when that path cannot accept it) record by record."""
+        if way.set_based and actor.is_operator and any(bulk_writes.eligible(r) for r in records):
             try:
                 return await self._apply(
                     records,
                     actor,
                     set_based=True,
-                    embed_ahead=embed_ahead,
-                    deferral=deferral,
-                    short_locks=short_locks,
+                    embed_ahead=way.embed_ahead,
+                    deferral=way.deferral,
+                    short_locks=way.short_locks,
                 )
             except bulk_writes.Fallback:
                 pass  # rolled back; the record-at-a-time path finds the refusal
@@ -1046,9 +1032,9 @@ class WriteService:
             records,
             actor,
             set_based=False,
-            embed_ahead=embed_ahead,
-            deferral=deferral,
-            short_locks=short_locks,
+            embed_ahead=way.embed_ahead,
+            deferral=way.deferral,
+            short_locks=way.short_locks,
         )
 
     async def _apply(

@@ -244,16 +244,22 @@ async def copy_rows(
 #    once a minute; the batch rule is for the growth that makes plans wrong (a
 #    store loaded small, then large), the end-of-load rule counts the last
 #    batches about as autovacuum would.
-# The tables are picked by one query, then each is analysed by a statement of its
-# own (its own short transaction), so each ANALYZE's lock is held while that one
-# table is sampled, and the plans it invalidates are replaced as soon as it is
-# done, not when the last table is. It never waits on another session's lock:
-# ANALYZE (SKIP_LOCKED) skips a table whose lock is held (a transaction that
-# creates a space holds a conflicting lock on evidence and relationships until it
-# commits, a loader's batch through its embedding) with a server warning, and the
-# next refresh tries again; the short lock_timeout bounds the AccessShareLock
-# that pg_relation_size takes (only an ACCESS EXCLUSIVE holder, a migration or an
-# ALTER, blocks it; the refresh then fails fast and is logged, see
+# The tables are picked by one call of planner_stale_tables (db/0120): a table
+# whose size cannot be read within its 100 ms lock timeout (another session
+# holds ACCESS EXCLUSIVE on it: a migration, an ALTER, a detach) is left out,
+# and the others are still picked. Then one statement, ANALYZE (SKIP_LOCKED) of
+# all of them, sent outside any transaction block: PostgreSQL then analyses each
+# table in a transaction of its own (checked on PostgreSQL 18: each table's
+# pg_statistic rows carry another transaction's xmin; inside a transaction block
+# they would share one), so each ANALYZE's lock is held while that one table is
+# sampled, and the plans it invalidates are replaced as soon as it is done, not
+# when the last table is. It never waits on another session's lock for a table:
+# SKIP_LOCKED skips a table whose lock is held (a transaction that creates a
+# space holds a conflicting lock on evidence and relationships until it commits,
+# a loader's batch through its embedding) with a server warning, and the next
+# refresh tries again; the connection's lock_timeout bounds any other wait (an
+# index or pg_statistic locked by another session), which fails the statement:
+# the tables analysed before it keep their statistics, the failure is logged (see
 # WriteService.analyze_unplanned_tables). ANALYZE of a table the connecting role
 # may not analyse is skipped by the server with a warning, not an error; those
 # warnings are returned to the caller, which logs them.
@@ -285,61 +291,59 @@ AFTER_BATCH = Staleness(2.0, GROWN_PAGES, 1.0, GROWN_ROWS, every_unplanned=False
 log2(final size / first size) times."""
 
 AT_LOAD_END = Staleness(1.1, 1, 0.1, 50, every_unplanned=True)
-"""Once when a load ends: autovacuum's own analyse threshold (10 % of the rows
-plus 50), so that the last batches are counted and no table the load filled is
-left without statistics."""
+"""After a load's last batch (instead of :data:`AFTER_BATCH`): autovacuum's own
+analyse threshold (10 % of the rows plus 50), so that the last batches are
+counted and no table the load filled is left without statistics."""
 
 LOCK_NOT_AVAILABLE = "55P03"
 """The SQLSTATE of the server's warning for a table ANALYZE (SKIP_LOCKED) skipped
 because another session held its lock."""
 
-_STALE_TABLES = """
-SELECT c.oid::regclass::text
-FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.relkind = 'r' AND c.relnamespace = 'public'::regnamespace
-  AND (
-      (c.reltuples <= 0
-       AND ($5 OR c.oid IN (SELECT confrelid FROM pg_constraint WHERE contype = 'f'))
-       AND pg_relation_size(c.oid) > 0)
-      OR pg_relation_size(c.oid) / current_setting('block_size')::bigint
-         >= $1::float8 * c.relpages + $2
-      OR coalesce(s.n_mod_since_analyze, 0)
-         >= $3::float8 * greatest(c.reltuples, 0) + $4
-  )
-ORDER BY c.oid
-"""
+ANALYZE_LOCK_TIMEOUT = "100ms"
+"""How long the refresh's ANALYZE waits for a lock that SKIP_LOCKED does not
+cover (an index's, pg_statistic's) before it gives up."""
 
 
 async def stale_tables(conn: Conn, rule: Staleness) -> list[str]:
     """The tables of the gateway's schema that ``rule`` says to analyse (names
-    as ``regclass`` prints them, quoted where needed)."""
-    async with conn.transaction():
-        await conn.execute("SET LOCAL lock_timeout = '100ms'")
-        rows = await conn.fetch(
-            _STALE_TABLES,
-            rule.pages_factor,
-            rule.extra_pages,
-            rule.rows_factor,
-            rule.extra_rows,
-            rule.every_unplanned,
-        )
+    as ``regclass`` prints them, quoted where needed); one statement."""
+    rows = await conn.fetch(
+        "SELECT t FROM planner_stale_tables($1, $2, $3, $4, $5) AS t",
+        rule.pages_factor,
+        rule.extra_pages,
+        rule.rows_factor,
+        rule.extra_rows,
+        rule.every_unplanned,
+    )
     return [r[0] for r in rows]
 
 
-async def analyze_table(conn: Conn, table: str) -> None:
-    """ANALYZE one table (a name from :func:`stale_tables`) in a transaction of its
-    own: its lock ends with it. A table whose lock is held is skipped."""
-    async with conn.transaction():
-        await conn.execute("SET LOCAL lock_timeout = '100ms'")
-        await conn.execute(f"ANALYZE (SKIP_LOCKED) {table}")
+async def analyze_tables(conn: Conn, tables: Sequence[str], *, statement_timeout_ms: int) -> None:
+    """ANALYZE (SKIP_LOCKED) the tables (names from :func:`stale_tables`) in one
+    statement outside a transaction block, so that each table is analysed in a
+    transaction of its own. ``conn`` must not be in a transaction. The statement
+    gets ``statement_timeout_ms`` per table (one statement per table had that
+    much each) and :data:`ANALYZE_LOCK_TIMEOUT`; both are set on the session
+    and reset afterwards."""
+    await conn.execute(
+        "SELECT set_config('lock_timeout', $1, false), set_config('statement_timeout', $2, false)",
+        ANALYZE_LOCK_TIMEOUT,
+        f"{statement_timeout_ms * len(tables)}ms",
+    )
+    try:
+        await conn.execute(f"ANALYZE (SKIP_LOCKED) {', '.join(tables)}")
+    finally:
+        await conn.execute("RESET lock_timeout; RESET statement_timeout")
 
 
 async def analyze_stale(
-    conn: Conn, rule: Staleness = AFTER_BATCH
+    conn: Conn, rule: Staleness = AFTER_BATCH, *, statement_timeout_ms: int = 5000
 ) -> list[asyncpg.exceptions.PostgresLogMessage]:
     """Give the tables whose statistics ``rule`` finds stale new statistics, one
-    table at a time; return the server's warnings (tables it skipped: locked, or
-    not the connecting role's to analyse).
+    table per transaction; return the server's warnings (tables it skipped:
+    locked, or not the connecting role's to analyse). One statement, four when
+    something is analysed (the selection; the session's timeouts, ANALYZE, their
+    reset).
 
     Every inserted row's foreign-key check looks its parent up by key, e.g. a
     posting's evidence by (team_id, space_id, id). Without statistics the
@@ -369,8 +373,7 @@ async def analyze_stale(
         return warnings
     conn.add_log_listener(note)
     try:
-        for table in tables:
-            await analyze_table(conn, table)
+        await analyze_tables(conn, tables, statement_timeout_ms=statement_timeout_ms)
     finally:
         conn.remove_log_listener(note)
     return warnings

@@ -50,8 +50,9 @@ the space's own partition of ``evidence_embeddings`` (so other teams' vectors
 cannot crowd out this space's neighbours) and chooses the method by the size
 of the space: an exact scan below :data:`EXACT_SEARCH_BELOW` vectors, else the
 partition's HNSW index with an iterative scan and ``hnsw.ef_search`` =
-max(2 * per_list, 100, space size / 100), at most 1000 (db/0060: the larger the
-graph, the wider the walk must be to keep recall@10 near 0.98), re-sorted by
+max(2 * per_list, 150, space size / 100), at most 1000 (db/0060: the larger the
+graph, the wider the walk must be to keep recall@10 near 0.98; db/0110: at
+least 150, so that it holds on every build of a graph), re-sorted by
 distance; when that path comes back
 short of ``per_list`` (its nearest vectors filtered out, as after a reset), the
 exact scan answers instead (db/0006). It is a server-side function so
