@@ -74,6 +74,15 @@ STATEMENT_TRIGGER_NAMES: list[str] = [
     "relationship_terms.relationship_terms_check_documents_update",
     "relationships.relationships_keep_postings",
     "relationships.relationships_keep_postings_truncate",
+    # the lexeme statistics kept on the postings (db/0106, db/0107)
+    "evidence_terms.evidence_lexeme_stats_add",
+    "evidence_terms.evidence_lexeme_stats_on_delete",
+    "evidence_terms.evidence_lexeme_stats_on_truncate",
+    "evidence_terms.evidence_lexeme_stats_on_update",
+    "relationship_terms.relationship_lexeme_stats_add",
+    "relationship_terms.relationship_lexeme_stats_on_delete",
+    "relationship_terms.relationship_lexeme_stats_on_truncate",
+    "relationship_terms.relationship_lexeme_stats_on_update",
     # graph change counters
     "conflict_case_events.graph_change_counters_add",
     "conflict_position_relationships.graph_change_counters_add",
