@@ -1,0 +1,28 @@
+-- Drop the GIN indexes on evidence.search_document and
+-- relationships.search_document (db/0001).
+--
+-- No statement reads them. A GIN index over a tsvector (operator class
+-- tsvector_ops) serves only the @@ and @@@ operators, and nothing in the
+-- gateway, the benchmarks or any installed function uses either (nor
+-- to_tsquery, websearch_to_tsquery or ts_rank): full-text candidates and BM25
+-- come from the postings tables (evidence_terms, relationship_terms), and the
+-- documents themselves are only read by the postings triggers (unnest of the
+-- statement's new rows). pg_stat_user_indexes counted 0 scans of either index
+-- after a 10,000-evidence recall benchmark with relationships, hypotheses and
+-- conflicts (docs/benchmarks.md).
+--
+-- They still cost every write: about 7 % of an evidence insert's server CPU,
+-- and 12 MB at 2,000 abstracts (docs/benchmarks.md, "Postings checked per
+-- statement, and one JSON parse per line"). The search_document columns stay:
+-- the postings triggers read them.
+--
+-- Locks: the runner runs each file in one transaction, where DROP INDEX
+-- CONCURRENTLY is not allowed, so this takes ACCESS EXCLUSIVE on evidence and
+-- relationships until the migration commits. The drop itself is a catalog
+-- change (the files go at commit), but it first waits for every transaction
+-- that holds a lock on those tables, and readers and writers arriving
+-- meanwhile queue behind it; on a busy store, migrate at a quiet moment, or
+-- drop the indexes by hand first with DROP INDEX CONCURRENTLY IF EXISTS (then
+-- this file's IF EXISTS makes it a no-op).
+DROP INDEX IF EXISTS evidence_search_document;
+DROP INDEX IF EXISTS relationships_search_document;
