@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 import asyncpg
 import httpx
@@ -57,6 +58,33 @@ REFERENCE_TABLES: dict[str, str] = {
     "api_tokens": "looked up by token ID before the team is known, on every request: a "
     "reference table answers it on any node without fanning out to every shard",
 }
+
+STATEMENT_TRIGGER_NAMES: list[str] = [
+    # BM25 postings and statistics (db/0002, db/0003, db/0055)
+    "evidence.evidence_search_stats_add",
+    "evidence.evidence_terms_fill",
+    "relationships.relationship_search_stats_add",
+    "relationships.relationship_terms_fill",
+    # the postings' guards in place of their foreign keys (db/0115, db/0118)
+    "evidence.evidence_keep_postings",
+    "evidence.evidence_keep_postings_truncate",
+    "evidence_terms.evidence_terms_check_documents",
+    "evidence_terms.evidence_terms_check_documents_update",
+    "relationship_terms.relationship_terms_check_documents",
+    "relationship_terms.relationship_terms_check_documents_update",
+    "relationships.relationships_keep_postings",
+    "relationships.relationships_keep_postings_truncate",
+    # graph change counters
+    "conflict_case_events.graph_change_counters_add",
+    "conflict_position_relationships.graph_change_counters_add",
+    "evidence_lifecycle_events.graph_change_counters_add",
+    "relationship_status_events.graph_change_counters_add",
+    "relationships.graph_change_counters_add",
+    "source_lifecycle_events.graph_change_counters_add",
+    "space_generations.graph_change_counters_add",
+    "support_decisions.graph_change_counters_add",
+    "supports.graph_change_counters_add",
+]
 
 # The team column of each distributed table (the distribution column).
 TEAM_COLUMN_EXCEPTIONS: dict[str, str] = {"teams": "id"}
@@ -193,6 +221,49 @@ async def test_schema_is_ready_for_distribution_by_team(
     assert not closed, "known gaps no longer present (update KNOWN_GAPS and docs/deploy.md):\n" + (
         "\n".join(closed)
     )
+
+
+# Triggers Citus does not run on a distributed table: statement-level triggers
+# and triggers with transition tables. Each is named in docs/deploy.md
+# ("Triggers"), which says what replaces it before a conversion; a new one that
+# is not listed here and there fails the test below.
+STATEMENT_TRIGGERS: frozenset[str] = frozenset(STATEMENT_TRIGGER_NAMES)
+
+
+def _triggers_in_the_plan() -> str:
+    """The "Triggers" item of docs/deploy.md's conversion plan."""
+    plan = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    plan = plan[plan.index("- **Triggers.**") :]
+    return plan[: plan.index("\n- **", 1)]
+
+
+async def statement_triggers(conn: asyncpg.Connection) -> list[str]:
+    """``table.trigger`` for every statement-level or transition-table trigger of
+    the public schema (a partition's clones are checked through their parent)."""
+    rows = await conn.fetch(
+        "SELECT c.relname || '.' || t.tgname AS name FROM pg_trigger t "
+        "JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = 'public' AND NOT t.tgisinternal AND t.tgparentid = 0 "
+        "AND ((t.tgtype & 1) = 0 OR t.tgoldtable IS NOT NULL OR t.tgnewtable IS NOT NULL) "
+        "ORDER BY 1"
+    )
+    return [r["name"] for r in rows]
+
+
+async def test_every_statement_trigger_is_in_the_conversion_plan(
+    admin_conn: asyncpg.Connection,
+) -> None:
+    """The write path must do these triggers' work (or, for the postings' guards of
+    db/0115, the conversion must put the foreign keys back) before a store is
+    distributed: the list here and docs/deploy.md name every one of them."""
+    found = await statement_triggers(admin_conn)
+    assert sorted(STATEMENT_TRIGGERS - set(found)) == [], "listed but gone"
+    assert sorted(set(found) - STATEMENT_TRIGGERS) == [], (
+        "statement-level triggers missing from STATEMENT_TRIGGER_NAMES and docs/deploy.md"
+    )
+    plan = _triggers_in_the_plan()
+    missing = [n for n in found if f"`{n.split('.', 1)[1]}`" not in plan]
+    assert missing == [], "not named in docs/deploy.md, Triggers"
 
 
 async def test_the_check_catches_each_kind_of_breach(admin_conn: asyncpg.Connection) -> None:

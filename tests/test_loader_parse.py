@@ -120,3 +120,29 @@ def test_a_valid_record_is_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None
     ]
     # only the model line and the invalid one are decoded by json.loads
     assert decoded == [lines[0], lines[3]]
+
+
+@pytest.mark.parametrize(
+    "deep",
+    [
+        "[" * 5000 + "]" * 5000,
+        '{"a": ' * 5000 + "1" + "}" * 5000,
+        '{"kind": "team", "id": "t1", "name": "T", "x": ' + "[" * 5000 + "]" * 5000 + "}",
+    ],
+    ids=["list", "object", "inside-a-record"],
+)
+def test_a_deeply_nested_line_is_a_line_error(deep: str) -> None:
+    """A line nested thousands deep is refused with its line number like any other
+    invalid JSON, not a RecursionError out of the decoder (review L4); the lines
+    around it are checked as usual."""
+    lines = ['{"kind": "team", "id": "t1", "name": "T"}', deep, '{"kind": "team", "id": "t2"}']
+    assert _outcomes(lines) == [
+        "record t1",
+        "not valid JSON (nested too deeply)",
+        "field 'name': Field required",
+    ]
+    with pytest.raises(loader.LoadError) as caught:
+        loader.check(lines)
+    assert [(e.line, e.message) for e in caught.value.errors][:1] == [
+        (2, "not valid JSON (nested too deeply)")
+    ]

@@ -13,6 +13,7 @@ without its document and no document without its postings.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -73,14 +74,14 @@ async def test_the_postings_are_checked_per_statement(admin_conn: asyncpg.Connec
     assert [tuple(r) for r in rows] == [
         ("evidence", "evidence_keep_postings", False, False, True),
         ("evidence", "evidence_keep_postings_truncate", False, False, False),
-        ("evidence", "evidence_keep_postings_update", False, False, True),
+        ("evidence", "evidence_keep_postings_update", True, False, False),
         ("evidence_terms", "evidence_terms_check_documents", False, True, False),
         ("evidence_terms", "evidence_terms_check_documents_update", False, True, False),
         ("relationship_terms", "relationship_terms_check_documents", False, True, False),
         ("relationship_terms", "relationship_terms_check_documents_update", False, True, False),
         ("relationships", "relationships_keep_postings", False, False, True),
         ("relationships", "relationships_keep_postings_truncate", False, False, False),
-        ("relationships", "relationships_keep_postings_update", False, False, True),
+        ("relationships", "relationships_keep_postings_update", True, False, False),
     ]
 
 
@@ -332,3 +333,174 @@ async def test_no_write_path_leaves_an_orphan_or_a_missing_posting(
             f"WHERE d.team_id = p.team_id AND d.space_id = p.space_id AND d.id = p.{column})"
         )
         assert orphans == 0, terms
+
+
+async def _bare_document(conn: asyncpg.Connection, table: str, team: str, doc: str) -> str:
+    """A copy of ``doc`` under a new ID that nothing but its own postings name
+    (made by the document's fill trigger), so that it may be deleted."""
+    new = unique("zz-race")
+    columns = [
+        r["column_name"]
+        for r in await conn.fetch(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
+            "AND table_name = $1 AND is_generated = 'NEVER' AND column_name <> 'id' "
+            "ORDER BY ordinal_position",
+            table,
+        )
+    ]
+    listed = ", ".join(columns)
+    await conn.execute(
+        f"INSERT INTO {table} (id, {listed}) SELECT $3, {listed} FROM {table} "
+        "WHERE team_id = $1 AND id = $2",
+        team,
+        doc,
+        new,
+    )
+    return new
+
+
+async def _waiting(admin: asyncpg.Connection, pid: int) -> None:
+    """Until the backend ``pid`` waits for a lock (it has reached the conflict)."""
+    for _ in range(400):
+        if await admin.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", pid
+        ):
+            return
+        await asyncio.sleep(0.025)
+    raise AssertionError("the second session never waited for the first")
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["evidence", "relationships"])
+@pytest.mark.parametrize("change", ["delete", "new key"])
+@pytest.mark.parametrize(
+    "isolation, first",
+    [
+        ("read_committed", "posting"),
+        ("read_committed", "document"),
+        ("repeatable_read", "posting"),
+        ("repeatable_read", "document"),
+        ("serializable", "posting"),
+    ],
+)
+async def test_no_orphan_when_a_posting_and_a_delete_race(
+    writes: WriteService,
+    dsn: str,
+    admin_conn: asyncpg.Connection,
+    which: int,
+    change: str,
+    isolation: str,
+    first: str,
+) -> None:
+    """Two sessions (review H1): one writes a posting naming a document (READ
+    COMMITTED, as the gateway writes), the other removes the document (its own
+    postings first, then the row, or its key), at ``isolation``; ``first`` is the
+    session whose statement runs first, uncommitted, while the other one waits
+    for its lock. READ COMMITTED: whichever commits second gets the foreign key's
+    23503, as with the foreign key. REPEATABLE READ / SERIALIZABLE: the removal
+    is refused (0A000; its snapshot could not see the posting committed while it
+    waited). Either way no posting is left without its document."""
+    table, terms, column, constraint = _POSTINGS[which]
+    team, shared = await _team_with_memory(writes, admin_conn)
+    doc = await _bare_document(
+        admin_conn, table, team, "ev-owner" if table == "evidence" else "rel-owner"
+    )
+    insert = (
+        f"INSERT INTO {terms} (team_id, space_id, lexeme, {column}, tf, recorded_at) "
+        "VALUES ($1, $2, 'zz-race', $3, 1, now())"
+    )
+    removal = [
+        f"DELETE FROM {terms} WHERE team_id = $1 AND {column} = $2",
+        f"DELETE FROM {table} WHERE team_id = $1 AND id = $2"
+        if change == "delete"
+        else f"UPDATE {table} SET id = id || '-moved' WHERE team_id = $1 AND id = $2",
+    ]
+    writer = await asyncpg.connect(dsn)
+    remover = await asyncpg.connect(dsn)
+    try:
+        wtx = writer.transaction()
+        rtx = remover.transaction(isolation=isolation)  # type: ignore[arg-type]
+        await wtx.start()
+        await rtx.start()
+        await remover.fetchval("SELECT 1")  # the remover's snapshot, before the posting
+
+        async def remove() -> None:
+            for sql in removal:
+                await remover.execute(sql, team, doc)
+
+        async def write() -> None:
+            await writer.execute(insert, team, shared, doc)
+
+        if isolation != "read_committed" and first == "document":
+            # refused at once, whether or not a posting is on its way
+            with pytest.raises(asyncpg.FeatureNotSupportedError) as refused:
+                await remove()
+            await rtx.rollback()
+            await write()
+            await wtx.commit()
+        else:
+            await (write() if first == "posting" else remove())
+            # the other session reaches the document's lock and waits there
+            second = asyncio.create_task(remove() if first == "posting" else write())
+            await _waiting(admin_conn, (remover if first == "posting" else writer).get_server_pid())
+            await (wtx if first == "posting" else rtx).commit()
+            if isolation == "read_committed":
+                with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
+                    await second
+                assert caught.value.constraint_name == constraint
+                await (rtx if first == "posting" else wtx).rollback()
+            else:
+                # the posting committed after the remover's snapshot was taken
+                with pytest.raises(asyncpg.FeatureNotSupportedError) as refused:
+                    await second
+                await rtx.rollback()
+        if isolation != "read_committed":
+            assert refused.value.sqlstate == "0A000"
+            assert refused.value.constraint_name == constraint
+            assert refused.value.table_name == table
+            assert "READ COMMITTED" in str(refused.value)
+    finally:
+        await writer.close()
+        await remover.close()
+    orphans = await admin_conn.fetchval(
+        f"SELECT count(*) FROM {terms} p WHERE p.team_id = $1 AND NOT EXISTS (SELECT 1 "
+        f"FROM {table} d WHERE d.team_id = p.team_id AND d.space_id = p.space_id "
+        f"AND d.id = p.{column})",
+        team,
+    )
+    assert orphans == 0
+
+
+async def test_only_a_key_change_fires_the_document_update_guard(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """An UPDATE that keeps every key fires no guard (review L2: it captured
+    every updated row and anti-joined them); it even passes under REPEATABLE
+    READ, where a key change is refused. Nobody may call the SECURITY DEFINER
+    guards directly (review L3): EXECUTE is not granted to PUBLIC."""
+    team, _shared = await _team_with_memory(writes, admin_conn)
+    for table, _terms, _column, _constraint in _POSTINGS:
+        doc = await _bare_document(
+            admin_conn, table, team, "ev-owner" if table == "evidence" else "rel-owner"
+        )
+        async with admin_conn.transaction(isolation="repeatable_read"):
+            assert (
+                await admin_conn.execute(
+                    f"UPDATE {table} SET recorded_by = recorded_by WHERE team_id = $1", team
+                )
+            ).startswith("UPDATE ")
+            with pytest.raises(asyncpg.FeatureNotSupportedError):
+                await admin_conn.execute(
+                    f"UPDATE {table} SET id = id || '-moved' WHERE team_id = $1 AND id = $2",
+                    team,
+                    doc,
+                )
+    guards = await admin_conn.fetch(
+        "SELECT DISTINCT p.oid::regprocedure::text AS f, "
+        "has_function_privilege('recall_app', p.oid, 'EXECUTE') AS app, p.prosecdef, "
+        "p.provolatile::text AS provolatile FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+        "WHERE t.tgname LIKE '%check_documents%' OR t.tgname LIKE '%keep_postings%' ORDER BY 1"
+    )
+    assert len(guards) == 6
+    for g in guards:
+        # VOLATILE: each query of the guard takes a new snapshot in READ COMMITTED
+        assert (g["app"], g["prosecdef"], g["provolatile"]) == (False, True, "v"), g["f"]

@@ -238,6 +238,12 @@ def _parse(lines: Iterable[str | bytes], errors: list[LineError]) -> Iterator[tu
                 LineError(number, None, f"not valid JSON ({exc.msg} at column {exc.colno})")
             )
             data = None
+        except RecursionError:
+            # json.loads recurses once per level of nesting: a line of a few
+            # thousand brackets would otherwise escape as a stack trace, with no
+            # line number (no record nests deeper than a vector's one list).
+            errors.append(LineError(number, None, "not valid JSON (nested too deeply)"))
+            data = None
         if data is not None and not isinstance(data, dict):
             errors.append(LineError(number, None, "a record must be a JSON object"))
         elif isinstance(data, dict) and data.get("kind") == EMBEDDING_MODEL:
