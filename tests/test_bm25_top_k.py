@@ -347,7 +347,7 @@ async def test_discovery_top_k_is_the_top_of_full_scoring(
 
 # --- broken bounds are caught -------------------------------------------------------
 
-# Each breaks one step of db/0085's functions so that it may leave out a document
+# Each breaks one step of db/0085's functions (as db/0105 writes them) so that it may leave out a document
 # of the real list. The same text is in both functions, so each breakage applies
 # to either; every one of them is replaced wherever it occurs in the function.
 BREAKAGES = {
@@ -375,16 +375,26 @@ BREAKAGES = {
     "document bound halved": [
         ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
     ],
-    # 4. The survivors' final filter (HAVING) on a bound below the score.
+    # 4. The survivors' final filter (their whole bound) on a bound below the score.
     "final filter on half the bound": [
-        ("sum(greatest(t.idf, 0) * t.tf", "0.5 * sum(greatest(t.idf, 0) * t.tf"),
+        ("s.part + coalesce(m.part, 0) >=", "0.5 * (s.part + coalesce(m.part, 0)) >="),
+    ],
+    # 4. The survivors' whole bound without their minor lexemes' term parts (db/0105
+    # reads those for the survivors only, apart from the essential lexemes' bound).
+    "survivors' minor parts left out": [
+        ("s.part + coalesce(m.part, 0) >=", "s.part >="),
     ],
 }
 
 # Steps that exist only on the path of large spaces (a finite first floor): with
 # every lexeme essential there are no minor lexemes, and the lexeme bounds and the
 # rest decide nothing.
-MINOR_LEXEMES_ONLY = {"lexeme bound halved", "minor cut above the floor", "rest halved"}
+MINOR_LEXEMES_ONLY = {
+    "lexeme bound halved",
+    "minor cut above the floor",
+    "rest halved",
+    "survivors' minor parts left out",
+}
 
 
 async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: str) -> str:

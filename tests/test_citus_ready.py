@@ -65,6 +65,9 @@ STATEMENT_TRIGGER_NAMES: list[str] = [
     "evidence.evidence_terms_fill",
     "relationships.relationship_search_stats_add",
     "relationships.relationship_terms_fill",
+    # per-space lexeme statistics (db/0106)
+    "evidence_terms.evidence_lexeme_stats_add",
+    "relationship_terms.relationship_lexeme_stats_add",
     # the postings' guards in place of their foreign keys (db/0115, db/0118)
     "evidence.evidence_keep_postings",
     "evidence.evidence_keep_postings_truncate",

@@ -21,7 +21,8 @@ Per query lexeme ``t`` an upper bound ``ub(t)`` of its contribution to any
 document's score: the term part ``tf (k1 + 1) / (tf + k1 (1 - b + b dl /
 avgdl))`` grows with ``tf`` and shrinks as ``dl`` grows, so ``idf(t) max_tf
 (k1 + 1) / (max_tf + k1 (1 - b))``, with the lexeme's largest term frequency
-in the space (counted in the same index-only scan as its document frequency),
+in the space (kept with its document frequency by the write path, db/0106; a
+``knownAt`` view counts both over the postings of its instant),
 is never below it. The functions ``evidence_fulltext_top_k`` and
 ``relationship_fulltext_top_k`` then
 
@@ -35,14 +36,19 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    scores below ``theta0``, so below ``k`` visible documents, and is never in
    the list; ``rest`` is that sum;
 3. **the grouping**: only the essential lexemes' postings are grouped per
-   document, each with ``part``, the sum of their term parts at dl = 0, kept
-   when ``part + rest`` reaches ``theta0``; the ``2 k`` of highest ``part``
-   (or, when the view hides most of those, the first ``2 k`` visible ones in
-   ``part`` order) are scored exactly, and their ``k``-th best is ``theta``;
+   document into ``part``, the sum of their term parts at dl = 0 (one number
+   per document, since db/0105: no arrays of the document's lexemes and term
+   frequencies, which made the grouping spill to disk at 100,000 documents
+   per space), kept when ``part + rest`` reaches ``theta0``; the ``2 k`` of
+   highest ``part`` (or, when the view hides most of those, the first ``2 k``
+   visible ones in ``part`` order) are scored exactly, and their ``k``-th
+   best is ``theta``;
 4. **the survivors**: the documents whose ``part + rest`` reaches ``theta``
    get their minor lexemes' term frequencies from the postings' key (read for
    them only), those whose whole bound reaches ``theta`` are looked up and
-   scored, and the best ``k`` returned.
+   scored, and the best ``k`` returned. Every document scored (here and for
+   the floors) gets each query lexeme's term frequency from the postings' key,
+   read for those documents only.
 
 A document left out scores below ``theta`` (it holds no essential lexeme, or
 its bound is below ``theta``), so below ``k`` visible documents that are

@@ -217,7 +217,10 @@ FROM {call} v"""
 
 
 def _query_idf(p: Params) -> str:
-    """The query's lexemes in the space with their IDF, from the present statistics."""
+    """The query's lexemes in the space with their IDF, from the present statistics:
+    N and the total length from ``relationship_search_stats``, df and the largest
+    tf from ``relationship_lexeme_stats`` (db/0106: the write path's sharded
+    running totals over every posting of the space, summed here)."""
     team, space = p["team"], p["space"]
     return f"""query_idf AS MATERIALIZED (
     SELECT ql.lexeme, ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf, st.avgdl,
@@ -230,8 +233,8 @@ def _query_idf(p: Params) -> str:
         WHERE x.team_id = {team} AND x.space_id = {space}
     ) st
     CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df, max(c.tf) AS max_tf
-        FROM relationship_terms c
+        SELECT sum(c.df)::double precision AS df, max(c.max_tf) AS max_tf
+        FROM relationship_lexeme_stats c
         WHERE c.team_id = {team} AND c.space_id = {space} AND c.lexeme = ql.lexeme
     ) d
     WHERE d.df > 0 AND st.avgdl > 0

@@ -26,9 +26,12 @@ lexeme match is a candidate (OR semantics): ``websearch_to_tsquery`` ANDs all
 terms, which drops most matches of a natural-language question, and
 ``to_tsquery`` raises on user syntax. Neither is used, so no input can raise:
 text without lexemes (stop words, punctuation) simply matches nothing. Per
-lexeme, IDF = ln(1 + (N - df + 0.5) / (df + 0.5)); df is counted from the
-postings' primary-key prefix ``(team_id, space_id, lexeme)``, N and the total
-document length from ``evidence_search_stats`` (db/0002_search_stats.sql).
+lexeme, IDF = ln(1 + (N - df + 0.5) / (df + 0.5)); df and the lexeme's
+largest tf come from ``evidence_lexeme_stats``, kept by the write path
+(db/0106_lexeme_statistics.sql: sharded running totals over the postings,
+summed here, at most 8 rows per lexeme, instead of a count of every posting of
+every query lexeme), N and the total document length from
+``evidence_search_stats`` (db/0002_search_stats.sql).
 These statistics cover the whole space, all generations and the present
 state; they shape the order of candidates, never which evidence qualifies.
 Of the hits (most of a space, for a question with a common word), only those
@@ -196,10 +199,13 @@ def _fulltext_prelude(p: Params) -> str:
 
     ``unnest(tsvector)`` yields each lexeme once. ``query_idf`` holds one row
     per branch space and query lexeme present in it. It is a materialised CTE
-    so that df is counted once per lexeme: inlined as a subquery, the planner
+    so that df is read once per lexeme: inlined as a subquery, the planner
     (which estimates one posting per lexeme) counted df once per *posting*
     instead, 4,508 times for a 4-lexeme query on a 10,000-evidence space of
     the recall benchmark, 1.4 s under EXPLAIN ANALYZE (the p50 of 325 ms).
+    df and max_tf are the sums of the write path's running totals
+    (``evidence_lexeme_stats``, db/0106): every posting of the space, all
+    generations, as the count of postings they replace.
     """
     team = p["team"]
     return f"""WITH query_lexemes AS MATERIALIZED (
@@ -218,8 +224,8 @@ query_idf AS MATERIALIZED (
         WHERE x.team_id = {team} AND x.space_id = b.space_id
     ) st
     CROSS JOIN LATERAL (
-        SELECT count(*)::double precision AS df, max(c.tf) AS max_tf
-        FROM evidence_terms c
+        SELECT sum(c.df)::double precision AS df, max(c.max_tf) AS max_tf
+        FROM evidence_lexeme_stats c
         WHERE c.team_id = {team} AND c.space_id = b.space_id AND c.lexeme = ql.lexeme
     ) d
     WHERE d.df > 0 AND st.avgdl > 0

@@ -1,0 +1,213 @@
+"""The per-space lexeme statistics kept by the write path (db/0106).
+
+The current view's BM25 reads each query lexeme's document frequency and
+largest term frequency from ``evidence_lexeme_stats`` and
+``relationship_lexeme_stats`` (sharded running totals, summed at read time)
+instead of counting the postings. They must be exactly what that count gave:
+per (team, space, lexeme), the number of postings and their largest ``tf``,
+over every generation. Checked here after loads of several statements, single
+writes through the API, concurrent loads into one space, in shared and private
+spaces; a broken trigger (each way it could go wrong) is caught by the same
+comparison; and the rows are walled like the postings. The lists themselves
+are compared with BM25 over every document in ``tests/test_bm25_top_k.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_mutations import incident_memory, remember
+from .test_recall import token
+
+# (statistics table, postings table, postings' document column, document table)
+_TABLES = (
+    ("evidence_lexeme_stats", "evidence_terms", "evidence_id", "evidence"),
+    ("relationship_lexeme_stats", "relationship_terms", "relationship_id", "relationships"),
+)
+
+
+async def _mismatches(conn: asyncpg.Connection, team: str) -> dict[str, int]:
+    """Per statistics table: the (space, lexeme) rows where the kept df or max_tf
+    differs from a count of the postings (0 each), and the number compared."""
+    out: dict[str, int] = {}
+    for stats, terms, _, _ in _TABLES:
+        counted = (
+            f"SELECT space_id, lexeme, count(*) AS df, max(tf) AS max_tf FROM {terms} "
+            "WHERE team_id = $1 GROUP BY space_id, lexeme"
+        )
+        kept = (
+            f"SELECT space_id, lexeme, sum(df)::bigint AS df, max(max_tf) AS max_tf FROM {stats} "
+            "WHERE team_id = $1 GROUP BY space_id, lexeme"
+        )
+        out[f"{stats} differ"] = await conn.fetchval(
+            f"SELECT count(*) FROM ((({counted}) EXCEPT ({kept})) "
+            f"UNION ALL (({kept}) EXCEPT ({counted}))) x",
+            team,
+        )
+        out[f"{stats} compared"] = await conn.fetchval(f"SELECT count(*) FROM ({counted}) x", team)
+    return out
+
+
+def _notes(team: str, prefix: str, n: int) -> str:
+    """``n`` evidence of a source of their own in the shared space, each supporting
+    a relationship, their words shared so that every statement adds to the rows of
+    the others (team_records' team, entities and principals)."""
+    records: list[dict[str, Any]] = [
+        {
+            "kind": "source",
+            "team": team,
+            "id": f"{prefix}src",
+            "space": "shared",
+            "type": "document",
+            "title": f"Notes {prefix}",
+        }
+    ]
+    for i in range(n):
+        words = " ".join(["billing"] * (1 + i % 3))
+        records += [
+            {
+                "kind": "evidence",
+                "team": team,
+                "id": f"{prefix}ev{i}",
+                "source": f"{prefix}src",
+                "content": f"Note {i}: the {words} service retries the hub every {i % 7} minutes.",
+            },
+            {
+                "kind": "relationship",
+                "team": team,
+                "id": f"{prefix}rel{i}",
+                "space": "shared",
+                "owner": "alice",
+                "subject": "billing",
+                "predicate": "notes",
+                "object_value": f"{words} retries {i % 5}",
+                "supports": [{"id": f"{prefix}sup{i}", "evidence": f"{prefix}ev{i}"}],
+            },
+        ]
+    return jsonl(records)
+
+
+def _assert_exact(found: dict[str, int]) -> None:
+    for name, n in found.items():
+        if name.endswith("compared"):
+            assert n > 0, f"{name}: the comparison saw no rows"
+        else:
+            assert n == 0, f"{name}: {n}"
+
+
+async def test_statistics_are_the_count_of_the_postings(
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    team = unique("lexstat")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    # Batches of 10 records: many statements, each adding to the others' lexemes.
+    await load_jsonl(writes, _notes(team, "a-", 30), batch_size=10)
+    # Two loads at once into the same space (other connections, other shards).
+    await asyncio.gather(
+        load_jsonl(writes, _notes(team, "b-", 20), batch_size=8),
+        load_jsonl(writes, _notes(team, "c-", 20), batch_size=8),
+    )
+    # Single writes through the API, shared and private.
+    tok = await token(writes, team, "bob")
+    for suffix, space in (("-a", "SHARED"), ("-b", "PRIVATE")):
+        body = await remember(client, tok, incident_memory(space, suffix))
+        assert "errors" not in body, body
+    _assert_exact(await _mismatches(admin_conn, team))
+    # Several statements did add to one lexeme's row (else a trigger that overwrote
+    # its row would pass the comparison above).
+    for stats, _, _, _ in _TABLES:
+        many = await admin_conn.fetchval(f"SELECT max(df) FROM {stats} WHERE team_id = $1", team)
+        assert many > 10, stats
+
+
+# Each breaks the statistics trigger in one way it could go wrong.
+BREAKAGES = {
+    "df overwritten instead of added": ("df = s.df + excluded.df", "df = excluded.df"),
+    "max_tf not raised": ("greatest(s.max_tf, excluded.max_tf)", "excluded.max_tf"),
+    "a statement counted once per lexeme": ("count(*)", "1"),
+}
+
+
+async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> None:
+    """Postings of a new lexeme for documents already stored, in two statements of
+    several rows each: three documents with tf 3, then two more with tf 1."""
+    _, terms, key, documents = _TABLES[table]
+    docs = await conn.fetch(
+        f"SELECT team_id, space_id, id, recorded_at FROM {documents} WHERE team_id = $1 "
+        "ORDER BY space_id, id LIMIT 5",
+        team,
+    )
+    assert len(docs) == 5
+    for part, tf in ((docs[:3], 3), (docs[3:], 1)):
+        await conn.execute(
+            f"INSERT INTO {terms} (team_id, space_id, lexeme, {key}, tf, recorded_at) "
+            f"SELECT d.team_id, d.space_id, 'zzlexstat', d.id, $3, d.recorded_at "
+            f"FROM {documents} d WHERE d.team_id = $1 AND d.id = ANY ($2::text[])",
+            team,
+            [d["id"] for d in part],
+            tf,
+        )
+
+
+@pytest.mark.parametrize("table", [0, 1], ids=["evidence", "relationships"])
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+async def test_a_broken_trigger_is_caught(
+    writes: WriteService, admin_conn: asyncpg.Connection, table: int, breakage: str
+) -> None:
+    """The comparison above fails when the trigger is wrong: the trigger function
+    replaced by a broken copy and postings inserted, in a transaction rolled back;
+    the real trigger, with the same postings, passes it."""
+    stats = _TABLES[table][0]
+    function = stats.replace("_stats", "_stats_add")
+    team = unique("lexbroken")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    await load_jsonl(writes, _notes(team, "a-", 6))
+    definition = await admin_conn.fetchval(f"SELECT pg_get_functiondef('{function}'::regproc)")
+    old, new = BREAKAGES[breakage]
+    assert old in definition, old
+    for broken in (False, True):
+        tx = admin_conn.transaction()
+        await tx.start()
+        try:
+            if broken:
+                await admin_conn.execute(definition.replace(old, new))
+            await _insert_postings(admin_conn, team, table)
+            found = await _mismatches(admin_conn, team)
+        finally:
+            await tx.rollback()
+        assert (found[f"{stats} differ"] > 0) == broken, (breakage, broken, found)
+
+
+async def test_statistics_are_walled_like_the_postings(
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """The application role sees the rows of its team's allowed spaces only."""
+    team_a, team_b = unique("lexwall-a"), unique("lexwall-b")
+    await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
+    spaces = {
+        r["owner"]: r["id"]
+        for r in await admin_conn.fetch(
+            "SELECT owner_principal_id AS owner, id FROM memory_spaces WHERE team_id = $1",
+            team_a,
+        )
+    }
+    for stats, _, _, _ in _TABLES:
+        seen = f"SELECT DISTINCT team_id, space_id FROM {stats}"
+        async with db.tenant(team_a, [spaces[None]]) as conn:
+            assert {tuple(r) for r in await conn.fetch(seen)} == {(team_a, spaces[None])}
+        async with db.tenant(team_b, [spaces[None]]) as conn:
+            assert await conn.fetch(seen) == []
+        private = await admin_conn.fetchval(
+            f"SELECT count(*) FROM {stats} WHERE space_id = $1", spaces["alice"]
+        )
+        assert private > 0 or stats.startswith("relationship")
