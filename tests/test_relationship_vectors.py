@@ -32,7 +32,7 @@ from gateway.store.related import EXACT_SEARCH_BELOW
 from .conftest import load_jsonl, unique
 from .factories import jsonl
 from .test_related import rel
-from .test_search import _near, _spaces
+from .test_search import _near, _spaces, index_rows_fetched
 
 DIMS = 384
 # Passed as p_exact_below: the HNSW path from this many relationships on.
@@ -244,6 +244,8 @@ async def _candidates(
     async with db.unit(s.team, [s.space]) as unit, unit.step() as conn:
         assert await conn.fetchval("SELECT current_user") == APP_ROLE
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
+        partition = f"relationship_embeddings_{s.space.hex}"
+        before = await index_rows_fetched(conn, partition)
         got = [
             r["relationship_id"]
             for r in await conn.fetch(
@@ -259,10 +261,7 @@ async def _candidates(
                 exact_below,
             )
         ]
-        fetched = await conn.fetchval(
-            "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1",
-            f"relationship_embeddings_{s.space.hex}",
-        )
+        fetched = await index_rows_fetched(conn, partition) - before
     return got, fetched
 
 

@@ -27,6 +27,22 @@ from gateway.store.search import BranchSearch, CandidateQuery, evidence_candidat
 from .conftest import load_jsonl, unique
 from .factories import jsonl
 
+
+async def index_rows_fetched(conn: asyncpg.Connection, table: str) -> int:
+    """Rows the table has handed over by index scans in this backend, not yet
+    flushed to the cumulative statistics.
+
+    ``pg_stat_xact_user_tables`` shows the backend's pending counts, and the
+    server flushes them at most once a second when the session goes idle: a
+    transaction run soon after another on the same pooled connection sees the
+    earlier one's fetches too. A walk's width is therefore read as the
+    difference of two readings taken inside its own transaction."""
+    fetched = await conn.fetchval(
+        "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1", table
+    )
+    return int(fetched or 0)
+
+
 # --- scenario helpers ----------------------------------------------------------------
 
 
@@ -830,11 +846,9 @@ async def test_hnsw_walk_of_a_10000_vector_space_is_150_wide(
             assert await conn.fetchval("SELECT current_user") == APP_ROLE
             await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
             query_ = CandidateQuery(team, (branch,), None, query, (), (), per_list, None)
+            before = await index_rows_fetched(conn, partition)
             got = (await evidence_candidates(conn, query_))[("shared", "vector")]
-            walked[per_list] = await conn.fetchval(
-                "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1",
-                partition,
-            )
+            walked[per_list] = await index_rows_fetched(conn, partition) - before
         assert len(got) == per_list
         assert got[:10] == exact
     assert walked == {10: 150, 60: 150}
@@ -891,10 +905,9 @@ async def test_hnsw_walk_of_a_large_space_uses_its_ef_in_the_recall_transaction(
         # full scan of 1,500 rows may look cheaper to the planner).
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
         query_ = CandidateQuery(team, (branch,), None, query, (), (), 10, None)
+        before = await index_rows_fetched(conn, partition)
         got = (await evidence_candidates(conn, query_))[("shared", "vector")]
-        fetched = await conn.fetchval(
-            "SELECT idx_tup_fetch FROM pg_stat_xact_user_tables WHERE relname = $1", partition
-        )
+        fetched = await index_rows_fetched(conn, partition) - before
     assert got == exact
     assert fetched == 200
 
