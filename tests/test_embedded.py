@@ -365,6 +365,10 @@ _CHILD = textwrap.dedent(
     # A terminal starts Python with SIGINT -> KeyboardInterrupt; a background job
     # may inherit SIGINT ignored, so make the child behave like the terminal case.
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Under nohup the suite, and so this child, inherits SIGHUP ignored, and
+    # install_signal_handlers keeps an ignored signal (someone else's choice):
+    # give the child the default that a terminal session has.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     pg = EmbeddedPostgres(Path(sys.argv[1])).start()
     pg.install_signal_handlers()
     try:
