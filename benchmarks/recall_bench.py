@@ -192,6 +192,7 @@ async def generate(
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
     guards = await _postings_guards(conn)
+    planned: set[str] = set()
     try:
         for table, trigger in guards:
             await conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
@@ -305,7 +306,9 @@ async def generate(
             cut = per_team - per_team // NEWEST_PART
             for part in (slice(0, cut), slice(cut, per_team)):
                 async with conn.transaction():
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "evidence",
                         records=evidence[part],
                         columns=[
@@ -318,12 +321,16 @@ async def generate(
                             "content_sha256",
                         ],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "evidence_lifecycle_events",
                         records=lifecycle[part],
                         columns=["team_id", "space_id", "evidence_id", "status"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "relationships",
                         records=rels[part],
                         columns=[
@@ -339,22 +346,30 @@ async def generate(
                             "statement",
                         ],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "relationship_status_events",
                         records=rel_events[part],
                         columns=["team_id", "space_id", "relationship_id", "status"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "supports",
                         records=supports[part],
                         columns=["team_id", "id", "space_id", "evidence_id", "relationship_id"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "support_decisions",
                         records=decisions[part],
                         columns=["team_id", "space_id", "support_id", "decision"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         detached.get("evidence_embeddings", "evidence_embeddings"),
                         records=vectors[part],
                         columns=[
@@ -367,7 +382,9 @@ async def generate(
                         ],
                     )
                     if rel_vectors[part]:
-                        await conn.copy_records_to_table(
+                        await _copy(
+                        conn,
+                        planned,
                             detached.get("relationship_embeddings", "relationship_embeddings"),
                             records=rel_vectors[part],
                             columns=[
@@ -403,6 +420,32 @@ async def generate(
         }
     finally:
         await conn.close()
+
+
+async def _copy(
+    conn: asyncpg.Connection,
+    planned: set[str],
+    table: str,
+    *,
+    records: list[tuple[Any, ...]],
+    columns: list[str],
+) -> None:
+    """COPY ``records`` into ``table``; the first time a table is written, ANALYZE it
+    right after (inside the same transaction, which ANALYZE samples too).
+
+    The foreign keys' checks (and any statement a trigger plans) are planned at
+    their first run in the generator's one session. Planned on a table without
+    statistics, the lookup of a referenced row by its key took an index led by
+    (team_id, space_id) alone with the ID as a filter (relationships has several
+    such indexes), so every row of the next COPY looked through all of its
+    space's rows: at 90,000 relationships per space, ``relationship_status_events``'
+    COPY ran for minutes in its foreign-key check. ANALYZE gives the planner the
+    table's statistics and invalidates the plans made without them, as the
+    loader's statistics refresh does for a new store (docs/data-model.md)."""
+    await conn.copy_records_to_table(table, records=records, columns=columns)
+    if table not in planned:
+        planned.add(table)
+        await conn.execute(f'ANALYZE "{table}"')
 
 
 # The postings' insert guards of db/0115 (every posting's document exists, and is
