@@ -135,12 +135,15 @@ BREAKAGES = {
     "df overwritten instead of added": ("df = s.df + excluded.df", "df = excluded.df"),
     "max_tf not raised": ("greatest(s.max_tf, excluded.max_tf)", "excluded.max_tf"),
     "a statement counted once per lexeme": ("count(*)", "1"),
+    "a statement's smallest tf kept for its largest": ("max(n.tf)", "min(n.tf)"),
 }
 
 
 async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> None:
     """Postings of a new lexeme for documents already stored, in two statements of
-    several rows each: three documents with tf 3, then two more with tf 1."""
+    several rows each: three documents with tf 3, 2 and 3, then two more with tf 1.
+    The first statement's tfs differ, so that a trigger keeping a statement's
+    smallest tf where its largest belongs is caught (2 kept, 3 counted)."""
     _, terms, key, documents = _TABLES[table]
     docs = await conn.fetch(
         f"SELECT team_id, space_id, id, recorded_at FROM {documents} WHERE team_id = $1 "
@@ -148,14 +151,15 @@ async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> N
         team,
     )
     assert len(docs) == 5
-    for part, tf in ((docs[:3], 3), (docs[3:], 1)):
+    for part, tfs in ((docs[:3], [3, 2, 3]), (docs[3:], [1, 1])):
         await conn.execute(
             f"INSERT INTO {terms} (team_id, space_id, lexeme, {key}, tf, recorded_at) "
-            f"SELECT d.team_id, d.space_id, 'zzlexstat', d.id, $3, d.recorded_at "
-            f"FROM {documents} d WHERE d.team_id = $1 AND d.id = ANY ($2::text[])",
+            f"SELECT d.team_id, d.space_id, 'zzlexstat', d.id, p.tf, d.recorded_at "
+            f"FROM {documents} d JOIN unnest($2::text[], $3::integer[]) AS p (id, tf) "
+            "ON p.id = d.id WHERE d.team_id = $1",
             team,
             [d["id"] for d in part],
-            tf,
+            tfs,
         )
 
 
@@ -224,7 +228,7 @@ async def test_owner_delete_and_update_of_postings_keep_them_exact(
     team = unique("lexdel")
     await load_jsonl(writes, jsonl(team_records(team)))
     await load_jsonl(writes, _notes(team, "a-", 8), batch_size=4)
-    await _insert_postings(admin_conn, team, table)  # 'zzlexstat': tf 3, 3, 3, 1, 1
+    await _insert_postings(admin_conn, team, table)  # 'zzlexstat': tf 3, 2, 3, 1, 1
     one = await admin_conn.fetchval(
         f"SELECT {key} FROM {terms} WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 3 "
         f"ORDER BY {key} LIMIT 1",
