@@ -27,9 +27,9 @@ from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
+from .test_lexeme_statistics import _assert_exact, _mismatches
 from .test_load_paths import EXAMPLE, _generated, _load, _retarget
 from .test_mutations import incident_memory, ok, remember
-from .test_lexeme_statistics import _assert_exact, _mismatches
 from .test_postings import _as_before_0055, _assert_as_before
 from .test_recall import token
 
