@@ -156,6 +156,13 @@ class Settings(BaseSettings):
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
     )
+    load_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Loader batches in flight at once, each a transaction on a connection "
+        "of its own (1: one batch at a time); see docs/loading.md.",
+    )
     index_build_memory_mb: int = Field(
         default=1024,
         ge=64,

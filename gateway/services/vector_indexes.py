@@ -188,6 +188,9 @@ class Deferral:
         self.resolved: dict[tuple[str, str], UUID] = {}
         self._conn: Conn | None = None
         self._stack = contextlib.AsyncExitStack()
+        # One statement at a time on the held connection: the batches of a
+        # pipelined load (gateway/services/loader.py) claim and hold from two tasks.
+        self._turn = asyncio.Lock()
 
     async def __aenter__(self) -> Self:
         self._conn = await self._stack.enter_async_context(self.db.acquire())
@@ -203,13 +206,20 @@ class Deferral:
     async def release(self) -> None:
         """Let builds take this load's spaces (the load is over)."""
         if self._conn is not None and not self._conn.is_closed():
-            for space in self.spaces:
-                with contextlib.suppress(Exception):
-                    await store.release_filling(self._conn, space)
+            async with self._turn:
+                for space in self.spaces:
+                    with contextlib.suppress(Exception):
+                        await store.release_filling(self._conn, space)
 
     async def hold(self, space: UUID) -> None:
         """Take the space's filling lock (once per space). Refused while a build
         of the space runs: its vectors are about to be attached."""
+        if space in self.spaces:  # a batch in its transaction never waits for a claim
+            return
+        async with self._turn:
+            await self._hold(space)
+
+    async def _hold(self, space: UUID) -> None:
         if space in self.spaces:
             return
         assert self._conn is not None, "use Deferral as an async context manager"
@@ -222,18 +232,23 @@ class Deferral:
             )
         self.spaces.append(space)
 
-    async def claim(self, team: str, space: UUID) -> None:
+    async def claim(self, team: str, space: UUID) -> bool:
         """Hold the space and detach its vector tables if they are attached and empty,
         in short transactions of their own that wait at most 100 ms for the parents'
         lock each time and back off between tries (:mod:`gateway.services.lock_waits`).
         Raises SpaceHasVectors when the space holds vectors readers find (then
-        nothing changed)."""
-        await self.hold(space)
+        nothing changed). True when this call detached the space (False: it was
+        detached already), so that a refused batch undoes only its own detaches."""
+        async with self._turn:
+            return await self._claim(team, space)
+
+    async def _claim(self, team: str, space: UUID) -> bool:
+        await self._hold(space)
         assert self._conn is not None
         conn = self._conn
         attached, full = await store.attached_state(conn, space)
         if not attached:
-            return
+            return False
         if full:  # refuse without touching the parents' lock
             raise await _has_vectors(conn, space)
         outcome = store.Detach.DETACHED
@@ -253,6 +268,7 @@ class Deferral:
             raise await _has_vectors(conn, space)
         if outcome is store.Detach.REEMBED_RUNNING:
             raise reembed_running()
+        return True
 
     async def unclaim(self, space: UUID) -> bool:
         """Undo :meth:`claim` for a space whose batch was refused: attach its vector
@@ -262,6 +278,10 @@ class Deferral:
         transactions that give way to other sessions like :meth:`claim`: False, and
         the space stays deferred and held (the end of the load names it), when
         another load has filled it meanwhile or the tables stayed busy."""
+        async with self._turn:
+            return await self._unclaim(space)
+
+    async def _unclaim(self, space: UUID) -> bool:
         assert self._conn is not None
         conn = self._conn
         undone = False
