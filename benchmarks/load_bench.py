@@ -307,7 +307,8 @@ async def run_load(
             actor=Actor.operator(),
             set_based=set_based,
             index_after=index_after,
-            concurrency=args.concurrency,
+            # only when asked for: the same script then measures a loader before the option
+            **({"concurrency": args.concurrency} if args.concurrency != 1 else {}),
         )
         rows_cpu = await cpu.seconds()
         index_seconds = 0.0
@@ -338,7 +339,7 @@ async def run_load(
         return {
             "server_cpu": total_cpu,
             "rows_server_cpu": rows_cpu,
-            "overlapped": report.overlapped,
+            "overlapped": getattr(report, "overlapped", 0),
             "batches": report.batches,
             "index_seconds": index_seconds,
             "seconds": elapsed,

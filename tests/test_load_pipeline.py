@@ -130,8 +130,29 @@ def _aligned(docs: int) -> list[dict[str, Any]]:
     return lines[:4] + extra + lines[4:]
 
 
+def _relationships_last(docs: int) -> list[dict[str, Any]]:
+    """``_documents`` with each kind together: sources, entities, evidence, then the
+    relationships (without supports, so that they name no evidence in flight),
+    whose first two batches (the team's first relationship vectors: its
+    projection is made then) are in flight together."""
+    lines = [
+        {**r, "supports": []} if r["kind"] == "relationship" else r for r in _documents("T", docs)
+    ]
+    return lines[:2] + sorted(
+        lines[2:],
+        key=lambda r: ["source", "entity", "evidence", "relationship"].index(r["kind"]),
+    )
+
+
 @pytest.mark.parametrize(
-    "shape", ["generated", "generated, aligned", "documents", "documents, index after"]
+    "shape",
+    [
+        "generated",
+        "generated, aligned",
+        "documents",
+        "documents, index after",
+        "relationships last",
+    ],
 )
 async def test_batches_in_flight_write_the_same_rows(
     writes: WriteService, admin_conn: asyncpg.Connection, shape: str
@@ -140,9 +161,11 @@ async def test_batches_in_flight_write_the_same_rows(
     # end; its documents straddle batches of 8, so each batch refers to the one
     # before and none may overlap. "aligned" and "documents" have batches that
     # refer to nothing in flight.
-    lines = {"generated": _generated(30), "generated, aligned": _aligned(30)}.get(
-        shape, _documents("T", 24)
-    )
+    lines = {
+        "generated": _generated(30),
+        "generated, aligned": _aligned(30),
+        "relationships last": _relationships_last(16),
+    }.get(shape, _documents("T", 24))
     index_after = shape.endswith("index after")
     one, two = unique("serial"), unique("pipelined")
     serial = await _load(writes, lines, one, concurrency=1, index_after=index_after)
