@@ -370,15 +370,13 @@ class ServerCpu:
 
     async def start(self) -> None:
         conn = await asyncpg.connect(self.dsn)
-        try:
-            backend = await conn.fetchval("SELECT pg_backend_pid()")
-        finally:
-            await conn.close()
-        try:
-            self.postmaster = int(_stat(backend)[1])
+        try:  # while the backend lives: its parent is the postmaster
+            self.postmaster = int(_stat(await conn.fetchval("SELECT pg_backend_pid()"))[1])
             self.base = _tree_cpu(self.postmaster)
         except (OSError, ValueError, IndexError):
             self.postmaster = None
+        finally:
+            await conn.close()
 
     async def seconds(self) -> float | None:
         if self.postmaster is None:
