@@ -340,6 +340,7 @@ async def run_load(
             "server_cpu": total_cpu,
             "rows_server_cpu": rows_cpu,
             "overlapped": getattr(report, "overlapped", 0),
+            "lanes": getattr(report, "lanes", 0),
             "batches": report.batches,
             "index_seconds": index_seconds,
             "seconds": elapsed,
@@ -839,7 +840,8 @@ def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
     print(f"  statements/1k records {figures['statements'] * 1000 / figures['records']:10.0f}")
     print(
         f"  batches overlapped    {int(figures['overlapped']):10d}   "
-        f"(of {int(figures['batches'])}: started while the one before was in flight)"
+        f"(of {int(figures['batches'])}: started while the one before was in flight; "
+        f"{int(figures['lanes'])} connections)"
     )
     if figures["server_cpu"] is not None:
         rows_cpu = figures["rows_server_cpu"]

@@ -96,6 +96,8 @@ class LoadReport:
     """Spaces whose vectors this load (``index_after``) left for the index build."""
     overlapped: int = 0
     """Batches started while the batch before them was still in flight."""
+    lanes: int = 0
+    """Connections the load's batches ran on side by side (0: one at a time)."""
 
 
 def _loc(loc: tuple[int | str, ...]) -> str | None:
@@ -396,6 +398,7 @@ async def load(
     chunks = batches(records, batch_size)
     if concurrency > 1 and set_based and actor.is_operator:
         async with service.writer_lanes(concurrency) as lanes:
+            report.lanes = len(lanes)
             await _Loading(service, actor, report, progress, embed_ahead, deferral, lanes).run(
                 chunks
             )

@@ -61,6 +61,8 @@ class IndexReport:
     per_table: list[tuple[str, int, float]] = field(default_factory=list)
     busy: list[DeferredSpace] = field(default_factory=list)
     failed: list[tuple[str, DeferredSpace, str]] = field(default_factory=list)
+    paired: int = 0
+    """Spaces whose two tables were built at once (see :func:`together`)."""
 
 
 async def deferred_spaces(db: Database) -> list[DeferredSpace]:
@@ -103,6 +105,25 @@ async def build_pending(
                 report.busy.append(name)
                 continue
             try:
+                if together(tables, maintenance_work_mem_mb):
+                    async with store.spare_connection(db) as other:
+                        if other is not None:
+                            half = maintenance_work_mem_mb // 2
+                            first, second = tables
+                            # both end before either connection goes back to the pool
+                            outcomes = await asyncio.gather(
+                                _build_one(db, conn, first, name, report, progress, half, workers),
+                                _build_one(
+                                    db, other, second, name, report, progress, half, workers
+                                ),
+                                return_exceptions=True,
+                            )
+                            for outcome in outcomes:
+                                if isinstance(outcome, BaseException):
+                                    raise outcome
+                            await store.close_deferral(conn, space)
+                            report.paired += 1
+                            continue
                 for item in tables:
                     await _build_one(
                         db, conn, item, name, report, progress, maintenance_work_mem_mb, workers
@@ -111,6 +132,29 @@ async def build_pending(
                 await store.release_building(conn, space)
     report.seconds = time.perf_counter() - started
     return report
+
+
+GRAPH_KB_PER_VECTOR = 4
+"""What one vector's share of an HNSW graph under construction is taken to be
+(about 2 KB for 384 dimensions, docs/loading.md: a margin of two)."""
+
+MIN_BUILD_MEMORY_MB = 64
+
+
+def together(tables: Sequence[Deferred], memory_mb: int) -> bool:
+    """Whether a space's two tables (its evidence's and its relationships' vectors)
+    are built at once, on two connections, each with half of ``memory_mb``: only
+    when each graph fits in that half (:data:`GRAPH_KB_PER_VECTOR`), so that the
+    two together never use more memory than one build alone would, and none
+    outgrows its memory where one at a time it would not. On two cores the
+    server then builds both graphs at once, where a build too small for
+    PostgreSQL's parallel workers uses one core."""
+    half = memory_mb // 2
+    return (
+        len(tables) == 2
+        and half >= MIN_BUILD_MEMORY_MB
+        and all(t.rows * GRAPH_KB_PER_VECTOR <= half * 1024 for t in tables)
+    )
 
 
 async def _name(conn: Conn, space: UUID) -> DeferredSpace:
