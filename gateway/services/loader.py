@@ -494,7 +494,11 @@ class _Loading:
             chunk = next(chunks, None)
             while chunk is not None:
                 if self._may_overlap(chunk):
-                    while len(self.flying) >= len(self.lanes):
+                    while len(self.flying) >= len(self.lanes) or any(
+                        _gave_way(f) for f in self.flying
+                    ):
+                        # A batch that gave way is applied again before any later
+                        # batch begins: system times stay in file order.
                         await self._land(last=False)
                     await self._launch(chunk)
                     chunk = next(chunks, None)
@@ -661,6 +665,11 @@ def _settle(committed: asyncio.Future[bool], task: asyncio.Task[BatchResult]) ->
         _settle_as(committed, True)
     elif not isinstance(task.exception(), TurnYielded):
         _settle_as(committed, False)
+
+
+def _gave_way(flight: _Flight) -> bool:
+    task = flight.task
+    return task.done() and not task.cancelled() and isinstance(task.exception(), TurnYielded)
 
 
 def _settle_as(committed: asyncio.Future[bool], value: bool) -> None:

@@ -821,6 +821,8 @@ class Turn:
             if previous.done() or self.previous_pid is None:
                 break
             blockers = await bulk_store.lock_blockers(conn, self.previous_pid)
+            if previous.done():  # it ended meanwhile: what it waited for is moot
+                break
             if conn.get_server_pid() in blockers:
                 raise TurnYielded
             # a wait on a third session that may itself wait for this batch
