@@ -339,3 +339,32 @@ async def test_a_batch_after_a_refused_one_is_rolled_back(
                 turn=Turn(lane, refused, before_lane.get_server_pid()),
             )
     assert await admin_conn.fetchval("SELECT count(*) FROM evidence WHERE team_id = $1", team) == 0
+
+
+async def test_a_file_changed_while_batches_are_in_flight_keeps_what_came_before(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    bad = 2 + 14 * 4  # document 14's source: the first line of the 8th batch of 8 records
+    outcomes = []
+    for concurrency in (1, 2):
+        team = unique("changed")
+        lines = loader.split_lines(_retarget(_documents("T", 20), team))
+        loader.check(lines)
+        changed = [*lines[:bad], '{"kind": "source"}', *lines[bad + 1 :]]
+        with pytest.raises(loader.LoadError) as caught:
+            await loader.load(
+                writes,
+                loader.stream(changed),
+                batch_size=8,
+                actor=Actor.operator(),
+                concurrency=concurrency,
+            )
+        assert "changed while it was loaded" in caught.value.message
+        written = await admin_conn.fetch(
+            "SELECT id FROM evidence WHERE team_id = $1 ORDER BY id", team
+        )
+        outcomes.append((caught.value.errors[0].line, [r["id"] for r in written]))
+    assert outcomes[1] == outcomes[0]
+    # the stream stops while it reads the batch before the changed line's (a batch
+    # ends when the next record is read): documents 0-11 are written, in flight or not
+    assert outcomes[1] == (bad + 1, sorted(f"ev-{i}" for i in range(12)))

@@ -491,7 +491,7 @@ class _Loading:
 
     async def run(self, chunks: Iterator[Chunk], *, set_based: bool = True) -> None:
         try:
-            chunk = next(chunks, None)
+            chunk = await self._next(chunks)
             while chunk is not None:
                 if self._may_overlap(chunk):
                     while len(self.flying) >= len(self.lanes) or any(
@@ -501,25 +501,43 @@ class _Loading:
                         # batch begins: system times stay in file order.
                         await self._land(last=False)
                     await self._launch(chunk)
-                    chunk = next(chunks, None)
+                    chunk = await self._next(chunks)
                     continue
                 while self.flying:
                     await self._land(last=False)
                 result = await self._apply(chunk, set_based=set_based)
-                following = next(chunks, None)
+                following = await self._next(chunks)
                 await self._account(chunk, result, last=following is None)
                 chunk = following
             while self.flying:
                 await self._land(last=len(self.flying) == 1)
-        finally:
-            # After a refusal the batches still in flight roll back (their turn
-            # never comes); after anything else they are stopped.
-            for flight in self.flying:
-                if not flight.committed.done():
-                    flight.task.cancel()
-                with contextlib.suppress(BaseException):
-                    await flight.task
-            self.flying.clear()
+        except BaseException as exc:
+            await self._abandon(stop=not isinstance(exc, LoadError))
+            raise
+
+    async def _next(self, chunks: Iterator[Chunk]) -> Chunk | None:
+        """The next batch of the stream. A file that changed since it was checked
+        stops the load there, after the batches in flight have committed (one
+        batch at a time, they had committed before the next was read)."""
+        try:
+            return next(chunks, None)
+        except LoadError:
+            while self.flying:
+                await self._land(last=False)
+            raise
+
+    async def _abandon(self, *, stop: bool) -> None:
+        """The load ends early. After a refusal the batches still in flight roll
+        back at their turn to commit (the one before them did not); after anything
+        else (an interruption, a lost server) they are stopped."""
+        for flight in self.flying:
+            _settle_as(flight.committed, False)
+            if stop:
+                flight.task.cancel()
+        for flight in self.flying:
+            with contextlib.suppress(BaseException):
+                await flight.task
+        self.flying.clear()
 
     def _may_overlap(self, chunk: Chunk) -> bool:
         if len(self.lanes) < 2 or not self.planned:
