@@ -15,6 +15,7 @@ given).
     python benchmarks/load_bench.py --docs 25000 --embedder supplied --server-profile
     python benchmarks/load_bench.py --docs 2000 --embedder supplied --index-after both
     python benchmarks/load_bench.py --docs 5000 --embedder supplied --index-after on --max-wal-size 64MB
+    python benchmarks/load_bench.py --docs 2000 --embedder supplied --index-after on --concurrency 1
 
 The file is written to a temporary folder as JSON Lines and loaded through the
 loader (parse, then batches through ``WriteService``) on a fresh embedded
@@ -24,7 +25,11 @@ the time spent inside the embedding provider, the peak RSS of this process
 (the loader; the database server's processes are not counted), the
 statements sent per 1,000 records, the WAL the server wrote and the
 checkpoints it made meanwhile (``--max-wal-size`` sets the benchmark's own
-server's, to see what forced checkpoints cost).
+server's, to see what forced checkpoints cost), the batches that overlapped
+(``--concurrency``, the loader's batches in flight, default 2 as the CLI's),
+and the server CPU of the load: every process of the database server, from
+``/proc`` (the postmaster's reaped children included), for the rows and the
+index builds apart; far steadier than the wall time on a shared machine.
 
 ``--embedder local`` uses the configured local model (what a user gets);
 ``--embedder supplied`` puts a vector in every evidence and relationship line

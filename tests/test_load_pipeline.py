@@ -292,11 +292,13 @@ async def test_a_batch_gives_way_to_the_batch_before_it_waiting_for_its_locks(
             writes.apply([r for _, r in records], Actor.operator(), turn=turn)
         )
         await turn.began.wait()
-        for _ in range(200):  # until the batch waits for its turn, idle in its transaction
-            state = await admin_conn.fetchval(
-                "SELECT state FROM pg_stat_activity WHERE pid = $1", lane.get_server_pid()
+        for _ in range(500):  # until the batch has claimed its IDs and copied its rows
+            copied = await admin_conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE pid = $1 "
+                "AND relation = 'relationships'::regclass",
+                lane.get_server_pid(),
             )
-            if state == "idle in transaction":
+            if copied:
                 break
             await asyncio.sleep(0.02)
         tx = before_lane.transaction()

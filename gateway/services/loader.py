@@ -456,8 +456,9 @@ class _Loading:
     - it creates no ID, and refers to no source, entity or evidence, that a
       batch in flight creates: what it checks against is committed, so every
       check sees what it would see one batch at a time;
-    - a batch has already created rows and the planner statistics were
-      refreshed after it (a first load's foreign keys are planned on them).
+    - a batch of such records has already been written, alone (so the tables
+      it filled have planner statistics, and what a first write makes once,
+      the team's relationship projection, is made).
 
     Any other batch waits until the batches in flight have committed. A batch
     in flight starts its transaction after the one before it has started its
