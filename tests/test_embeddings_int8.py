@@ -24,8 +24,8 @@ from gateway.embeddings import (
     StoreModel,
     by_key,
     create_provider,
+    local_int8,
 )
-from gateway.embeddings import local_int8
 from gateway.embeddings.base import validate_vectors
 from gateway.embeddings.local import MODEL_ID as DEFAULT_ID
 from gateway.embeddings.local import _mean_pool, default_model_file

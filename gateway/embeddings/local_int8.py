@@ -193,8 +193,7 @@ def derive(model_bytes: bytes) -> bytes:
         isnan = next(u for u in users if u.op_type == "IsNaN")
         guard = g.only_consumer(isnan.output[0], "Where")
         _expect(
-            guard.input[2] == softmax.output[0]
-            and float(g.array(guard.input[1])) == 0.0,
+            guard.input[2] == softmax.output[0] and float(g.array(guard.input[1])) == 0.0,
             "Where(IsNaN(p), 0, p)",
         )
         product = g.only_consumer(guard.output[0], "MatMul")
