@@ -8,7 +8,9 @@ Real files, real onnxruntime, real PostgreSQL (the store's model checks and a
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -48,8 +50,10 @@ TEXTS = [
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
-async def int8() -> AsyncIterator[LocalInt8EmbeddingProvider]:
-    provider = LocalInt8EmbeddingProvider()
+async def int8(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[LocalInt8EmbeddingProvider]:
+    provider = LocalInt8EmbeddingProvider(cache=tmp_path_factory.mktemp("int8-cache"))
     try:
         yield provider
     finally:
@@ -144,16 +148,53 @@ def test_the_derivation_is_deterministic_and_checks_its_input() -> None:
 
 
 async def test_a_derived_graph_other_than_the_pinned_one_is_refused(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(local_int8, "DERIVED_SHA256", "0" * 64)
-    provider = LocalInt8EmbeddingProvider()
+    provider = LocalInt8EmbeddingProvider(cache=tmp_path)
     try:
         with pytest.raises(ConfigurationError, match="derived int8 graph") as caught:
             await provider.embed(["anything"])
     finally:
         await provider.aclose()
     assert caught.value.code == "CONFIGURATION_ERROR"
+    assert os.listdir(tmp_path) == []  # nothing unverified was kept
+
+
+async def test_the_cache_is_used_only_when_it_verifies(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, int8: LocalInt8EmbeddingProvider
+) -> None:
+    expected = await int8.embed(TEXTS)
+    first = LocalInt8EmbeddingProvider(cache=tmp_path)
+    try:
+        assert np.array_equal(await first.embed(TEXTS), expected)
+    finally:
+        await first.aclose()
+    (name,) = os.listdir(tmp_path)
+    kept = tmp_path / name
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == local_int8.DERIVED_SHA256
+
+    def no_derivation(_: bytes) -> bytes:
+        raise AssertionError("derived again despite a verified cache")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(local_int8, "derive", no_derivation)
+        cached = LocalInt8EmbeddingProvider(cache=tmp_path)
+        try:
+            assert np.array_equal(await cached.embed(TEXTS), expected)
+        finally:
+            await cached.aclose()
+
+    # A damaged or foreign file under the cache's name is derived again and replaced.
+    data = bytearray(kept.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    kept.write_bytes(bytes(data))
+    repaired = LocalInt8EmbeddingProvider(cache=tmp_path)
+    try:
+        assert np.array_equal(await repaired.embed(TEXTS), expected)
+    finally:
+        await repaired.aclose()
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == local_int8.DERIVED_SHA256
 
 
 def test_selectable_like_the_other_local_models() -> None:

@@ -37,15 +37,28 @@ The derived graph's bytes are checked against a SHA-256 pinned here as well as
 the source file's: the derivation is deterministic, and a different graph (a
 change of this code or of the ``onnx`` library's serialisation) would make
 vectors of another space under the same identifier, so it is refused.
+
+**A verified cache.** Deriving costs little (0.3 s) but needs the ``onnx``
+package, whose import alone took 1.5 to 4 s here (most of it ``ml_dtypes``).
+So the derived graph is kept in the user's cache folder (``derived_cache``),
+named by its pinned digest, and used only if its bytes hash to that digest;
+anything else there is derived again and replaced. ``scripts/setup`` fills it ahead of time
+(:func:`main`). A cache
+that cannot be written only costs the derivation at every load.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import platformdirs
 
 from gateway.embeddings.local import FileRef, LocalEmbeddingProvider
 from gateway.errors import ConfigurationError
@@ -53,10 +66,56 @@ from gateway.errors import ConfigurationError
 if TYPE_CHECKING:
     from onnx import ModelProto, NodeProto
 
+log = logging.getLogger(__name__)
+
 MODEL_ID = "all-MiniLM-L6-v2-int8-onnx-int8matmul-v1"
 """Names the derived graph (``-v1``): a changed derivation is a new identifier."""
 
 DERIVED_SHA256 = "d2f52e7ff85db60ddd07f47c5a22c3129d889e9253552fd51af9c838c665d5f9"
+
+
+def derived_cache() -> Path:
+    """Where the derived graph is kept: the user's cache folder (XDG on Linux)."""
+    return Path(platformdirs.user_cache_dir("recall-gateway", appauthor=False)) / "embeddings"
+
+
+def cached_graph(model_bytes: bytes, folder: Path) -> bytes:
+    """The derived graph, from ``folder`` if a verified copy is there, else derived and kept.
+
+    ``model_bytes`` must be the verified source file: a cached graph is trusted
+    only because its digest is the pinned one, which only that file derives to.
+    """
+    path = folder / f"{MODEL_ID}-{DERIVED_SHA256[:16]}.onnx"
+    try:
+        cached = path.read_bytes()
+    except OSError:
+        cached = b""
+    if cached and hashlib.sha256(cached).hexdigest() == DERIVED_SHA256:
+        return cached
+    derived = derive(model_bytes)
+    digest = hashlib.sha256(derived).hexdigest()
+    if digest != DERIVED_SHA256:
+        raise ConfigurationError(
+            f"the derived int8 graph does not match its pinned checksum: SHA-256 {digest}, "
+            f"expected {DERIVED_SHA256}; the onnx package or this code changed "
+            "(a new derivation is a new model identifier)"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=path.name, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(derived)
+            os.replace(temporary, path)  # atomic: a reader sees the old file or the new
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        log.warning(
+            "cannot keep the derived int8 graph in %s (%s): derived at every load", folder, exc
+        )
+    return derived
+
 
 _HEADS = 12
 _LAYERS = 6
@@ -317,6 +376,7 @@ class LocalInt8EmbeddingProvider(LocalEmbeddingProvider):
         threads: int = 2,
         allow_spinning: bool = False,
         bulk_workers: int | None = None,
+        cache: Path | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
@@ -330,14 +390,19 @@ class LocalInt8EmbeddingProvider(LocalEmbeddingProvider):
             bulk_workers=bulk_workers,
         )
         self.model = MODEL_ID
+        self._cache = derived_cache() if cache is None else cache
 
     def _session_bytes(self, model_bytes: bytes) -> bytes:
-        derived = derive(model_bytes)
-        digest = hashlib.sha256(derived).hexdigest()
-        if digest != DERIVED_SHA256:
-            raise ConfigurationError(
-                f"the derived int8 graph does not match its pinned checksum: SHA-256 {digest}, "
-                f"expected {DERIVED_SHA256}; the onnx package or this code changed "
-                "(a new derivation is a new model identifier)"
-            )
-        return derived
+        return cached_graph(model_bytes, self._cache)
+
+
+def main() -> None:
+    """Derive the graph into the cache now (``scripts/setup`` runs this), and say where."""
+    from gateway.embeddings.local import MODEL_SHA256, _read_verified, default_model_file
+
+    logging.basicConfig(level=logging.WARNING)
+    source = _read_verified(default_model_file(), MODEL_SHA256, "model")
+    folder = derived_cache()
+    cached_graph(source, folder)
+    print(f"minilm-int8: derived graph {DERIVED_SHA256[:16]} in {folder}")
+
