@@ -120,10 +120,11 @@ class Settings(BaseSettings):
         "OpenAI-compatible "
         "`/embeddings` endpoint.",
     )
-    embedding_model: Literal["auto", "minilm", "e5-small"] = Field(
+    embedding_model: Literal["auto", "minilm", "minilm-int8", "e5-small"] = Field(
         default="auto",
         description="Local model (`local` provider): `auto` follows the model the store holds "
-        "(a new store gets the default, MiniLM); `minilm` or `e5-small` names one.",
+        "(a new store gets the default, MiniLM); `minilm`, `minilm-int8` or `e5-small` names "
+        "one.",
     )
     embedding_batch_size: int = Field(
         default=64,
