@@ -412,12 +412,12 @@ async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
     until the block ends, of distinct counter shards when the pool allows
     (:data:`STATS_SHARDS`): two batches in flight on connections of one shard
     would upsert the same counter rows, and the later batch, which commits only
-    after the earlier one, could hold a row the earlier one then waits for. A
-    spare connection of a shard already taken is handed back once the lanes are
-    chosen; when no other can be had quickly, lanes share a shard (the pipeline
-    then gives way, see :func:`lock_blockers`). Only what the pool can give
-    beyond :data:`LANE_KEEP_FREE` is taken, never waiting for a busy connection;
-    fewer than two lanes is none (the load then runs one batch at a time)."""
+    after the earlier one, could hold a row the earlier one then waits for
+    (db/0130 explains the cycle two writers of one shard can make). A spare
+    connection of a shard already taken is handed back once the lanes are
+    chosen, and lanes never share a shard. Only what the pool can give beyond
+    :data:`LANE_KEEP_FREE` is taken, never waiting for a busy connection; fewer
+    than two lanes is none (the load then runs one batch at a time)."""
     pool = db.pool
     room = pool.get_max_size() - (pool.get_size() - pool.get_idle_size()) - LANE_KEEP_FREE
     count = min(count, room)
@@ -433,8 +433,6 @@ async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
                 break
             shards = {stats_shard(c) for c in lanes}
             (spares if stats_shard(conn) in shards else lanes).append(conn)
-        while spares and len(lanes) < count:
-            lanes.append(spares.pop())
         for spare in spares:
             await pool.release(cast(Any, spare))
         spares.clear()
