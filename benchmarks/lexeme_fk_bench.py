@@ -25,6 +25,13 @@ whole transaction.
 ``--known`` writes the same number of rows with words already counted (no new
 statistics row, so no check queued): the control, whose commit should not
 differ between the variants.
+
+``--beir FOLDER`` writes a BEIR corpus instead (title and text of each line of
+its ``corpus.jsonl``, in file order), ``--docs`` documents per round until the
+corpus is written: a load of real text into an empty space, where each batch
+meets fewer new words than the one before.
+
+    python benchmarks/lexeme_fk_bench.py --beir PATH_TO_SCIFACT --docs 500
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import os
 import random
 import statistics
@@ -124,7 +132,21 @@ async def _round(conn: asyncpg.Connection, space: Any, texts: list[str], tag: st
     return copied - started, checked - copied, committed - checked, after - before
 
 
+def _corpus(folder: Path) -> list[str]:
+    texts = []
+    with (folder / "corpus.jsonl").open(encoding="utf-8") as f:
+        for line in f:
+            doc = json.loads(line)
+            text = f"{doc.get('title') or ''} {doc.get('text', '')}".strip()
+            if text:
+                texts.append(text)
+    return texts
+
+
 async def main_async(args: argparse.Namespace) -> None:
+    corpus = _corpus(args.beir) if args.beir else None
+    if corpus is not None:
+        args.warmup, args.rounds = 0, -(-len(corpus) // args.docs)
     rng = random.Random(args.seed)  # noqa: S311 - reproducible words, not a secret
     with server(args.database_url) as admin:
         async with scratch_database(admin) as dsn_fk, scratch_database(admin) as dsn_plain:
@@ -137,7 +159,9 @@ async def main_async(args: argparse.Namespace) -> None:
                 await _round(conn, space, [" ".join(known)], "known")
             times: dict[str, list[Timing]] = {v: [] for v in variants}
             for r in range(args.warmup + args.rounds):
-                if args.known:
+                if corpus is not None:
+                    texts = corpus[r * args.docs : (r + 1) * args.docs]
+                elif args.known:
                     texts = [" ".join(known) for _ in range(args.docs)]
                 else:
                     texts = [
@@ -152,9 +176,14 @@ async def main_async(args: argparse.Namespace) -> None:
             for conn, _ in variants.values():
                 await conn.close()
     load = os.getloadavg()
+    kind = (
+        f"{args.beir.name} documents"
+        if args.beir
+        else f"evidence x {args.words} {'known' if args.known else 'new'} words"
+    )
     print(
-        f"{args.docs} evidence x {args.words} {'known' if args.known else 'new'} words per "
-        f"round, {args.rounds} rounds (+{args.warmup} warm-up), interleaved; "
+        f"{args.docs} {kind} per round, {args.rounds} rounds (+{args.warmup} warm-up), "
+        "interleaved; "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     for name, rows in times.items():
@@ -169,6 +198,19 @@ async def main_async(args: argparse.Namespace) -> None:
     whole = statistics.median(sum(a[:3]) - sum(b[:3]) for a, b in pairs)
     base = statistics.median(sum(b[:3]) for b in times["without FK"])
     new_rows = statistics.median(r[3] for r in times["with FK"])
+    if args.beir:
+        print(
+            "  per round (new statistics rows, checks with FK ms, transaction without FK ms): "
+            + ", ".join(f"{a[3]:,}/{a[1] * 1e3:.0f}/{sum(b[:3]) * 1e3:.0f}" for a, b in pairs)
+        )
+        rows_all = sum(r[3] for r in times["with FK"])
+        checks_all = sum(a[1] - b[1] for a, b in pairs)
+        base_all = sum(sum(b[:3]) for b in times["without FK"])
+        print(
+            f"  whole corpus: {rows_all:,} new statistics rows, checks {checks_all:.2f} s "
+            f"({checks_all / rows_all * 1e6:.2f} us per row) of {base_all:.2f} s of evidence "
+            f"COPY + commit without FK ({checks_all / base_all * 100:+.1f} %)"
+        )
     per_row = f" ({checks / new_rows * 1e6:.2f} us per new row)" if new_rows else ""
     print(
         f"  with FK minus without (median of per-round differences): deferred checks "
@@ -185,6 +227,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=107)
     parser.add_argument("--known", action="store_true", help="words already counted (control)")
+    parser.add_argument("--beir", type=Path, default=None, help="a BEIR folder's corpus instead")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     asyncio.run(main_async(parser.parse_args()))
 
