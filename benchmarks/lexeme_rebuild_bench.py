@@ -9,7 +9,7 @@ postings (any evidence or relationship insert) waits until the transaction ends.
 On a fresh database (embedded server, or a scratch database on
 ``--database-url``), ``--spaces`` teams of one shared space each get
 ``--postings`` evidence postings in all (``--lexemes`` distinct lexemes per
-space, 45 per document, as the loader makes of an abstract), written with the
+space, 45 per document, about what the loader makes of an abstract), written with the
 postings' triggers disabled (only the count is measured here; the rebuild
 recounts from the postings whatever the statistics held). Then, ``--rounds``
 times: the rebuild is started on one connection and, once it holds its lock, a
@@ -52,7 +52,8 @@ def backfill_of_0106() -> str:
 
 
 async def _fill(conn: asyncpg.Connection, spaces: int, postings: int, lexemes: int) -> None:
-    """Teams, spaces, documents and postings; the postings' triggers off meanwhile."""
+    """Teams, spaces and postings (no document rows: the count reads only the
+    postings), the postings' triggers off meanwhile."""
     documents = postings // PER_DOCUMENT
     await conn.execute("SET statement_timeout = 0")
     async with conn.transaction():
