@@ -181,6 +181,19 @@ async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -
             r["id"]
             for r in await conn.fetch("SELECT id FROM memory_spaces WHERE team_id = $1", team)
         ]
+        # a space of about 2,000 evidence (without supports: never eligible), and
+        # statistics that know it, so that reading the space is not a cheap plan
+        columns = await conn.fetchval(
+            "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) "
+            "FROM pg_attribute WHERE attrelid = 'evidence'::regclass AND attnum > 0 "
+            "AND NOT attisdropped AND attname <> 'id'"
+        )
+        await conn.execute(
+            f"INSERT INTO evidence (id, {columns}) SELECT id || '-' || g, {columns} "
+            "FROM evidence, generate_series(1, 300) AS g WHERE team_id = $1",
+            team,
+        )
+        await conn.execute("ANALYZE evidence")
     async with db.unit(team, spaces, plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
             await conn.execute(f"PREPARE hydplan AS {recall_store.ELIGIBLE_SQL}")
