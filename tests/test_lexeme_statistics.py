@@ -21,7 +21,9 @@ import asyncpg
 import httpx
 import pytest
 
+from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
+from gateway.store import migrations
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -58,20 +60,33 @@ async def _mismatches(conn: asyncpg.Connection, team: str) -> dict[str, int]:
     return out
 
 
-def _notes(team: str, prefix: str, n: int) -> str:
-    """``n`` evidence of a source of their own in the shared space, each supporting
-    a relationship, their words shared so that every statement adds to the rows of
-    the others (team_records' team, entities and principals)."""
+def _notes(team: str, prefix: str, n: int, space: str = "shared") -> str:
+    """``n`` evidence of a source of their own in ``space`` (``shared`` or
+    ``private:<principal>``), each supporting a relationship, their words shared
+    so that every statement adds to the rows of the others (team_records' team,
+    entities and principals)."""
+    shared = space == "shared"
     records: list[dict[str, Any]] = [
         {
             "kind": "source",
             "team": team,
             "id": f"{prefix}src",
-            "space": "shared",
+            "space": space,
             "type": "document",
             "title": f"Notes {prefix}",
         }
     ]
+    if not shared:
+        records.append(
+            {
+                "kind": "entity",
+                "team": team,
+                "id": f"{prefix}billing",
+                "space": space,
+                "name": "Billing service",
+                "type": "system",
+            }
+        )
     for i in range(n):
         words = " ".join(["billing"] * (1 + i % 3))
         records += [
@@ -86,11 +101,11 @@ def _notes(team: str, prefix: str, n: int) -> str:
                 "kind": "relationship",
                 "team": team,
                 "id": f"{prefix}rel{i}",
-                "space": "shared",
-                "owner": "alice",
-                "subject": "billing",
+                "space": space,
+                **({"owner": "alice"} if shared else {}),
+                "subject": "billing" if shared else f"{prefix}billing",
                 "predicate": "notes",
-                "object_value": f"{words} retries {i % 5}",
+                "object_value": f"{words} retries {i % 5} {prefix}",
                 "supports": [{"id": f"{prefix}sup{i}", "evidence": f"{prefix}ev{i}"}],
             },
         ]
@@ -135,12 +150,15 @@ BREAKAGES = {
     "df overwritten instead of added": ("df = s.df + excluded.df", "df = excluded.df"),
     "max_tf not raised": ("greatest(s.max_tf, excluded.max_tf)", "excluded.max_tf"),
     "a statement counted once per lexeme": ("count(*)", "1"),
+    "a statement's smallest tf kept for its largest": ("max(n.tf)", "min(n.tf)"),
 }
 
 
 async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> None:
     """Postings of a new lexeme for documents already stored, in two statements of
-    several rows each: three documents with tf 3, then two more with tf 1."""
+    several rows each: three documents with tf 3, 2 and 3, then two more with tf 1.
+    The first statement's tfs differ, so that a trigger keeping a statement's
+    smallest tf where its largest belongs is caught (2 kept, 3 counted)."""
     _, terms, key, documents = _TABLES[table]
     docs = await conn.fetch(
         f"SELECT team_id, space_id, id, recorded_at FROM {documents} WHERE team_id = $1 "
@@ -148,14 +166,15 @@ async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> N
         team,
     )
     assert len(docs) == 5
-    for part, tf in ((docs[:3], 3), (docs[3:], 1)):
+    for part, tfs in ((docs[:3], [3, 2, 3]), (docs[3:], [1, 1])):
         await conn.execute(
             f"INSERT INTO {terms} (team_id, space_id, lexeme, {key}, tf, recorded_at) "
-            f"SELECT d.team_id, d.space_id, 'zzlexstat', d.id, $3, d.recorded_at "
-            f"FROM {documents} d WHERE d.team_id = $1 AND d.id = ANY ($2::text[])",
+            f"SELECT d.team_id, d.space_id, 'zzlexstat', d.id, p.tf, d.recorded_at "
+            f"FROM {documents} d JOIN unnest($2::text[], $3::integer[]) AS p (id, tf) "
+            "ON p.id = d.id WHERE d.team_id = $1",
             team,
             [d["id"] for d in part],
-            tf,
+            tfs,
         )
 
 
@@ -224,7 +243,7 @@ async def test_owner_delete_and_update_of_postings_keep_them_exact(
     team = unique("lexdel")
     await load_jsonl(writes, jsonl(team_records(team)))
     await load_jsonl(writes, _notes(team, "a-", 8), batch_size=4)
-    await _insert_postings(admin_conn, team, table)  # 'zzlexstat': tf 3, 3, 3, 1, 1
+    await _insert_postings(admin_conn, team, table)  # 'zzlexstat': tf 3, 2, 3, 1, 1
     one = await admin_conn.fetchval(
         f"SELECT {key} FROM {terms} WHERE team_id = $1 AND lexeme = 'zzlexstat' AND tf = 3 "
         f"ORDER BY {key} LIMIT 1",
@@ -310,3 +329,71 @@ async def test_rebuild_recounts_the_statistics(
     assert all(n > 0 for n in broken.values()), broken
     await admin_conn.execute("SELECT recall_rebuild_lexeme_stats()")
     _assert_exact(await _mismatches(admin_conn, team))
+
+
+def _backfill_of_0106() -> str:
+    """db/0106's count of the postings already stored, as the migration runs it:
+    its text from the lock of the postings tables up to the creation of the
+    triggers (the two INSERT ... SELECT of the statistics)."""
+    text = (migrations.migrations_dir() / "0106_lexeme_statistics.sql").read_text("utf-8")
+    start = text.index("LOCK TABLE evidence_terms, relationship_terms")
+    end = text.index("CREATE TRIGGER", start)
+    backfill = text[start:end]
+    assert backfill.count("INSERT INTO") == 2, backfill
+    return backfill
+
+
+async def test_backfill_and_rebuild_count_a_store_that_holds_postings(
+    fresh_dsn: str, embedder: EmbeddingProvider
+) -> None:
+    """db/0106's backfill (the migration applied to a store that already holds
+    postings) and db/0107's recall_rebuild_lexeme_stats(), each run on a store of
+    two teams with postings in several spaces each (shared, two private ones),
+    written by many statements of two backends at once: emptied statistics are counted back exactly, as one row per (space, lexeme)
+    in shard 0, committed (the deferred foreign key checked), and writes after
+    it add to those rows. A database of the test's own: the count covers every
+    posting of the store, and nothing else writes meanwhile."""
+    db = await Database.open(fresh_dsn, min_size=1, max_size=4)
+    try:
+        writes = WriteService(db, embedder)
+        teams = (unique("lexfill-a"), unique("lexfill-b"))
+        for team in teams:
+            await load_jsonl(writes, jsonl(team_records(team)))
+            await asyncio.gather(
+                load_jsonl(writes, _notes(team, "a-", 12), batch_size=4),
+                load_jsonl(writes, _notes(team, "b-", 8, "private:bob"), batch_size=4),
+            )
+        async with db.acquire() as conn:
+            for _, terms, _, _ in _TABLES:
+                spaces = await conn.fetch(
+                    f"SELECT team_id, count(DISTINCT space_id) AS n FROM {terms} GROUP BY 1"
+                )
+                assert {r["team_id"]: r["n"] for r in spaces} == {t: 3 for t in teams}, terms
+            for way in ("db/0106's backfill", "recall_rebuild_lexeme_stats()"):
+                async with conn.transaction():
+                    for stats, _, _, _ in _TABLES:
+                        await conn.execute(f"DELETE FROM {stats}")
+                    assert (await _mismatches(conn, teams[0]))["evidence_lexeme_stats differ"]
+                    if way.startswith("db/0106"):
+                        await conn.execute(_backfill_of_0106())
+                    else:
+                        await conn.execute("SELECT recall_rebuild_lexeme_stats()")
+                for team in teams:
+                    _assert_exact(await _mismatches(conn, team))
+                for stats, terms, _, _ in _TABLES:
+                    rows = await conn.fetchrow(
+                        f"SELECT count(*) AS n, count(*) FILTER (WHERE shard <> 0) AS sharded, "
+                        f"count(DISTINCT team_id) AS teams FROM {stats}"
+                    )
+                    keys = await conn.fetchval(
+                        f"SELECT count(*) FROM (SELECT DISTINCT team_id, space_id, lexeme "
+                        f"FROM {terms}) k"
+                    )
+                    assert (rows["n"], rows["sharded"], rows["teams"]) == (keys, 0, 2), (way, stats)
+        # the triggers add to the counted rows
+        await load_jsonl(writes, _notes(teams[1], "c-", 6), batch_size=3)
+        async with db.acquire() as conn:
+            for team in teams:
+                _assert_exact(await _mismatches(conn, team))
+    finally:
+        await db.close()

@@ -8,7 +8,8 @@ name cannot be deleted, re-keyed or truncated away; the check locks the
 document as the foreign key's did), and over every write path: the loader on
 both paths, the mutations, supersede, retract, withdraw, quarantine, space
 reset and history, with other teams in the same store, leave no posting
-without its document and no document without its postings.
+without its document and no document without its postings. The application
+role may not write postings itself (db/0130): its documents' triggers do.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
+from .test_lexeme_statistics import _assert_exact, _mismatches
 from .test_load_paths import EXAMPLE, _generated, _load, _retarget
 from .test_mutations import incident_memory, ok, remember
 from .test_postings import _as_before_0055, _assert_as_before
@@ -128,31 +130,74 @@ async def test_a_posting_must_name_a_document_of_its_team_and_space(
     assert await admin_conn.fetchval(f"SELECT count(*) FROM {terms} WHERE lexeme LIKE 'zz-%'") == 0
 
 
-async def test_the_check_sees_documents_under_row_level_security(
-    writes: WriteService, db: Database, admin_conn: asyncpg.Connection
+async def test_the_application_role_writes_postings_only_through_their_documents(
+    client: httpx.AsyncClient, writes: WriteService, db: Database, admin_conn: asyncpg.Connection
 ) -> None:
-    """A principal's transaction (recall_app, row-level security) writes postings as
-    ``remember`` does: the check finds its documents and refuses missing ones."""
+    """db/0130: the application role (a principal's transaction, recall_app under
+    row-level security) reads the postings but may not insert, update, delete or
+    truncate them, in its own team's space or another team's; nothing changes.
+    Its writes of documents still fill them, as the text makes them, with exact
+    statistics: a row of evidence inserted in its transaction, and ``remember``
+    (evidence and relationships) in the shared and the private space."""
     team, shared = await _team_with_memory(writes, admin_conn)
-    for _table, terms, column, constraint in _POSTINGS:
+    other, other_shared = await _team_with_memory(writes, admin_conn)
+    for _table, terms, column, _constraint in _POSTINGS:
         doc = "ev-owner" if terms == "evidence_terms" else "rel-owner"
-        sql = (
-            f"INSERT INTO {terms} (team_id, space_id, lexeme, {column}, tf, recorded_at) "
-            "VALUES ($1, $2, 'zz-rls', $3, 1, now())"
+        grants = await admin_conn.fetchrow(
+            "SELECT has_table_privilege('recall_app', $1, 'SELECT') AS s, "
+            "has_table_privilege('recall_app', $1, 'INSERT') AS i, "
+            "has_table_privilege('recall_app', $1, 'UPDATE') AS u, "
+            "has_table_privilege('recall_app', $1, 'DELETE') AS d, "
+            "has_table_privilege('recall_app', $1, 'TRUNCATE') AS t",
+            terms,
         )
-        with pytest.raises(asyncpg.ForeignKeyViolationError) as caught:
-            async with db.tenant(team, [shared], readonly=False) as conn:
-                await conn.execute(sql, team, shared, "nope")
-        assert caught.value.constraint_name == constraint
-        with pytest.raises(_RolledBack):
-            async with db.tenant(team, [shared], readonly=False) as conn:
-                assert await conn.fetchval("SELECT current_user") == "recall_app"
-                await conn.execute(sql, team, shared, doc)
-                raise _RolledBack
+        assert tuple(grants) == (True, False, False, False, False), terms
+        counted = f"SELECT count(*), sum(tf) FROM {terms} WHERE team_id = ANY ($1::text[])"
+        before = tuple(await admin_conn.fetchrow(counted, [team, other]))
+        for victim, space in ((team, shared), (other, other_shared)):
+            changes = (
+                (
+                    f"INSERT INTO {terms} (team_id, space_id, lexeme, {column}, tf, recorded_at) "
+                    "VALUES ($1, $2, 'zz-app', $3, 1, now())",
+                    (victim, space, doc),
+                ),
+                (f"UPDATE {terms} SET tf = tf + 1 WHERE team_id = $1", (victim,)),
+                (f"DELETE FROM {terms} WHERE team_id = $1", (victim,)),
+                (f"TRUNCATE {terms}", ()),
+            )
+            for sql, args in changes:
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    async with db.tenant(team, [shared], readonly=False) as conn:
+                        assert await conn.fetchval("SELECT current_user") == "recall_app"
+                        await conn.execute(sql, *args)
+        assert tuple(await admin_conn.fetchrow(counted, [team, other])) == before, terms
+        async with db.tenant(team, [shared]) as conn:
+            assert await conn.fetchval(f"SELECT count(*) FROM {terms}") > 0
 
-
-class _RolledBack(Exception):
-    """Leaves a transaction that worked without committing it."""
+    async with db.tenant(team, [shared], readonly=False) as conn:
+        assert await conn.fetchval("SELECT current_user") == "recall_app"
+        await conn.execute(
+            "INSERT INTO evidence (team_id, id, space_id, generation, source_id, content, "
+            "content_sha256) VALUES ($1, 'ev-app', $2, 1, 'src-handbook', $3, "
+            "sha256(convert_to($3, 'UTF8')))",
+            team,
+            shared,
+            "Refunds of the billing service are batched every night.",
+        )
+    assert await admin_conn.fetchval(
+        "SELECT count(*) FROM evidence_terms WHERE team_id = $1 AND evidence_id = 'ev-app'", team
+    ) == len("refund billing servic batch everi night".split())
+    tok = await token(writes, team, "bob")
+    for suffix, space in (("-a", "SHARED"), ("-b", "PRIVATE")):
+        body = await remember(client, tok, incident_memory(space, suffix))
+        assert "errors" not in body, body
+    assert await admin_conn.fetchval(
+        "SELECT count(*) FROM relationship_terms WHERE team_id = $1 "
+        "AND relationship_id LIKE 'rel-export-%'",
+        team,
+    )
+    _assert_as_before(await _as_before_0055(admin_conn, team))
+    _assert_exact(await _mismatches(admin_conn, team))
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["evidence", "relationships"])

@@ -16,9 +16,11 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import numpy as np
 import pytest
 import pytest_asyncio
+from pgvector.asyncpg import register_vector
 
 from gateway import cli
 from gateway.embeddings import (
@@ -33,6 +35,7 @@ from gateway.embeddings import (
 from gateway.embeddings.base import validate_vectors
 from gateway.errors import ConfigurationError, EmbeddingError
 from gateway.services import loader
+from gateway.services import reembed as reembed_service
 from gateway.services.reembed import ReembedBusy, read_store_model, reembed
 from gateway.services.writes import Actor, WriteService
 from gateway.settings import Settings
@@ -310,6 +313,90 @@ def test_cli_reembed_off_a_terminal_prints_progress_lines_and_switches(
     ), lines[-1]
     assert "the store now holds vectors of model 'double-cli'" in captured.out
     assert len(target.texts) > 4
+
+
+def test_cli_reembed_outpaced_by_writes_fails_with_its_own_code_then_resumes(
+    fresh_dsn: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Writes that land before every switch, MAX_SWITCH_ATTEMPTS times running:
+    the run gives up with REEMBED_OUTPACED (not INTERNAL), exit status 1, nothing
+    live changed; run again without the writes, it resumes and switches.
+
+    The writer is a second connection committing one evidence with an old-model
+    vector (as the owner, directly) right before each switch takes its lock."""
+    target = Double("double-outpaced")
+    monkeypatch.setitem(
+        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
+    )
+    monkeypatch.setenv("DATABASE_URL", fresh_dsn)
+    file = tmp_path / "memory.jsonl"
+    file.write_text(jsonl(team_records("outpaced") + extra_evidence("outpaced", 3)), "utf-8")
+    assert cli.main(["load", str(file)]) == 0
+    real_switch = reembed_store.switch
+    written: list[str] = []
+
+    async def write_then_switch(conn: Any, run: Any) -> int:
+        writer = await asyncpg.connect(fresh_dsn)
+        try:
+            await register_vector(writer)
+            n = len(written)
+            async with writer.transaction():
+                row = await writer.fetchrow(
+                    "SELECT e.space_id, e.model, e.embedding FROM evidence_embeddings e "
+                    "WHERE e.team_id = 'outpaced' AND e.evidence_id = 'ev-owner'"
+                )
+                assert row is not None
+                space, model, vector = row
+                await writer.execute(
+                    "INSERT INTO evidence (team_id, id, space_id, generation, source_id, "
+                    "content, content_sha256) VALUES ('outpaced', $1, $2, 1, 'src-handbook', "
+                    "$3, sha256(convert_to($3, 'UTF8')))",
+                    f"ev-during-{n}",
+                    space,
+                    f"Written during switch {n}.",
+                )
+                await writer.execute(
+                    "INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, "
+                    "dimensions, embedding) VALUES ('outpaced', $1, $2, $3, 384, $4)",
+                    space,
+                    f"ev-during-{n}",
+                    model,
+                    vector,
+                )
+            written.append(f"ev-during-{n}")
+        finally:
+            await writer.close()
+        return await real_switch(conn, run)
+
+    monkeypatch.setattr(reembed_store, "switch", write_then_switch)
+    monkeypatch.setattr(reembed_service, "MAX_SWITCH_ATTEMPTS", 3)
+    capsys.readouterr()
+    assert cli.main(["reembed", "--model", "double", "--batch-size", "4"]) == 1
+    err = capsys.readouterr().err
+    assert "recall-gateway: error REEMBED_OUTPACED: writes kept adding vectors" in err, err
+    assert "INTERNAL" not in err
+    assert len(written) == 3
+    assert asyncio.run(_store_model(fresh_dsn)) != target.model
+
+    monkeypatch.setattr(reembed_store, "switch", real_switch)
+    assert cli.main(["reembed", "--model", "double", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "(resumed)" in out and "the store now holds vectors of model 'double-outpaced'" in out
+    # the vectors written during the failed run were embedded too, once each
+    assert sorted(t for t in target.texts if t.startswith("Written during")) == [
+        f"Written during switch {i}." for i in range(3)
+    ]
+
+
+async def _store_model(dsn: str) -> str | None:
+    db = await Database.open(dsn, min_size=1, max_size=1)
+    try:
+        return await read_store_model(db)
+    finally:
+        await db.close()
 
 
 def test_cli_reembed_needs_a_model_under_auto_and_reports_a_current_store(

@@ -9,13 +9,15 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 from uuid import UUID
 
 import asyncpg
 import numpy as np
 import pytest
+import pytest_asyncio
 from pgvector.asyncpg import register_vector
 
 from gateway.embeddings import EmbeddingProvider
@@ -794,11 +796,84 @@ async def test_hnsw_ef_search_grows_with_the_space(admin_conn: asyncpg.Connectio
     assert got == cases
 
 
+@dataclass(frozen=True, slots=True)
+class _WalkedSpace:
+    """A team's shared space of ``size`` evidence, 1,500 of them with vectors: the
+    10 nearest to ``query`` well apart from the others (``exact``, their IDs in
+    order), so that the graph finds them."""
+
+    team: str
+    branch: BranchSearch
+    query: np.ndarray
+    exact: list[str]
+    partition: str
+
+
+class _WalkedSpaces:
+    """Spaces for the HNSW walk tests, each built once per module on first use and
+    only read by the tests. The seed of each size is the one its test used when
+    each test built its own space, so the rows are the same as then."""
+
+    SEEDS: ClassVar[dict[int, int]] = {search.EXACT_SEARCH_BELOW: 110, 20_000: 60}
+
+    def __init__(self, db: Database, writes: WriteService, model: str) -> None:
+        self.db, self.writes, self.model = db, writes, model
+        self.built: dict[int, _WalkedSpace] = {}
+
+    async def of_size(self, size: int) -> _WalkedSpace:
+        if size not in self.built:
+            self.built[size] = await self._build(size)
+        return self.built[size]
+
+    async def _build(self, size: int) -> _WalkedSpace:
+        team = unique(f"ef-walk-{size}")
+        await load_jsonl(self.writes, jsonl(_team(team)))
+        rng = np.random.default_rng(self.SEEDS[size])
+        dims = 384
+        query = rng.standard_normal(dims)
+        query = (query / np.linalg.norm(query)).astype(np.float32)
+        angles = np.concatenate([np.linspace(0.20, 0.30, 10), rng.uniform(0.8, 1.4, 1490)])
+        vectors = _near(query, angles, rng)
+        ids = [f"v-{i:05d}" for i in range(len(angles))]
+        async with self.db.pool.acquire() as conn:
+            await register_vector(conn)
+            branch = await _branch(conn, team)
+            async with conn.transaction():
+                await _insert_direct(
+                    conn, team, branch.space_id, 1, "src", ids, vectors, self.model
+                )
+                await _insert_evidence_rows(
+                    conn,
+                    team,
+                    branch.space_id,
+                    1,
+                    "src",
+                    [f"t-{i:05d}" for i in range(size - len(ids))],
+                )
+        distances = 1.0 - vectors.astype(np.float64) @ query.astype(np.float64)
+        exact = [ids[i] for i in np.argsort(distances, kind="stable")[:10]]
+        partition = f"evidence_embeddings_{branch.space_id.hex}"
+        return _WalkedSpace(team, branch, query, exact, partition)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def walked_spaces(
+    db: Database, writes: WriteService, embedder: EmbeddingProvider
+) -> _WalkedSpaces:
+    """The HNSW walk tests' spaces (read only: built once for the module)."""
+    async with db.pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2) "
+            "ON CONFLICT DO NOTHING",
+            embedder.model,
+            384,
+        )
+        model = await conn.fetchval("SELECT name FROM embedding_models")
+    return _WalkedSpaces(db, writes, model)
+
+
 async def test_hnsw_walk_of_a_10000_vector_space_is_150_wide(
-    db: Database,
-    writes: WriteService,
-    admin_conn: asyncpg.Connection,
-    embedder: EmbeddingProvider,
+    db: Database, walked_spaces: _WalkedSpaces
 ) -> None:
     """db/0110: a space of 10,000 evidence (the smallest that takes the HNSW path)
     walks its graph 150 rows wide for the list of 10 and for the list of 60 that
@@ -810,55 +885,25 @@ async def test_hnsw_walk_of_a_10000_vector_space_is_150_wide(
     (``pg_stat_xact_user_tables``): the iterative scan hands over ef_search rows,
     all of which pass the filters here. 1,500 of the evidence have vectors (the
     size is the space's evidence count), the 10 nearest well apart."""
-    team = unique("ef-floor")
-    await load_jsonl(writes, jsonl(_team(team)))
-    dims = 384
-    await admin_conn.execute(
-        "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        embedder.model,
-        dims,
-    )
-    model = await admin_conn.fetchval("SELECT name FROM embedding_models")
-    branch = await _branch(admin_conn, team)
-    rng = np.random.default_rng(110)
-    query = rng.standard_normal(dims)
-    query = (query / np.linalg.norm(query)).astype(np.float32)
-    angles = np.concatenate([np.linspace(0.20, 0.30, 10), rng.uniform(0.8, 1.4, 1490)])
-    vectors = _near(query, angles, rng)
-    ids = [f"v-{i:05d}" for i in range(len(angles))]
-    async with admin_conn.transaction():
-        await _insert_direct(admin_conn, team, branch.space_id, 1, "src", ids, vectors, model)
-        await _insert_evidence_rows(
-            admin_conn,
-            team,
-            branch.space_id,
-            1,
-            "src",
-            [f"t-{i:05d}" for i in range(search.EXACT_SEARCH_BELOW - len(ids))],
-        )
-    distances = 1.0 - vectors.astype(np.float64) @ query.astype(np.float64)
-    exact = [ids[i] for i in np.argsort(distances, kind="stable")[:10]]
-    partition = f"evidence_embeddings_{branch.space_id.hex}"
-
+    space = await walked_spaces.of_size(search.EXACT_SEARCH_BELOW)
     walked = {}
     for per_list in (10, 60):
-        async with db.unit(team, [branch.space_id]) as unit, unit.step() as conn:
+        async with db.unit(space.team, [space.branch.space_id]) as unit, unit.step() as conn:
             assert await conn.fetchval("SELECT current_user") == APP_ROLE
             await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
-            query_ = CandidateQuery(team, (branch,), None, query, (), (), per_list, None)
-            before = await index_rows_fetched(conn, partition)
+            query_ = CandidateQuery(
+                space.team, (space.branch,), None, space.query, (), (), per_list, None
+            )
+            before = await index_rows_fetched(conn, space.partition)
             got = (await evidence_candidates(conn, query_))[("shared", "vector")]
-            walked[per_list] = await index_rows_fetched(conn, partition) - before
+            walked[per_list] = await index_rows_fetched(conn, space.partition) - before
         assert len(got) == per_list
-        assert got[:10] == exact
+        assert got[:10] == space.exact
     assert walked == {10: 150, 60: 150}
 
 
 async def test_hnsw_walk_of_a_large_space_uses_its_ef_in_the_recall_transaction(
-    db: Database,
-    writes: WriteService,
-    admin_conn: asyncpg.Connection,
-    embedder: EmbeddingProvider,
+    db: Database, walked_spaces: _WalkedSpaces
 ) -> None:
     """In a recall's own transaction (tenant role, row-level security), the vector
     list of a space of 20,000 evidence walks its HNSW graph with ef_search 200,
@@ -869,46 +914,17 @@ async def test_hnsw_walk_of_a_large_space_uses_its_ef_in_the_recall_transaction(
     all of which pass the filters here. 1,500 of the evidence have vectors (the
     rest were written without: the size is the space's evidence count), the 10
     nearest well apart from the others, so that the graph finds them."""
-    team = unique("ef-size")
-    await load_jsonl(writes, jsonl(_team(team)))
-    dims = 384
-    await admin_conn.execute(
-        "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        embedder.model,
-        dims,
-    )
-    model = await admin_conn.fetchval("SELECT name FROM embedding_models")
-    branch = await _branch(admin_conn, team)
-    rng = np.random.default_rng(60)
-    query = rng.standard_normal(dims)
-    query = (query / np.linalg.norm(query)).astype(np.float32)
-    angles = np.concatenate([np.linspace(0.20, 0.30, 10), rng.uniform(0.8, 1.4, 1490)])
-    vectors = _near(query, angles, rng)
-    ids = [f"v-{i:05d}" for i in range(len(angles))]
-    async with admin_conn.transaction():
-        await _insert_direct(admin_conn, team, branch.space_id, 1, "src", ids, vectors, model)
-        await _insert_evidence_rows(
-            admin_conn,
-            team,
-            branch.space_id,
-            1,
-            "src",
-            [f"t-{i:05d}" for i in range(20_000 - len(ids))],
-        )
-    distances = 1.0 - vectors.astype(np.float64) @ query.astype(np.float64)
-    exact = [ids[i] for i in np.argsort(distances, kind="stable")[:10]]
-    partition = f"evidence_embeddings_{branch.space_id.hex}"
-
-    async with db.unit(team, [branch.space_id]) as unit, unit.step() as conn:
+    space = await walked_spaces.of_size(20_000)
+    async with db.unit(space.team, [space.branch.space_id]) as unit, unit.step() as conn:
         assert await conn.fetchval("SELECT current_user") == APP_ROLE
         # Only the index can deliver the rows in distance order (a sort of a
         # full scan of 1,500 rows may look cheaper to the planner).
         await conn.execute("SET LOCAL enable_seqscan = off; SET LOCAL enable_sort = off")
-        query_ = CandidateQuery(team, (branch,), None, query, (), (), 10, None)
-        before = await index_rows_fetched(conn, partition)
+        query_ = CandidateQuery(space.team, (space.branch,), None, space.query, (), (), 10, None)
+        before = await index_rows_fetched(conn, space.partition)
         got = (await evidence_candidates(conn, query_))[("shared", "vector")]
-        fetched = await index_rows_fetched(conn, partition) - before
-    assert got == exact
+        fetched = await index_rows_fetched(conn, space.partition) - before
+    assert got == space.exact
     assert fetched == 200
 
 

@@ -42,6 +42,16 @@ class ReembedBusy(GatewayError):
     code = "REEMBED_RUNNING"
 
 
+class ReembedOutpaced(GatewayError):
+    """Writes kept adding old-model vectors faster than the switch caught up with
+    them, ``MAX_SWITCH_ATTEMPTS`` times running. Expected under a heavy write load,
+    not a bug: nothing live changed, and running reembed again resumes the run.
+    Its own code, so that a script can tell it from an ``INTERNAL`` failure and
+    retry (docs/errors.md)."""
+
+    code = "REEMBED_OUTPACED"
+
+
 @dataclass(frozen=True, slots=True)
 class ReembedReport:
     from_model: str | None
@@ -146,7 +156,7 @@ async def reembed(
                     )
                 # Writes landed since the last batch: embed them too, then try again.
                 total += missing
-            raise GatewayError(
+            raise ReembedOutpaced(
                 f"writes kept adding vectors faster than the switch could catch up after "
                 f"{MAX_SWITCH_ATTEMPTS} attempts; run reembed again (it resumes)"
             )
