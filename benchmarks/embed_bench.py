@@ -17,7 +17,10 @@ texts per run, at most ``budget`` padded tokens per run (``inf``: none, one
 padded run per ``batch`` texts of similar length, the former behaviour),
 ``workers`` bulk runs at once, ``threads`` onnxruntime threads per run
 (default 2). ``64:inf:1:2`` is the provider as it was before the runs were
-cut by tokens. ``--statements`` adds one short statement per document (as the
+cut by tokens. ``int8[:workers[:threads]]`` is the ``minilm-int8`` model (one
+text per run). Every configuration is loaded first and the ``--rounds`` are
+interleaved; each line also gives the CPU per text and the cosine of every
+vector with the first configuration's (its agreement with it). ``--statements`` adds one short statement per document (as the
 loader's relationships add), so the call has the SciFact load's mix.
 """
 
@@ -36,7 +39,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+
 from gateway.embeddings.local import LocalEmbeddingProvider  # noqa: E402
+from gateway.embeddings.local_int8 import LocalInt8EmbeddingProvider  # noqa: E402
 
 UNLIMITED = 10**9
 
@@ -97,15 +103,18 @@ async def query_latencies(provider: LocalEmbeddingProvider, queries: list[str]) 
     return out
 
 
-async def bulk(provider: LocalEmbeddingProvider, texts: list[str]) -> dict[str, float]:
+async def bulk(
+    provider: LocalEmbeddingProvider, texts: list[str]
+) -> tuple[dict[str, float], np.ndarray]:
     reset_peak_rss()
     before = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    await provider.embed(texts)
+    vectors = await provider.embed(texts)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_SELF)
     user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
     return {
+        "cpu_ms_per_text": (user + system) * 1000 / len(texts),
         "texts_per_s": len(texts) / wall,
         "wall_s": wall,
         "user_s": user,
@@ -113,32 +122,62 @@ async def bulk(provider: LocalEmbeddingProvider, texts: list[str]) -> dict[str, 
         "cores": (user + system) / wall,
         "faults_per_text": (after.ru_minflt - before.ru_minflt) / len(texts),
         "peak_rss_mib": peak_rss_mib(),
-    }
+    }, vectors
 
 
-async def run_config(
-    config: tuple[int, int, int, int], texts: list[str], queries: list[str], rounds: int
-) -> None:
-    batch, budget, workers, threads = config
-    provider = LocalEmbeddingProvider(
-        batch_size=batch, token_budget=budget, bulk_workers=workers, threads=threads
-    )
+def make_provider(config: str) -> tuple[str, LocalEmbeddingProvider]:
+    """A provider and its label; ``int8[:workers[:threads]]`` is the minilm-int8 model."""
+    if config.startswith("int8"):
+        _, *rest = config.split(":")
+        workers = int(rest[0]) if rest else None
+        threads = int(rest[1]) if len(rest) > 1 else 2
+        label = f"minilm-int8, one text per run, workers {workers or threads}, threads {threads}"
+        return label, LocalInt8EmbeddingProvider(bulk_workers=workers, threads=threads)
+    batch, budget, workers, threads = parse_config(config)
     label = (
         f"batch {batch}, budget {'none' if budget == UNLIMITED else budget}, "
         f"workers {workers}, threads {threads}"
     )
+    return label, LocalEmbeddingProvider(
+        batch_size=batch, token_budget=budget, bulk_workers=workers, threads=threads
+    )
+
+
+async def run_configs(
+    configs: list[str], texts: list[str], queries: list[str], rounds: int
+) -> None:
+    """Every configuration loaded at once, then the rounds interleaved (A, B, A, B...).
+
+    Interleaving spreads the other work of a shared host over every
+    configuration alike. Peak RSS then counts every loaded session, not only
+    the measured one. The agreement column is the cosine of each text's
+    vector with the first configuration's.
+    """
+    providers = [make_provider(config) for config in configs]
+    width = max(len(label) for label, _ in providers)
+    first: np.ndarray | None = None
     try:
-        await provider.embed(["load the model"])
+        for label, provider in providers:
+            started = time.perf_counter()
+            await provider.embed(["load the model"])
+            print(f"{label:{width}s} loaded in {time.perf_counter() - started:.2f} s", flush=True)
         for _ in range(rounds):
-            figures = await bulk(provider, texts)
-            print(
-                f"{label:46s} {figures['texts_per_s']:7.2f} texts/s  {figures['wall_s']:7.1f} s  "
-                f"user {figures['user_s']:6.1f} s  sys {figures['system_s']:5.1f} s  "
-                f"cores {figures['cores']:4.2f}  faults/text {figures['faults_per_text']:8.0f}  "
-                f"peak RSS {figures['peak_rss_mib']:6.0f} MiB",
-                flush=True,
-            )
-        if queries:
+            for label, provider in providers:
+                figures, vectors = await bulk(provider, texts)
+                if first is None:
+                    first = vectors
+                cosines = (vectors * first).sum(axis=1)
+                print(
+                    f"{label:{width}s} {figures['texts_per_s']:7.2f} texts/s  "
+                    f"{figures['wall_s']:7.1f} s  "
+                    f"user {figures['user_s']:6.1f} s  sys {figures['system_s']:5.1f} s  "
+                    f"CPU/text {figures['cpu_ms_per_text']:6.1f} ms  "
+                    f"cores {figures['cores']:4.2f}  faults/text {figures['faults_per_text']:6.0f}  "
+                    f"peak RSS {figures['peak_rss_mib']:6.0f} MiB  "
+                    f"cosine min {cosines.min():.4f} mean {cosines.mean():.4f}",
+                    flush=True,
+                )
+        for label, provider in providers if queries else []:
             alone = await query_latencies(provider, queries)
             load = asyncio.ensure_future(provider.embed(texts))
             await asyncio.sleep(0.2)
@@ -146,14 +185,15 @@ async def run_config(
             still_running = not load.done()
             await load
             print(
-                f"{label:46s} query alone p50 {statistics.median(alone):6.1f} ms "
+                f"{label:{width}s} query alone p50 {statistics.median(alone):6.1f} ms "
                 f"p95 {percentile(alone, 0.95):6.1f} ms; during a bulk call p50 "
                 f"{statistics.median(during):6.1f} ms p95 {percentile(during, 0.95):6.1f} ms"
                 + ("" if still_running else " (the bulk call ended first)"),
                 flush=True,
             )
     finally:
-        await provider.aclose()
+        for _, provider in providers:
+            await provider.aclose()
 
 
 async def main() -> None:
@@ -176,8 +216,7 @@ async def main() -> None:
     queries = read_queries(args.beir, args.queries) if args.queries else []
     load = os.getloadavg()
     print(f"{len(texts)} texts per bulk call, {len(queries)} queries; load average {load[0]:.2f}")
-    for config in args.configs.split(","):
-        await run_config(parse_config(config), texts, queries, args.rounds)
+    await run_configs(args.configs.split(","), texts, queries, args.rounds)
     load = os.getloadavg()
     print(f"load average at the end {load[0]:.2f}")
 

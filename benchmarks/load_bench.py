@@ -15,6 +15,7 @@ given).
     python benchmarks/load_bench.py --docs 25000 --embedder supplied --server-profile
     python benchmarks/load_bench.py --docs 2000 --embedder supplied --index-after both
     python benchmarks/load_bench.py --docs 5000 --embedder supplied --index-after on --max-wal-size 64MB
+    python benchmarks/load_bench.py --docs 2000 --embedder supplied --index-after on --concurrency 1
 
 The file is written to a temporary folder as JSON Lines and loaded through the
 loader (parse, then batches through ``WriteService``) on a fresh embedded
@@ -24,7 +25,11 @@ the time spent inside the embedding provider, the peak RSS of this process
 (the loader; the database server's processes are not counted), the
 statements sent per 1,000 records, the WAL the server wrote and the
 checkpoints it made meanwhile (``--max-wal-size`` sets the benchmark's own
-server's, to see what forced checkpoints cost).
+server's, to see what forced checkpoints cost), the batches that overlapped
+(``--concurrency``, the loader's batches in flight, default 2 as the CLI's),
+and the server CPU of the load: every process of the database server, from
+``/proc`` (the postmaster's reaped children included), for the rows and the
+index builds apart; far steadier than the wall time on a shared machine.
 
 ``--embedder local`` uses the configured local model (what a user gets);
 ``--embedder supplied`` puts a vector in every evidence and relationship line
@@ -276,7 +281,10 @@ def peak_rss_mb() -> float:
 async def run_load(
     dsn: str, path: Path, args: argparse.Namespace, set_based: bool, index_after: bool = False
 ) -> dict[str, float]:
-    db = await Database.open(dsn, min_size=1, max_size=2, statement_timeout_ms=600_000)
+    # as the CLI opens it: the batches' lanes, the deferral's, two for the rest
+    db = await Database.open(
+        dsn, min_size=1, max_size=args.concurrency + 3, statement_timeout_ms=600_000
+    )
     inner: EmbeddingProvider = (
         HashEmbedder() if args.embedder == "hash" else create_provider(Settings())
     )
@@ -290,6 +298,8 @@ async def run_load(
             embedder.texts = 0
         service = WriteService(db, embedder)
         before = db.counter.count
+        cpu = ServerCpu(dsn)
+        await cpu.start()
         started = time.perf_counter()
         checked = loader.check(file_lines(path))  # the first pass, as the CLI does
         if checked.embedding_model is not None:
@@ -302,7 +312,10 @@ async def run_load(
             actor=Actor.operator(),
             set_based=set_based,
             index_after=index_after,
+            # only when asked for: the same script then measures a loader before the option
+            **({"concurrency": args.concurrency} if args.concurrency != 1 else {}),
         )
+        rows_cpu = await cpu.seconds()
         index_seconds = 0.0
         if index_after:
             settings = Settings()
@@ -327,7 +340,13 @@ async def run_load(
             # one step per table comes at its end; the others are the server's reports
             print(f"  index progress steps  {len(steps):10d}   (for {built.tables} tables)")
         elapsed = time.perf_counter() - started
+        total_cpu = await cpu.seconds()
         return {
+            "server_cpu": total_cpu,
+            "rows_server_cpu": rows_cpu,
+            "overlapped": getattr(report, "overlapped", 0),
+            "lanes": getattr(report, "lanes", 0),
+            "batches": report.batches,
             "index_seconds": index_seconds,
             "seconds": elapsed,
             "parse_seconds": parsed_at - started,
@@ -340,6 +359,63 @@ async def run_load(
     finally:
         await embedder.aclose()
         await db.close()
+
+
+class ServerCpu:
+    """CPU time of the database server's processes since :meth:`start`: every
+    backend, parallel worker and background process of the server, live ones
+    from ``/proc/PID/stat`` and ended ones from the postmaster's counters of its
+    reaped children. Unlike the wall time, this barely moves with what else the
+    machine runs. Only for a server on this machine whose processes this user may
+    read (the benchmark's own embedded one); otherwise it reports nothing."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.postmaster: int | None = None
+        self.base = 0.0
+
+    async def start(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        try:  # while the backend lives: its parent is the postmaster
+            self.postmaster = int(_stat(await conn.fetchval("SELECT pg_backend_pid()"))[1])
+            self.base = _tree_cpu(self.postmaster)
+        except (OSError, ValueError, IndexError):
+            self.postmaster = None
+        finally:
+            await conn.close()
+
+    async def seconds(self) -> float | None:
+        if self.postmaster is None:
+            return None
+        try:
+            return _tree_cpu(self.postmaster) - self.base
+        except (OSError, ValueError, IndexError):
+            return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name: [state, ppid, ...]."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return text[text.rindex(")") + 2 :].split()
+
+
+def _tree_cpu(postmaster: int) -> float:
+    fields = _stat(postmaster)
+    # utime, stime, cutime, cstime: the postmaster's own and its reaped children's
+    total = sum(int(x) for x in fields[11:15])
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            child = _stat(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue  # ended meanwhile
+        if int(child[1]) == postmaster:
+            total += int(child[11]) + int(child[12])
+    return total / _TICKS
 
 
 async def vector_recall(dsn: str, queries: int, seed: int, vectors: str = "random") -> float:
@@ -658,6 +734,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "vectors in the file (an embedding_model line naming the configured model)",
     )
     parser.add_argument("--batch-size", type=int, default=500, help="loader records per batch")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="loader batches in flight at once (RECALL_LOAD_CONCURRENCY; 1: one at a time)",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(
         "--path",
@@ -724,7 +806,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(
             f"{n_evidence} documents ({source}), {n_records} records, "
             f"{path.stat().st_size / 1e6:.1f} MB; embedder {args.embedder}, "
-            f"batch size {args.batch_size}; load average {os.getloadavg()[0]:.2f}",
+            f"batch size {args.batch_size}, concurrency {args.concurrency}; "
+            f"load average {os.getloadavg()[0]:.2f}",
             flush=True,
         )
         paths = {"set": [True], "record": [False], "both": [False, True]}[args.path]
@@ -760,6 +843,18 @@ def report(figures: dict[str, float], n_evidence: int, label: str) -> None:
         f"   ({int(figures['embedded_texts'])} texts, {figures['embed_seconds']:.2f} s)"
     )
     print(f"  statements/1k records {figures['statements'] * 1000 / figures['records']:10.0f}")
+    print(
+        f"  batches overlapped    {int(figures['overlapped']):10d}   "
+        f"(of {int(figures['batches'])}: started while the one before was in flight; "
+        f"{int(figures['lanes'])} connections)"
+    )
+    if figures["server_cpu"] is not None:
+        rows_cpu = figures["rows_server_cpu"]
+        print(
+            f"  server CPU            {figures['server_cpu']:10.2f} s  "
+            f"(rows {rows_cpu:.2f} s, {rows_cpu * 1000 / figures['records']:.3f} ms per record;"
+            f" index builds {figures['server_cpu'] - rows_cpu:.2f} s)"
+        )
     if figures["index_seconds"]:
         print(
             f"  index build share     {figures['index_seconds'] / seconds:10.1%}"

@@ -88,14 +88,16 @@ def cmd_migrate(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _with_services(dsn: str, settings: Settings, work: Callable[[Any], Any]) -> Any:
+async def _with_services(
+    dsn: str, settings: Settings, work: Callable[[Any], Any], *, connections: int = 2
+) -> Any:
     from gateway.embeddings import create_provider
     from gateway.services.reembed import read_store_model
     from gateway.services.writes import WriteService
     from gateway.store.database import Database, prepare
 
     await prepare(dsn, migrate=True)
-    db = await Database.open(dsn, min_size=1, max_size=2)
+    db = await Database.open(dsn, min_size=1, max_size=connections)
     try:
         embedder = create_provider(settings, await read_store_model(db))
     except BaseException:
@@ -194,6 +196,7 @@ def _load_lines(
     out: TextIO,
     *,
     index_after: bool = False,
+    concurrency: int = 1,
 ) -> int:
     from gateway.services import loader
 
@@ -220,6 +223,7 @@ def _load_lines(
                 batch_size=batch_size,
                 progress=advance,
                 index_after=index_after,
+                concurrency=concurrency,
             )
         if loaded.deferred and await _build_vector_indexes(
             settings, service.db, out, loaded.deferred
@@ -231,7 +235,9 @@ def _load_lines(
 
     started = time.perf_counter()
     try:
-        report = asyncio.run(_with_services(dsn, settings, work))
+        # The batches' lanes, the --index-after deferral's connection, and two for
+        # the statistics refresh and the next batch's look-ups meanwhile.
+        report = asyncio.run(_with_services(dsn, settings, work, connections=concurrency + 3))
     except loader.LoadError as exc:
         _refused(exc)
         if exc.deferred:
@@ -265,6 +271,7 @@ def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
             args.batch_size or settings.load_batch_size,
             sys.stdout,
             index_after=args.index_after,
+            concurrency=args.concurrency or settings.load_concurrency,
         )
 
 
@@ -731,6 +738,12 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=_positive,
         help="records per transaction (RECALL_LOAD_BATCH_SIZE, default 500)",
+    )
+    load.add_argument(
+        "--concurrency",
+        type=_positive,
+        help="batches in flight at once, each its own transaction (RECALL_LOAD_CONCURRENCY, "
+        "default 2; 1: one at a time)",
     )
     load.add_argument(
         "--index-after",

@@ -120,10 +120,11 @@ class Settings(BaseSettings):
         "OpenAI-compatible "
         "`/embeddings` endpoint.",
     )
-    embedding_model: Literal["auto", "minilm", "e5-small"] = Field(
+    embedding_model: Literal["auto", "minilm", "minilm-int8", "e5-small"] = Field(
         default="auto",
         description="Local model (`local` provider): `auto` follows the model the store holds "
-        "(a new store gets the default, MiniLM); `minilm` or `e5-small` names one.",
+        "(a new store gets the default, MiniLM); `minilm`, `minilm-int8` or `e5-small` names "
+        "one.",
     )
     embedding_batch_size: int = Field(
         default=64,
@@ -155,6 +156,13 @@ class Settings(BaseSettings):
 
     load_batch_size: int = Field(
         default=500, ge=1, le=100_000, description="Loader records per transaction."
+    )
+    load_concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=16,
+        description="Loader batches in flight at once, each a transaction on a connection "
+        "of its own (1: one batch at a time); see docs/loading.md.",
     )
     index_build_memory_mb: int = Field(
         default=1024,

@@ -45,7 +45,9 @@ async def test_the_benchmark_builds_only_the_spaces_its_load_deferred(
     hasher = bench.HashEmbedder()
     assert hasher.model == embedder.model
     bench.write_file(path, bench.generated_documents(3, 7), hasher)
-    args = argparse.Namespace(embedder="hash", batch_size=50, index_memory_mb=64, index_workers=1)
+    args = argparse.Namespace(
+        embedder="hash", batch_size=50, index_memory_mb=64, index_workers=1, concurrency=2
+    )
     figures = await bench.run_load(fresh_dsn, path, args, True, index_after=True)
     assert figures["written"] == figures["records"]
 

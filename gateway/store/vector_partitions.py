@@ -35,11 +35,17 @@ partition itself: a detached table is unreadable to it.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 from uuid import UUID
 
 from gateway.store.connection import Conn
+
+if TYPE_CHECKING:  # the database module imports this one (through migrations)
+    from gateway.store.database import Database
 
 VECTOR_TABLES = ("evidence_embeddings", "relationship_embeddings")
 
@@ -349,14 +355,42 @@ async def build_and_attach(
     await conn.execute(
         f"ALTER TABLE {item.parent} ATTACH PARTITION \"{item.table}\" FOR VALUES IN ('{item.space}')"
     )
+    await close_deferral(conn, item.space)
+    return True
+
+
+async def close_deferral(conn: Conn, space: UUID) -> None:
+    """Forget the space's deferral once both its vector tables are attached. Run by
+    each build (:func:`build_and_attach`), and again once two builds of the space
+    that ran at once have both committed: each saw the other's table detached."""
     still = [
         t
-        for t in (partition_name(p, item.space) for p in VECTOR_TABLES)
+        for t in (partition_name(p, space) for p in VECTOR_TABLES)
         if await _is_partition(conn, t) is False
     ]
     if not still:
-        await conn.execute("DELETE FROM vector_deferrals WHERE space_id = $1", item.space)
-    return True
+        await conn.execute("DELETE FROM vector_deferrals WHERE space_id = $1", space)
+
+
+@contextlib.asynccontextmanager
+async def spare_connection(db: Database, keep_free: int = 1) -> AsyncIterator[Conn | None]:
+    """A second pooled connection for a build that runs beside another, or None when
+    the pool has no room for it beyond ``keep_free`` (the progress watcher's):
+    never waits for a busy one."""
+    pool = db.pool
+    room = pool.get_max_size() - (pool.get_size() - pool.get_idle_size()) - keep_free
+    if room < 1:
+        yield None
+        return
+    try:
+        conn: Conn = await pool.acquire(timeout=0.2)
+    except TimeoutError:
+        yield None
+        return
+    try:
+        yield conn
+    finally:
+        await pool.release(cast(Any, conn))
 
 
 async def reattach_if_empty(conn: Conn, space: UUID) -> bool:

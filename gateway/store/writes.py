@@ -523,19 +523,32 @@ async def insert_relationship_status(
 
 
 async def active_projection(conn: Conn, team: str, model: str) -> int:
-    """The team's active relationship projection generation, made on first use."""
-    generation = await conn.fetchval(
-        "SELECT generation FROM relationship_projections WHERE team_id = $1 AND status = 'active'",
-        team,
+    """The team's active relationship projection generation, made on first use.
+    Two transactions making it at once (two batches of a pipelined load, two
+    writes into a new team) both get it: the second waits for the first's row
+    and then reads it, instead of failing on its key."""
+    active = (
+        "SELECT generation FROM relationship_projections WHERE team_id = $1 AND status = 'active'"
     )
+    generation = await conn.fetchval(active, team)
     if generation is not None:
         return int(generation)
-    await conn.execute(
+    made = await conn.fetchval(
         "INSERT INTO relationship_projections (team_id, generation, model, status, activated_at) "
-        "VALUES ($1, 1, $2, 'active', now())",
+        "VALUES ($1, 1, $2, 'active', now()) ON CONFLICT DO NOTHING RETURNING generation",
         team,
         model,
     )
+    if made is None:
+        generation = await conn.fetchval(active, team)
+        if generation is None:  # generation 1 exists, not active: refused as before
+            await conn.execute(
+                "INSERT INTO relationship_projections (team_id, generation, model, status, "
+                "activated_at) VALUES ($1, 1, $2, 'active', now())",
+                team,
+                model,
+            )
+        return int(generation)
     return 1
 
 

@@ -1,0 +1,372 @@
+"""Batches in flight at once (``loader.load(concurrency=2)``) against one at a time.
+
+Each test loads through the pipelined loader on the real PostgreSQL and checks
+what the brief of the loader promises whatever the concurrency: the same rows
+field by field (``tests/test_load_paths.py``'s comparison, sharded counters
+summed), every batch all or nothing, a refusal naming its line with every
+earlier batch committed and nothing after it written, a re-run that writes
+nothing and says so, and system times that follow the file, one per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+import pytest
+
+from gateway.services import loader, vector_indexes
+from gateway.services.writes import Actor, PreviousRefused, Turn, TurnYielded, WriteService
+from gateway.store import bulk_writes as bulk_store
+from gateway.store.database import Database
+
+from .conftest import unique
+from .test_load_paths import _TABLES, _generated, _retarget, _rows
+
+# The sharded counters (one row per writing backend's shard): compared as sums.
+_COUNTERS = {
+    "evidence_lexeme_stats": "lexeme",
+    "relationship_lexeme_stats": "lexeme",
+    "graph_change_counters": None,
+}
+
+
+def _documents(team: str, docs: int) -> list[dict[str, Any]]:
+    """The benchmark's shape: a source, an entity, the evidence and a relationship
+    supported by it per document, in the team's shared space."""
+    out: list[dict[str, Any]] = [
+        {"kind": "team", "id": team, "name": "Pipeline"},
+        {"kind": "principal", "team": team, "id": "reader", "display_name": "Reader"},
+    ]
+    for i in range(docs):
+        out += [
+            {
+                "kind": "source",
+                "team": team,
+                "id": f"src-{i}",
+                "type": "document",
+                "title": f"T{i}",
+            },
+            {"kind": "entity", "team": team, "id": f"ent-{i}", "name": f"Entity {i}"},
+            {
+                "kind": "evidence",
+                "team": team,
+                "id": f"ev-{i}",
+                "source": f"src-{i}",
+                "content": f"Document {i} reports that kinase {i % 7} binds receptor {i % 5}.",
+            },
+            {
+                "kind": "relationship",
+                "team": team,
+                "id": f"rel-{i}",
+                "subject": f"ent-{i}",
+                "predicate": "has_abstract",
+                "object_value": f"document {i}",
+                "owner": "reader",
+                "supports": [{"id": f"sup-{i}", "evidence": f"ev-{i}"}],
+            },
+        ]
+    return out
+
+
+async def _load(
+    writes: WriteService,
+    lines: list[dict[str, Any]],
+    team: str,
+    *,
+    concurrency: int,
+    batch_size: int = 8,
+    index_after: bool = False,
+) -> loader.LoadReport:
+    records = loader.parse(loader.split_lines(_retarget(lines, team)))
+    report = await loader.load(
+        writes,
+        records,
+        batch_size=batch_size,
+        actor=Actor.operator(),
+        concurrency=concurrency,
+        index_after=index_after,
+    )
+    if report.deferred:
+        built = await vector_indexes.build_pending(
+            writes.db,
+            await vector_indexes.pending(writes.db, report.deferred),
+            maintenance_work_mem_mb=64,
+            workers=0,
+        )
+        assert not built.failed
+    return report
+
+
+async def _counters(conn: asyncpg.Connection, team: str) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for table, key in _COUNTERS.items():
+        if key is None:
+            rows = await conn.fetch(
+                f"SELECT m.kind, sum(c.changes) AS n FROM {table} c "
+                "JOIN memory_spaces m ON m.team_id = c.team_id AND m.id = c.space_id "
+                "WHERE c.team_id = $1 GROUP BY 1 ORDER BY 1",
+                team,
+            )
+        else:
+            rows = await conn.fetch(
+                f"SELECT m.kind, c.{key}, sum(c.df) AS df, max(c.max_tf) AS tf FROM {table} c "
+                "JOIN memory_spaces m ON m.team_id = c.team_id AND m.id = c.space_id "
+                "WHERE c.team_id = $1 GROUP BY 1, 2 ORDER BY 1, 2",
+                team,
+            )
+        out[table] = [tuple(r.values()) for r in rows]
+    return out
+
+
+def _aligned(docs: int) -> list[dict[str, Any]]:
+    """``_generated`` with three more entities before the documents, so that with
+    batches of 8 each document's four records share a batch."""
+    lines = _generated(docs)
+    extra = [
+        {"kind": "entity", "team": "T", "id": f"extra{i}", "name": f"Extra {i}"} for i in range(3)
+    ]
+    return lines[:4] + extra + lines[4:]
+
+
+def _relationships_last(docs: int) -> list[dict[str, Any]]:
+    """``_documents`` with each kind together: sources, entities, evidence, then the
+    relationships (without supports, so that they name no evidence in flight),
+    whose first two batches (the team's first relationship vectors: its
+    projection is made then) are in flight together."""
+    lines = [
+        {**r, "supports": []} if r["kind"] == "relationship" else r for r in _documents("T", docs)
+    ]
+    return lines[:2] + sorted(
+        lines[2:],
+        key=lambda r: ["source", "entity", "evidence", "relationship"].index(r["kind"]),
+    )
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "generated",
+        "generated, aligned",
+        "documents",
+        "documents, index after",
+        "relationships last",
+    ],
+)
+async def test_batches_in_flight_write_the_same_rows(
+    writes: WriteService, admin_conn: asyncpg.Connection, shape: str
+) -> None:
+    # "generated" has every record shape of the set-based path and a support at the
+    # end; its documents straddle batches of 8, so each batch refers to the one
+    # before and none may overlap. "aligned" and "documents" have batches that
+    # refer to nothing in flight.
+    lines = {
+        "generated": _generated(30),
+        "generated, aligned": _aligned(30),
+        "relationships last": _relationships_last(16),
+    }.get(shape, _documents("T", 24))
+    index_after = shape.endswith("index after")
+    one, two = unique("serial"), unique("pipelined")
+    serial = await _load(writes, lines, one, concurrency=1, index_after=index_after)
+    piped = await _load(writes, lines, two, concurrency=2, index_after=index_after)
+    assert serial.overlapped == 0
+    if shape == "generated":
+        assert piped.overlapped == 0, "a batch that names one in flight waits for it"
+    else:
+        assert piped.overlapped > 0, "batches really were in flight together"
+    assert piped.created == serial.created
+    assert piped.batches == serial.batches
+    old_rows, new_rows = await _rows(admin_conn, one), await _rows(admin_conn, two)
+    for table in _TABLES:
+        assert new_rows[table] == old_rows[table], table
+    assert new_rows["evidence_embeddings"], "the comparison saw vectors"
+    assert await _counters(admin_conn, two) == await _counters(admin_conn, one)
+
+
+async def test_system_times_follow_the_file_one_per_batch(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    team = unique("times")
+    lines = _documents("T", 40)
+    report = await _load(writes, lines, team, concurrency=2)
+    assert report.overlapped > 0
+    times = {
+        (r["kind"], r["client_id"]): r["recorded_at"]
+        for r in await admin_conn.fetch(
+            "SELECT kind, client_id, recorded_at FROM write_log WHERE team_id = $1", team
+        )
+    }
+    in_file_order = [times[(r["kind"], team if r["kind"] == "team" else r["id"])] for r in lines]
+    assert in_file_order == sorted(in_file_order), "a later line was stamped earlier"
+    assert len(set(in_file_order)) == report.batches, "one system time per batch"
+
+
+async def test_a_refusal_keeps_earlier_batches_and_writes_nothing_after_it(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    lines = _documents("T", 20)
+    # document 9's relationship (batch 5 of 8 records, after the two space
+    # records' batch) names an owner that does not exist: the set-based path
+    # falls back, and the record-at-a-time path refuses the line.
+    bad = 2 + 9 * 4 + 3
+    lines[bad] = {**lines[bad], "owner": "nobody"}
+    outcomes = []
+    for concurrency in (1, 2):
+        team = unique("refused")
+        with pytest.raises(loader.LoadError) as caught:
+            await _load(writes, lines, team, concurrency=concurrency)
+        error = caught.value.errors[0]
+        written = await admin_conn.fetch(
+            "SELECT id FROM evidence WHERE team_id = $1 ORDER BY id", team
+        )
+        logged = await admin_conn.fetchval(
+            "SELECT count(*) FROM write_log WHERE team_id = $1", team
+        )
+        outcomes.append(
+            (
+                error.line,
+                error.field,
+                error.code,
+                error.message.replace(team, "T"),
+                caught.value.committed,
+                str(caught.value).replace(team, "T"),
+                [r["id"] for r in written],
+                logged,
+            )
+        )
+    assert outcomes[1] == outcomes[0]
+    line, field, _code, _message, committed, _text, evidence, logged = outcomes[1]
+    assert (line, field) == (bad + 1, "owner")
+    # the space batch (2 records) and four batches of two documents: documents 0-7
+    assert committed == 2 + 8 * 4 == logged
+    assert evidence == sorted(f"ev-{i}" for i in range(8))
+
+
+async def test_a_pipelined_rerun_writes_nothing_and_says_so(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    team = unique("rerun")
+    lines = _documents("T", 16)
+    first = await _load(writes, lines, team, concurrency=2)
+    before = await _rows(admin_conn, team)
+    second = await _load(writes, lines, team, concurrency=2)
+    assert second.overlapped > 0
+    assert sum(second.created.values()) == 0
+    assert sum(second.unchanged.values()) == sum(first.created.values()) == len(lines)
+    assert await _rows(admin_conn, team) == before
+
+
+async def test_lanes_have_distinct_counter_shards_and_leave_the_pool_room(
+    db: Database, dsn: str
+) -> None:
+    async with bulk_store.writer_lanes(db, 2) as lanes:
+        assert len(lanes) == 2
+        assert len({bulk_store.stats_shard(c) for c in lanes}) == 2
+    small = await Database.open(dsn, min_size=1, max_size=3)
+    try:
+        # two lanes would leave one connection for the statistics refresh and the
+        # next batch's look-ups, which run meanwhile: no lanes, one batch at a time
+        async with bulk_store.writer_lanes(small, 2) as lanes:
+            assert lanes == []
+        async with small.acquire():
+            async with small.acquire():
+                async with small.acquire():
+                    pass  # the pool is whole again
+    finally:
+        await small.close()
+
+
+async def test_a_batch_gives_way_to_the_batch_before_it_waiting_for_its_locks(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    team = unique("yield")
+    await _load(writes, _documents("T", 0), team, concurrency=1)
+    records = loader.parse(loader.split_lines(_retarget(_documents("T", 2)[2:], team)))
+    async with writes.writer_lanes(2) as (before_lane, lane):
+        # "the batch before": a transaction on the other lane that will wait for
+        # the idempotency claim this batch takes on its first record
+        pending: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        turn = Turn(lane, pending, before_lane.get_server_pid())
+        batch: asyncio.Task[Any] = asyncio.create_task(  # noqa: RUF006 - awaited below
+            writes.apply([r for _, r in records], Actor.operator(), turn=turn)
+        )
+        await turn.began.wait()
+        for _ in range(500):  # until the batch has claimed its IDs and copied its rows
+            copied = await admin_conn.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE pid = $1 "
+                "AND relation = 'relationships'::regclass",
+                lane.get_server_pid(),
+            )
+            if copied:
+                break
+            await asyncio.sleep(0.02)
+        tx = before_lane.transaction()
+        await tx.start()
+        try:
+            claim = asyncio.create_task(
+                before_lane.execute(
+                    "INSERT INTO write_log (team_id, kind, client_id, payload_sha256, "
+                    "recorded_by) VALUES ($1, 'source', 'src-0', sha256('x'), 'test') "
+                    "ON CONFLICT DO NOTHING",
+                    team,
+                )
+            )
+            with pytest.raises(TurnYielded):
+                await asyncio.wait_for(batch, timeout=30)
+            await asyncio.wait_for(claim, timeout=30)  # no longer blocked
+        finally:
+            await tx.rollback()
+    written = await admin_conn.fetchval(
+        "SELECT count(*) FROM write_log WHERE team_id = $1 AND kind <> 'team' "
+        "AND kind <> 'principal'",
+        team,
+    )
+    assert written == 0, "the batch that gave way wrote nothing"
+
+
+async def test_a_batch_after_a_refused_one_is_rolled_back(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    team = unique("after")
+    await _load(writes, _documents("T", 0), team, concurrency=1)
+    records = loader.parse(loader.split_lines(_retarget(_documents("T", 2)[2:], team)))
+    async with writes.writer_lanes(2) as (before_lane, lane):
+        refused: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        refused.set_result(False)
+        with pytest.raises(PreviousRefused):
+            await writes.apply(
+                [r for _, r in records],
+                Actor.operator(),
+                turn=Turn(lane, refused, before_lane.get_server_pid()),
+            )
+    assert await admin_conn.fetchval("SELECT count(*) FROM evidence WHERE team_id = $1", team) == 0
+
+
+async def test_a_file_changed_while_batches_are_in_flight_keeps_what_came_before(
+    writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    bad = 2 + 14 * 4  # document 14's source: the first line of the 8th batch of 8 records
+    outcomes = []
+    for concurrency in (1, 2):
+        team = unique("changed")
+        lines = loader.split_lines(_retarget(_documents("T", 20), team))
+        loader.check(lines)
+        changed = [*lines[:bad], '{"kind": "source"}', *lines[bad + 1 :]]
+        with pytest.raises(loader.LoadError) as caught:
+            await loader.load(
+                writes,
+                loader.stream(changed),
+                batch_size=8,
+                actor=Actor.operator(),
+                concurrency=concurrency,
+            )
+        assert "changed while it was loaded" in caught.value.message
+        written = await admin_conn.fetch(
+            "SELECT id FROM evidence WHERE team_id = $1 ORDER BY id", team
+        )
+        outcomes.append((caught.value.errors[0].line, [r["id"] for r in written]))
+    assert outcomes[1] == outcomes[0]
+    # the stream stops while it reads the batch before the changed line's (a batch
+    # ends when the next record is read): documents 0-11 are written, in flight or not
+    assert outcomes[1] == (bad + 1, sorted(f"ev-{i}" for i in range(12)))
