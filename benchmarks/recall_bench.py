@@ -1002,8 +1002,11 @@ def throughput(
         load_test.wait_ready(port)
         load_test.QUERIES[:] = queries
         asyncio.run(load_test.run_load(port, token, 4 * clients, clients, FULL))  # warm-up
+        server = _server_processes(dsn)
         load_before = os.getloadavg()[0]
+        gw_cpu, pg_cpu = _tree_cpu([proc.pid]), _tree_cpu(server)
         result = asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        gw_cpu, pg_cpu = _tree_cpu([proc.pid]) - gw_cpu, _tree_cpu(server) - pg_cpu
         load_after = os.getloadavg()[0]
     finally:
         proc.terminate()
@@ -1013,7 +1016,55 @@ def throughput(
             proc.kill()
     result["per_s"] = result["requests"] / result["elapsed_s"]
     result["load"] = (load_before, load_after)
+    count = max(int(result["requests"]), 1)
+    result["gateway_cpu_ms"] = gw_cpu / count * 1000
+    # None: the server is not a process of this machine that psutil may read
+    result["server_cpu_ms"] = pg_cpu / count * 1000 if server else None
     return result
+
+
+def _server_processes(dsn: str) -> list[int]:
+    """The PostgreSQL server's processes when it runs on this machine (its
+    postmaster, found as the parent of one of its backends); else none."""
+    import psutil
+
+    async def postmaster() -> int | None:
+        conn = await asyncpg.connect(dsn)
+        try:  # asked while the backend lives: it exits once the connection closes
+            parent = psutil.Process(int(await conn.fetchval("SELECT pg_backend_pid()"))).parent()
+        except psutil.Error:
+            return None
+        finally:
+            await conn.close()
+        return parent.pid if parent is not None else None
+
+    try:
+        pid = asyncio.run(postmaster())
+    except OSError:
+        return []
+    return [pid] if pid is not None else []
+
+
+def _tree_cpu(roots: list[int]) -> float:
+    """User + system CPU seconds of processes and their descendants now alive:
+    CPU per request is the figure a shared, loaded machine does not distort
+    (throughput and latency under others' load are the machine's, not ours)."""
+    import psutil
+
+    total = 0.0
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in family:
+            try:
+                times = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+    return total
 
 
 async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> dict[str, float]:
@@ -1412,6 +1463,19 @@ def main() -> None:
             f"errors {len(rate['failures'])}, load average {rate['load'][0]:.1f} -> "
             f"{rate['load'][1]:.1f}"
         )
+        if rate["server_cpu_ms"] is None:
+            print(
+                f"  CPU per full recall in that run: gateway workers "
+                f"{rate['gateway_cpu_ms']:.1f} ms (PostgreSQL's not read: not a process here)"
+            )
+        else:
+            cpu = rate["gateway_cpu_ms"] + rate["server_cpu_ms"]
+            print(
+                f"  CPU per full recall in that run: gateway workers "
+                f"{rate['gateway_cpu_ms']:.1f} ms, PostgreSQL {rate['server_cpu_ms']:.1f} ms; "
+                f"at that cost the machine's {os.cpu_count()} cores would serve "
+                f"{(os.cpu_count() or 1) * 1000 / cpu:.0f}/s with nothing else running"
+            )
     print(
         "  evidence steps timed one by one (medians): query embedding "
         f"{stages['embedding']:.1f} ms, candidate statement (all lists) "
