@@ -468,7 +468,10 @@ class _Loading:
     every earlier batch committed and nothing of the refused one or any later
     one written, and the error names its line as before. A batch whose
     predecessor waits for one of its locks gives way (rolled back, then
-    applied again after that batch)."""
+    applied again after that batch), and so does one whose predecessor
+    committed a transaction that began after its own (a fallback to the
+    record-at-a-time path, a retry): system times follow the file in every
+    path (see Turn)."""
 
     def __init__(
         self,
