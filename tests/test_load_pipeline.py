@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from gateway.embeddings import EmbeddingProvider
 from gateway.services import bulk_writes, loader, vector_indexes
 from gateway.services.writes import Actor, PreviousRefused, Turn, TurnYielded, WriteService
 from gateway.store import bulk_writes as bulk_store
@@ -430,11 +431,21 @@ async def test_a_batch_applied_record_by_record_keeps_its_place_in_system_time(
 
 
 async def test_three_lanes_keep_system_times_in_file_order_after_a_batch_gives_way(
-    writes: WriteService, admin_conn: asyncpg.Connection, dsn: str
+    embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, dsn: str
 ) -> None:
     """Three batches in flight: another session holds the claim of the first record
     of the load's second batch, so the third gives way, and is applied again
-    after the fourth has begun; the fourth must give way too."""
+    after the fourth has begun; the fourth must give way too. (A pool of its own,
+    roomy and fresh, so that three connections of distinct counter shards are
+    found: the session's pool may hold too few.)"""
+    db = await Database.open(dsn, min_size=1, max_size=16)
+    try:
+        await _three_lanes(WriteService(db, embedder), admin_conn, dsn)
+    finally:
+        await db.close()
+
+
+async def _three_lanes(writes: WriteService, admin_conn: asyncpg.Connection, dsn: str) -> None:
     team = unique("three")
     lines = _documents("T", 60)
     await _load(writes, lines[:2], team, concurrency=1)
