@@ -191,7 +191,11 @@ async def generate(
     centroids = unit(rng.standard_normal((len(TOPICS), DIM)))
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
+    guards = await _postings_guards(conn)
+    planned: set[str] = set()
     try:
+        for table, trigger in guards:
+            await conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
         await conn.execute(
             "INSERT INTO embedding_models (name, dimensions) VALUES ($1, 384) "
             "ON CONFLICT DO NOTHING",
@@ -302,7 +306,9 @@ async def generate(
             cut = per_team - per_team // NEWEST_PART
             for part in (slice(0, cut), slice(cut, per_team)):
                 async with conn.transaction():
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "evidence",
                         records=evidence[part],
                         columns=[
@@ -315,12 +321,16 @@ async def generate(
                             "content_sha256",
                         ],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "evidence_lifecycle_events",
                         records=lifecycle[part],
                         columns=["team_id", "space_id", "evidence_id", "status"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "relationships",
                         records=rels[part],
                         columns=[
@@ -336,22 +346,30 @@ async def generate(
                             "statement",
                         ],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "relationship_status_events",
                         records=rel_events[part],
                         columns=["team_id", "space_id", "relationship_id", "status"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "supports",
                         records=supports[part],
                         columns=["team_id", "id", "space_id", "evidence_id", "relationship_id"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         "support_decisions",
                         records=decisions[part],
                         columns=["team_id", "space_id", "support_id", "decision"],
                     )
-                    await conn.copy_records_to_table(
+                    await _copy(
+                        conn,
+                        planned,
                         detached.get("evidence_embeddings", "evidence_embeddings"),
                         records=vectors[part],
                         columns=[
@@ -364,7 +382,9 @@ async def generate(
                         ],
                     )
                     if rel_vectors[part]:
-                        await conn.copy_records_to_table(
+                        await _copy(
+                        conn,
+                        planned,
                             detached.get("relationship_embeddings", "relationship_embeddings"),
                             records=rel_vectors[part],
                             columns=[
@@ -388,6 +408,8 @@ async def generate(
             "VALUES ('bench-token', 'bench-00', 'analyst', $1, 'private')",
             tokens.hash_secret(secret),
         )
+        for table, trigger in guards:
+            await conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
         # Planner statistics and the visibility map (index-only scans), as
         # autovacuum leaves them after a bulk load on a running store.
         await conn.execute("VACUUM ANALYZE")
@@ -398,6 +420,55 @@ async def generate(
         }
     finally:
         await conn.close()
+
+
+async def _copy(
+    conn: asyncpg.Connection,
+    planned: set[str],
+    table: str,
+    *,
+    records: list[tuple[Any, ...]],
+    columns: list[str],
+) -> None:
+    """COPY ``records`` into ``table``; the first time a table is written, ANALYZE it
+    right after (inside the same transaction, which ANALYZE samples too).
+
+    The foreign keys' checks (and any statement a trigger plans) are planned at
+    their first run in the generator's one session. Planned on a table without
+    statistics, the lookup of a referenced row by its key took an index led by
+    (team_id, space_id) alone with the ID as a filter (relationships has several
+    such indexes), so every row of the next COPY looked through all of its
+    space's rows: at 90,000 relationships per space, ``relationship_status_events``'
+    COPY ran for minutes in its foreign-key check. ANALYZE gives the planner the
+    table's statistics and invalidates the plans made without them, as the
+    loader's statistics refresh does for a new store (docs/data-model.md)."""
+    await conn.copy_records_to_table(table, records=records, columns=columns)
+    if table not in planned:
+        planned.add(table)
+        await conn.execute(f'ANALYZE "{table}"')
+
+
+# The postings' insert guards of db/0115 (every posting's document exists, and is
+# locked FOR KEY SHARE, as the foreign key did). Their statement is planned at its
+# first run in the generator's session, a space's first COPY, when no table has
+# statistics yet; the planner then took an index led by (team_id, space_id) alone,
+# with the document's ID as a filter, so each document was looked for among all of
+# its space's rows written so far: quadratic per space (the first COPY of 90,000
+# relationships of a 1,000,000-evidence run was still in that check after 28
+# minutes). Every posting here is written by the fill triggers from the rows of
+# the same statement, so the check cannot fail: the generator turns these
+# triggers off while it writes and on again before the dataset is used.
+_GUARDS = ("evidence_terms_check_documents", "relationship_terms_check_documents")
+
+
+async def _postings_guards(conn: asyncpg.Connection) -> list[tuple[str, str]]:
+    """(table, trigger) of the guards of :data:`_GUARDS` this schema has."""
+    rows = await conn.fetch(
+        "SELECT t.tgrelid::regclass::text AS tab, t.tgname FROM pg_trigger t "
+        "WHERE t.tgname = ANY ($1::text[]) AND NOT t.tgisinternal ORDER BY 2",
+        list(_GUARDS),
+    )
+    return [(r["tab"], r["tgname"]) for r in rows]
 
 
 # Each team's newest 1/NEWEST_PART of its evidence (with its relationships and
@@ -931,8 +1002,11 @@ def throughput(
         load_test.wait_ready(port)
         load_test.QUERIES[:] = queries
         asyncio.run(load_test.run_load(port, token, 4 * clients, clients, FULL))  # warm-up
+        server = _server_processes(dsn)
         load_before = os.getloadavg()[0]
+        gw_cpu, pg_cpu = _tree_cpu([proc.pid]), _tree_cpu(server)
         result = asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        gw_cpu, pg_cpu = _tree_cpu([proc.pid]) - gw_cpu, _tree_cpu(server) - pg_cpu
         load_after = os.getloadavg()[0]
     finally:
         proc.terminate()
@@ -942,7 +1016,55 @@ def throughput(
             proc.kill()
     result["per_s"] = result["requests"] / result["elapsed_s"]
     result["load"] = (load_before, load_after)
+    count = max(int(result["requests"]), 1)
+    result["gateway_cpu_ms"] = gw_cpu / count * 1000
+    # None: the server is not a process of this machine that psutil may read
+    result["server_cpu_ms"] = pg_cpu / count * 1000 if server else None
     return result
+
+
+def _server_processes(dsn: str) -> list[int]:
+    """The PostgreSQL server's processes when it runs on this machine (its
+    postmaster, found as the parent of one of its backends); else none."""
+    import psutil
+
+    async def postmaster() -> int | None:
+        conn = await asyncpg.connect(dsn)
+        try:  # asked while the backend lives: it exits once the connection closes
+            parent = psutil.Process(int(await conn.fetchval("SELECT pg_backend_pid()"))).parent()
+        except psutil.Error:
+            return None
+        finally:
+            await conn.close()
+        return parent.pid if parent is not None else None
+
+    try:
+        pid = asyncio.run(postmaster())
+    except OSError:
+        return []
+    return [pid] if pid is not None else []
+
+
+def _tree_cpu(roots: list[int]) -> float:
+    """User + system CPU seconds of processes and their descendants now alive:
+    CPU per request is the figure a shared, loaded machine does not distort
+    (throughput and latency under others' load are the machine's, not ours)."""
+    import psutil
+
+    total = 0.0
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in family:
+            try:
+                times = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+    return total
 
 
 async def stage_latency(dsn: str, data: dict[str, Any], queries: list[str]) -> dict[str, float]:
@@ -1341,6 +1463,19 @@ def main() -> None:
             f"errors {len(rate['failures'])}, load average {rate['load'][0]:.1f} -> "
             f"{rate['load'][1]:.1f}"
         )
+        if rate["server_cpu_ms"] is None:
+            print(
+                f"  CPU per full recall in that run: gateway workers "
+                f"{rate['gateway_cpu_ms']:.1f} ms (PostgreSQL's not read: not a process here)"
+            )
+        else:
+            cpu = rate["gateway_cpu_ms"] + rate["server_cpu_ms"]
+            print(
+                f"  CPU per full recall in that run: gateway workers "
+                f"{rate['gateway_cpu_ms']:.1f} ms, PostgreSQL {rate['server_cpu_ms']:.1f} ms; "
+                f"at that cost the machine's {os.cpu_count()} cores would serve "
+                f"{(os.cpu_count() or 1) * 1000 / cpu:.0f}/s with nothing else running"
+            )
     print(
         "  evidence steps timed one by one (medians): query embedding "
         f"{stages['embedding']:.1f} ms, candidate statement (all lists) "

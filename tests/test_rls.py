@@ -122,3 +122,42 @@ async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -
         "SELECT relrowsecurity FROM pg_class WHERE relname = 'teams' AND relkind = 'r'"
     )
     assert teams["relrowsecurity"]
+
+
+async def test_space_wall_reads_the_spaces_once_per_statement(
+    db: Database, writes, admin_conn: asyncpg.Connection
+) -> None:
+    """The space wall's readable spaces are a parameter of the statement (an
+    InitPlan evaluated once), not an expression every scanned row evaluates
+    again: written inline, each row and each index rescan looked the setting up
+    and parsed its text into a uuid[] (db/0121). Every space wall has that form,
+    and a plan over a space table shows it; the rows are still the caller's."""
+    walls = await admin_conn.fetch(
+        "SELECT pol.polrelid::regclass::text AS t, pg_get_expr(pol.polqual, pol.polrelid) AS q, "
+        "pg_get_expr(pol.polwithcheck, pol.polrelid) AS c FROM pg_policy pol "
+        "WHERE pol.polname = 'space_wall'"
+    )
+    assert len(walls) >= 20
+    for wall in walls:
+        for expr in (wall["q"], wall["c"]):
+            assert "SELECT recall_allowed_spaces()" in expr, (wall["t"], expr)
+    team = unique("rls-once")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    spaces = await _spaces(admin_conn, team)
+    async with db.tenant(team, [spaces[None]]) as conn:
+        plan = "\n".join(
+            r[0]
+            for r in await conn.fetch(
+                "EXPLAIN (VERBOSE) SELECT s.id FROM supports s "
+                "JOIN evidence_lifecycle_events le ON le.evidence_id = s.evidence_id "
+                f"WHERE s.team_id = '{team}'"  # a name of this test's own making
+            )
+        )
+        ids = {r["id"] for r in await conn.fetch("SELECT id FROM evidence")}
+    assert ids == {"ev-owner"}
+    quals = [line for line in plan.splitlines() if "Filter:" in line or "Index Cond:" in line]
+    walls_in_quals = [line for line in quals if "space_id = ANY" in line]
+    # both tables' walls, each reading its InitPlan's value
+    assert len(walls_in_quals) == 2, plan
+    assert all("(InitPlan" in line for line in walls_in_quals), plan
+    assert not any("recall.space_ids" in line for line in quals), plan

@@ -161,3 +161,58 @@ async def test_server_mode_leaves_the_databases_own_setting(
                 FIRST_ROUND,
             )
     assert (row["generic_plans"], row["custom_plans"]) == (0, 3)
+
+
+async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -> None:
+    """The hydration statement's generic plan (the one a recall's connection
+    keeps) looks each candidate up by the evidence primary key and groups the
+    support paths without joining them back to the candidates: written as
+    ``e.id = ANY (...)`` beside the space's predicates, a generic plan read a
+    whole space of 1,000 evidence to find 120 candidates, and the join of the
+    candidates with their paths, both estimated at one row, rescanned the paths
+    once per candidate (docs/benchmarks.md, "What a recall costs the server").
+    The answer is unchanged: the same rows as the statement returns anyway."""
+    from gateway.store import recall as recall_store
+
+    team = unique("hydplan")
+    await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
+    async with db.pool.acquire() as conn:
+        spaces = [
+            r["id"]
+            for r in await conn.fetch("SELECT id FROM memory_spaces WHERE team_id = $1", team)
+        ]
+        # a space of about 2,000 evidence (without supports: never eligible), and
+        # statistics that know it, so that reading the space is not a cheap plan
+        columns = await conn.fetchval(
+            "SELECT string_agg(quote_ident(attname), ', ' ORDER BY attnum) "
+            "FROM pg_attribute WHERE attrelid = 'evidence'::regclass AND attnum > 0 "
+            "AND NOT attisdropped AND attname <> 'id'"
+        )
+        await conn.execute(
+            f"INSERT INTO evidence (id, {columns}) SELECT id || '-' || g, {columns} "
+            "FROM evidence, generate_series(1, 300) AS g WHERE team_id = $1",
+            team,
+        )
+        await conn.execute("ANALYZE evidence")
+    async with db.unit(team, spaces, plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            await conn.execute(f"PREPARE hydplan AS {recall_store.ELIGIBLE_SQL}")
+            plan = "\n".join(
+                r[0]
+                for r in await conn.fetch(
+                    f"EXPLAIN EXECUTE hydplan('{team}', ARRAY['ev-owner'], "
+                    "ARRAY[gen_random_uuid()], now(), now())"
+                )
+            )
+            await conn.execute("DEALLOCATE hydplan")
+            now = await conn.fetchval("SELECT now()")
+            rows = await recall_store.eligible_evidence(
+                conn, team, ["ev-owner", "ev-owner", "ev-private", "nope"], spaces, now, now
+            )
+    lines = plan.splitlines()
+    scan = next(i for i, line in enumerate(lines) if " on evidence e " in line)
+    assert "Index Scan" in lines[scan] and "((id)::text = w.id)" in lines[scan + 1], plan
+    assert plan.count("CTE Scan on ev ") == 1, plan  # read by the paths only
+    assert plan.count("CTE Scan on paths") == 1, plan  # read once, by the grouping
+    assert set(rows) == {"ev-owner", "ev-private"}
+    assert rows["ev-owner"].relationship_ids == ("rel-owner",)

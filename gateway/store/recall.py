@@ -66,6 +66,23 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 # granted (or reinstated) at t_sys to a relationship that is active at t_sys,
 # valid at t_valid, of the same generation, and not on the losing side of a
 # conflict case resolved at t_sys. Hypotheses never count: they are not supports.
+#
+# Two shapes chosen for the generic plan a recall's connection keeps
+# (docs/benchmarks.md, "What a recall costs the server"):
+# - each candidate is looked up by its primary key in a LATERAL subquery (a
+#   nested loop on ``evidence_pkey`` whatever the estimates): written as
+#   ``e.id = ANY (...)`` beside the space's predicates, the generic plan of a
+#   store of 1,000 evidence per space read the whole space through
+#   ``evidence_space`` and compared every row's ID with every candidate's (880
+#   rows filtered out for 120 candidates);
+# - ``paths`` walks from each candidate to its supports, then to their
+#   relationships by primary key (LATERAL again: with another estimate of
+#   ``ev``, a generic plan of the demo data joined every relationship of the
+#   space with every candidate before looking at supports), and carries its
+#   evidence's columns, so the answer is one grouping of ``paths``: joined
+#   back to ``ev``, both CTEs estimated at one row, the plan was a nested loop
+#   rescanning ``paths`` once per candidate (14,280 text comparisons for 120
+#   candidates).
 ELIGIBLE_SQL = f"""
 WITH gen AS MATERIALIZED (
     SELECT g.space_id, max(g.generation) AS generation
@@ -75,50 +92,68 @@ WITH gen AS MATERIALIZED (
 ),
 ev AS MATERIALIZED (
     SELECT e.id, e.space_id, e.source_id, e.content, e.observed_at, e.recorded_at
-    FROM evidence e
+    FROM (SELECT DISTINCT w.id FROM unnest($2::text[]) AS w (id)) want
+    CROSS JOIN LATERAL (
+        SELECT e.id, e.space_id, e.generation, e.source_id, e.content, e.observed_at,
+               e.recorded_at
+        FROM evidence e
+        WHERE e.team_id = $1 AND e.id = want.id AND e.space_id = ANY($3::uuid[])
+          AND e.recorded_at <= $4
+          AND {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
+          AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id")} = 'active'
+        OFFSET 0
+    ) e
     JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
-    WHERE e.team_id = $1 AND e.id = ANY($2::text[]) AND e.space_id = ANY($3::uuid[])
-      AND e.recorded_at <= $4
-      AND {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
-      AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id")} = 'active'
 ),
 paths AS MATERIALIZED (
-    SELECT s.evidence_id, r.id AS relationship_id
+    SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,
+           r.id AS relationship_id
     FROM ev
-    JOIN supports s ON s.team_id = $1 AND s.space_id = ev.space_id AND s.evidence_id = ev.id
-    JOIN relationships r ON r.team_id = $1 AND r.space_id = s.space_id AND r.id = s.relationship_id
+    CROSS JOIN LATERAL (
+        SELECT s.space_id, s.relationship_id
+        FROM supports s
+        WHERE s.team_id = $1 AND s.space_id = ev.space_id AND s.evidence_id = ev.id
+          AND s.recorded_at <= $4
+          AND {_latest("support_decisions", "support_id", "decision", "sd", "s.id")}
+              IN ('grant', 'reinstate')
+        OFFSET 0
+    ) s
+    CROSS JOIN LATERAL (
+        SELECT r.id, r.space_id, r.generation
+        FROM relationships r
+        WHERE r.team_id = $1 AND r.space_id = s.space_id AND r.id = s.relationship_id
+          AND r.recorded_at <= $4
+          AND {_latest("relationship_status_events", "relationship_id", "status", "rs", "r.id")}
+              = 'active'
+          AND (r.valid_from IS NULL OR r.valid_from <= $5)
+          AND (r.valid_to IS NULL OR $5 < r.valid_to)
+          -- Not on a losing side: a scalar subquery rather than NOT EXISTS, see
+          -- eligible_relationship (gateway/store/related.py) for why.
+          AND (
+              SELECT 1
+              FROM conflict_position_relationships cpr
+              JOIN conflict_cases cc ON cc.team_id = $1 AND cc.id = cpr.case_id
+              JOIN gen cg ON cg.space_id = cc.space_id AND cg.generation = cc.generation
+              CROSS JOIN LATERAL (
+                  SELECT ce.event, ce.preferred_position_id FROM conflict_case_events ce
+                  WHERE ce.team_id = $1 AND ce.case_id = cc.id AND ce.recorded_at <= $4
+                  ORDER BY ce.recorded_at DESC, ce.seq DESC LIMIT 1
+              ) last
+              WHERE cpr.team_id = $1 AND cpr.relationship_id = r.id AND cc.recorded_at <= $4
+                AND last.event = 'resolve' AND last.preferred_position_id <> cpr.position_id
+              LIMIT 1
+          ) IS NULL
+        OFFSET 0
+    ) r
     JOIN gen ON gen.space_id = r.space_id AND gen.generation = r.generation
-    WHERE s.recorded_at <= $4 AND r.recorded_at <= $4
-      AND {_latest("support_decisions", "support_id", "decision", "sd", "s.id")}
-          IN ('grant', 'reinstate')
-      AND {_latest("relationship_status_events", "relationship_id", "status", "rs", "r.id")}
-          = 'active'
-      AND (r.valid_from IS NULL OR r.valid_from <= $5)
-      AND (r.valid_to IS NULL OR $5 < r.valid_to)
-      -- Not on a losing side: a scalar subquery rather than NOT EXISTS, see
-      -- eligible_relationship (gateway/store/related.py) for why.
-      AND (
-          SELECT 1
-          FROM conflict_position_relationships cpr
-          JOIN conflict_cases cc ON cc.team_id = $1 AND cc.id = cpr.case_id
-          JOIN gen cg ON cg.space_id = cc.space_id AND cg.generation = cc.generation
-          CROSS JOIN LATERAL (
-              SELECT ce.event, ce.preferred_position_id FROM conflict_case_events ce
-              WHERE ce.team_id = $1 AND ce.case_id = cc.id AND ce.recorded_at <= $4
-              ORDER BY ce.recorded_at DESC, ce.seq DESC LIMIT 1
-          ) last
-          WHERE cpr.team_id = $1 AND cpr.relationship_id = r.id AND cc.recorded_at <= $4
-            AND last.event = 'resolve' AND last.preferred_position_id <> cpr.position_id
-          LIMIT 1
-      ) IS NULL
 )
-SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,
+SELECT p.id, p.space_id, p.source_id, p.content, p.observed_at, p.recorded_at,
        -- text[], not an array of the client_id domain: inside the records of a
        -- combined statement the driver knows the domain, not its array type.
-       array_agg(DISTINCT paths.relationship_id::text ORDER BY paths.relationship_id::text)
+       array_agg(DISTINCT p.relationship_id::text ORDER BY p.relationship_id::text)
            AS relationship_ids
-FROM ev JOIN paths ON paths.evidence_id = ev.id
-GROUP BY ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at
+FROM paths p
+GROUP BY p.id, p.space_id, p.source_id, p.content, p.observed_at, p.recorded_at
 """
 
 
