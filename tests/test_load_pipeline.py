@@ -16,7 +16,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from gateway.services import loader, vector_indexes
+from gateway.embeddings import EmbeddingProvider
+from gateway.services import bulk_writes, loader, vector_indexes
 from gateway.services.writes import Actor, PreviousRefused, Turn, TurnYielded, WriteService
 from gateway.store import bulk_writes as bulk_store
 from gateway.store.database import Database
@@ -370,3 +371,106 @@ async def test_a_file_changed_while_batches_are_in_flight_keeps_what_came_before
     # the stream stops while it reads the batch before the changed line's (a batch
     # ends when the next record is read): documents 0-11 are written, in flight or not
     assert outcomes[1] == (bad + 1, sorted(f"ev-{i}" for i in range(12)))
+
+
+async def _inversions(
+    conn: asyncpg.Connection, lines: list[dict[str, Any]], team: str
+) -> list[tuple[int, str]]:
+    """(index, ID) of each line stamped earlier than the line before it."""
+    times = {
+        (r["kind"], r["client_id"]): r["recorded_at"]
+        for r in await conn.fetch(
+            "SELECT kind, client_id, recorded_at FROM write_log WHERE team_id = $1", team
+        )
+    }
+    order = [times[(r["kind"], team if r["kind"] == "team" else r["id"])] for r in lines]
+    return [(i, lines[i]["id"]) for i in range(1, len(order)) if order[i] < order[i - 1]]
+
+
+async def test_a_batch_applied_record_by_record_keeps_its_place_in_system_time(
+    writes: WriteService, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holding the same record twice (accepted) cannot take the set-based
+    path: it is applied again record by record, in a second transaction. The
+    batch after it must not keep an earlier system time. The second transaction
+    is made to begin after the next batch's (as happens on a busy machine) by
+    holding the fallback until that batch's transaction has begun."""
+    team = unique("fallback")
+    lines = _documents("T", 40)
+    for k in range(2, 20, 2):  # every other batch of 8 (documents 2k and 2k+1)
+        first, second = 2 + 2 * k * 4, 2 + (2 * k + 1) * 4
+        lines[second + 1] = dict(lines[first + 1])  # one entity record twice
+        lines[second + 3] = {**lines[second + 3], "subject": lines[first + 1]["id"]}
+
+    turns: list[Turn] = []
+
+    class _Noted(Turn):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            turns.append(self)
+
+    original = bulk_writes.apply_run
+
+    async def held_fallback(conn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await original(conn, *args, **kwargs)
+        except bulk_writes.Fallback:
+            mine = max(i for i, t in enumerate(turns) if t.lane is conn)
+            for _ in range(100):  # the next batch, on the other lane, has begun
+                following = [t for t in turns[mine + 1 :] if t.lane is not conn]
+                if following and following[0].began.is_set():
+                    break
+                await asyncio.sleep(0.02)
+            raise
+
+    monkeypatch.setattr(loader, "Turn", _Noted)
+    monkeypatch.setattr(bulk_writes, "apply_run", held_fallback)
+    report = await _load(writes, lines, team, concurrency=2)
+    assert report.overlapped > 0
+    assert not await _inversions(admin_conn, lines, team), "a later line was stamped earlier"
+
+
+async def test_three_lanes_keep_system_times_in_file_order_after_a_batch_gives_way(
+    embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, dsn: str
+) -> None:
+    """Three batches in flight: another session holds the claim of the first record
+    of the load's second batch, so the third gives way, and is applied again
+    after the fourth has begun; the fourth must give way too. (A pool of its own,
+    roomy and fresh, so that three connections of distinct counter shards are
+    found: the session's pool may hold too few.)"""
+    db = await Database.open(dsn, min_size=1, max_size=16)
+    try:
+        await _three_lanes(WriteService(db, embedder), admin_conn, dsn)
+    finally:
+        await db.close()
+
+
+async def _three_lanes(writes: WriteService, admin_conn: asyncpg.Connection, dsn: str) -> None:
+    team = unique("three")
+    lines = _documents("T", 60)
+    await _load(writes, lines[:2], team, concurrency=1)
+    rest = lines[2:]
+    blocked = rest[8]  # the first batch runs alone; this opens the second
+    blocker = await asyncpg.connect(dsn)
+    try:
+        tx = blocker.transaction()
+        await tx.start()
+        await blocker.execute(
+            "INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by) "
+            "VALUES ($1, $2, $3, sha256('x'), 'test')",
+            team,
+            blocked["kind"],
+            blocked["id"],
+        )
+
+        async def release() -> None:
+            await asyncio.sleep(2.0)
+            await tx.rollback()
+
+        released = asyncio.create_task(release())
+        report = await _load(writes, rest, team, concurrency=3)
+        await released
+    finally:
+        await blocker.close()
+    assert report.lanes == 3
+    assert not await _inversions(admin_conn, rest, team), "a later line was stamped earlier"

@@ -442,6 +442,7 @@ class _Flight:
     task: asyncio.Task[BatchResult]
     committed: asyncio.Future[bool]
     made: set[Key]
+    turn: Turn
 
 
 class _Loading:
@@ -467,7 +468,10 @@ class _Loading:
     every earlier batch committed and nothing of the refused one or any later
     one written, and the error names its line as before. A batch whose
     predecessor waits for one of its locks gives way (rolled back, then
-    applied again after that batch)."""
+    applied again after that batch), and so does one whose predecessor
+    committed a transaction that began after its own (a fallback to the
+    record-at-a-time path, a retry): system times follow the file in every
+    path (see Turn)."""
 
     def __init__(
         self,
@@ -499,7 +503,8 @@ class _Loading:
                         _gave_way(f) for f in self.flying
                     ):
                         # A batch that gave way is applied again before any later
-                        # batch begins: system times stay in file order.
+                        # batch begins; one already in flight behind it gives way
+                        # in turn (Turn.started): system times stay in file order.
                         await self._land(last=False)
                     await self._launch(chunk)
                     chunk = await self._next(chunks)
@@ -556,6 +561,7 @@ class _Loading:
             lane,
             before.committed if before is not None else None,
             before.lane.get_server_pid() if before is not None else None,
+            before.turn if before is not None else None,
         )
         committed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         flight = _Flight(
@@ -573,6 +579,7 @@ class _Loading:
             ),
             committed,
             _keys(chunk)[0],
+            turn,
         )
         flight.task.add_done_callback(lambda t: _settle(committed, t))
         self.flying.append(flight)
@@ -594,14 +601,17 @@ class _Loading:
                 result = await flight.task
             except TurnYielded:
                 # Every batch before it has committed: apply it again, on its own lane.
+                again = Turn(flight.lane, None, None)
                 result = await self.service.apply(
                     [r for _, r in flight.chunk],
                     self.actor,
                     set_based=True,
                     embed_ahead=self.ahead,
                     deferral=self.deferral,
-                    turn=Turn(flight.lane, None, None),
+                    turn=again,
                 )
+                # The batch behind it (in flight, begun earlier) compares with this.
+                flight.turn.started = again.started
         except RecordError as exc:
             _settle_as(flight.committed, False)
             raise self._refusal(flight.chunk, exc) from exc

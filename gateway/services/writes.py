@@ -794,15 +794,30 @@ class Turn:
     process of the batch before: while waiting, a batch that holds a lock that
     batch waits for, or finds that batch waiting for a lock at all, rolls back
     and gives way (:class:`TurnYielded`) instead of waiting for a commit that
-    could never come."""
+    could never come.
+
+    ``started`` is the start (the system time) of the batch's latest
+    transaction. A batch may need more than one (the set-based path falls back
+    to the record-at-a-time one, a ``--index-after`` batch detaches a space
+    first, the loader applies a batch that gave way again), and the later one
+    can begin after the next batch's: ``previous_turn`` is the batch before's
+    turn, and a batch whose predecessor's committed transaction started after
+    its own gives way too, and is applied again after it. So system times
+    follow the file in every path, with any number of lanes."""
 
     def __init__(
-        self, lane: Conn, previous: asyncio.Future[bool] | None, previous_pid: int | None
+        self,
+        lane: Conn,
+        previous: asyncio.Future[bool] | None,
+        previous_pid: int | None,
+        previous_turn: Turn | None = None,
     ) -> None:
         self.lane = lane
         self.previous = previous
         self.previous_pid = previous_pid
+        self.previous_turn = previous_turn
         self.began = asyncio.Event()
+        self.started: datetime | None = None
 
     async def previous_committed(self) -> None:
         """Wait for the batch before (not holding a transaction of this one's)."""
@@ -831,6 +846,16 @@ class Turn:
                 raise TurnYielded
         if not previous.result():
             raise PreviousRefused
+        before = self.previous_turn
+        if (
+            before is not None
+            and before.started is not None
+            and self.started is not None
+            and before.started > self.started
+        ):
+            # The batch before committed a transaction that began after this one:
+            # committing now would stamp this batch earlier than that one.
+            raise TurnYielded
 
 
 TURN_CHECK_S = 0.05
@@ -1163,6 +1188,7 @@ class WriteService:
         )
         async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
             if turn is not None:
+                turn.started = await bulk_store.transaction_start(conn)
                 turn.began.set()
             batch = _Batch(conn, actor, self.embedder, deferral=deferral)
             batch.prefetch = prefetch

@@ -449,3 +449,9 @@ async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
 async def lock_blockers(conn: Conn, pid: int) -> list[int]:
     """The server processes that the backend ``pid`` is waiting for a lock of."""
     return list(await conn.fetchval("SELECT pg_blocking_pids($1)", pid))
+
+
+async def transaction_start(conn: Conn) -> datetime:
+    """The start of the current transaction: the system time (``now()``) every row
+    it writes is stamped with."""
+    return cast(datetime, await conn.fetchval("SELECT now()"))
