@@ -377,12 +377,12 @@ BREAKAGES = {
     ],
     # 4. The survivors' final filter (their whole bound) on a bound below the score.
     "final filter on half the bound": [
-        ("s.part + coalesce(m.part, 0) >=", "0.5 * (s.part + coalesce(m.part, 0)) >="),
+        ("HAVING sum(x.part) >=", "HAVING 0.5 * sum(x.part) >="),
     ],
     # 4. The survivors' whole bound without their minor lexemes' term parts (db/0105
     # reads those for the survivors only, apart from the essential lexemes' bound).
     "survivors' minor parts left out": [
-        ("s.part + coalesce(m.part, 0) >=", "s.part >="),
+        ("            WHERE r.minor\n        ) x", "            WHERE false\n        ) x"),
     ],
 }
 
