@@ -35,6 +35,12 @@ of db/0060 at a floor of F, for an arm ``NAME=CACHE:MODE:ef_floor_F`` (a file
 of ``--functions`` cannot do it: the functions set their own search path, so
 they would call the store's rule).
 
+``--prune-from N`` sets the full-text lists' ``PRUNE_FROM_POSTINGS``
+(gateway/store/bm25.py) for every arm: ``0`` sends every question down the
+pruned path (first floor, minor lexemes) that only spaces of about 30,000
+evidence and more take with the shipped threshold, so that a change to that
+path can be compared on a smaller dataset.
+
 **Datasets as arms** (``--dataset NAME=DIR``, repeatable, instead of
 ``--data-dir`` and ``--arm``)::
 
@@ -194,7 +200,7 @@ def _arm(spec: str) -> Arm:
     return name, int(size), None if mode == "server" else mode, schema or None
 
 
-def _functions(spec: str) -> tuple[str, Path]:
+def functions_spec(spec: str) -> tuple[str, Path]:
     schema, _, file = spec.partition("=")
     if not schema.isidentifier() or not file:
         raise argparse.ArgumentTypeError(f"functions are SCHEMA=FILE, not {spec!r}")
@@ -226,7 +232,7 @@ async def make_schemas(dsn: str, functions: list[tuple[str, Path]]) -> None:
         await conn.close()
 
 
-def _with_search_path(dsn: str, schema: str | None) -> str:
+def with_search_path(dsn: str, schema: str | None) -> str:
     """The DSN whose connections look in ``schema`` first (asyncpg passes unknown
     query parameters to the server as settings)."""
     if schema is None:
@@ -554,7 +560,7 @@ async def run(
             await open_gateway(
                 stack,
                 name,
-                _with_search_path(dsn, schema),
+                with_search_path(dsn, schema),
                 token,
                 at,
                 team or "bench-00",
@@ -634,7 +640,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="full,evidence-only,knownAt")
     parser.add_argument(
         "--functions",
-        type=_functions,
+        type=functions_spec,
         action="append",
         default=[],
         metavar="SCHEMA=FILE",
@@ -652,7 +658,18 @@ def main() -> None:
         help="make schema ef_floor_F: the store's two vector functions with db/0060's "
         "ef_search rule at a floor of F (benchmarks/vector_ef_bench.py), for an arm",
     )
+    parser.add_argument(
+        "--prune-from",
+        type=int,
+        metavar="N",
+        help="the full-text lists' PRUNE_FROM_POSTINGS for every arm (gateway/store/bm25.py; "
+        "0: the pruned path of large spaces, taken by every question on a smaller dataset)",
+    )
     args = parser.parse_args()
+    if args.prune_from is not None:
+        from gateway.store import bm25
+
+        bm25.PRUNE_FROM_POSTINGS = args.prune_from
     kinds = args.kinds.split(",")
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"unknown kinds: {', '.join(sorted(unknown))}")

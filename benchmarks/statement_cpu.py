@@ -25,6 +25,20 @@ An arm's optional ``:ROLE`` replaces the tenant role. ``snapshot-role`` makes
 such a role: a copy of ``recall_app``'s grants and row-level security policies
 as they are now. Made before a migration that changes the policies, it keeps
 the old ones, so that old and new policies are compared on one dataset.
+
+An arm's optional ``@SCHEMA`` puts that schema first on its connection's search
+path, so that the functions in it stand in for the store's own (the statements
+call them unqualified); ``--functions SCHEMA=FILE`` makes it anew from a file of
+``CREATE FUNCTION`` statements, such as the migration a change restates, as
+``recall_ab.py --functions`` does::
+
+    python benchmarks/statement_cpu.py compare --data-dir HELD100K --rounds 30 \\
+        --functions old=db/0105_fulltext_top_k_without_arrays.sql \\
+        --arm old=main.pickle@old --arm new=main.pickle
+
+``capture --prune-from N`` captures with the full-text lists'
+``PRUNE_FROM_POSTINGS`` at ``N`` (0: the pruned path of large spaces, see
+``recall_ab.py --prune-from``).
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import numpy as np
 from pgvector.asyncpg import register_vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import recall_ab as ab
 import recall_bench as rb
 
 import gateway.store.database as database_module
@@ -188,12 +203,18 @@ async def _replay(
     return _cpu_ns(pid) - started, per, rows
 
 
-async def compare(dsn: str, arms: dict[str, tuple[list[Statement], str | None]], rounds: int) -> int:
+Arm = tuple[list[Statement], str | None, str | None]  # statements, role, schema
+
+
+async def compare(dsn: str, arms: dict[str, Arm], rounds: int) -> int:
     from gateway.store.database import STATEMENT_CACHE_MAX_BYTES, _learn_domains
 
     conns: dict[str, tuple[asyncpg.Connection, int]] = {}
-    for name in arms:
-        conn = await asyncpg.connect(dsn, max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES)
+    for name, (_, _, schema) in arms.items():
+        conn = await asyncpg.connect(
+            ab.with_search_path(dsn, schema),
+            max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
+        )
         await register_vector(conn)
         await _learn_domains(conn)
         conns[name] = (conn, int(await conn.fetchval("SELECT pg_backend_pid()")))
@@ -206,7 +227,7 @@ async def compare(dsn: str, arms: dict[str, tuple[list[Statement], str | None]],
             answers = []
             for name in names if i % 2 == 0 else names[::-1]:
                 conn, pid = conns[name]
-                total, each, rows = await _replay(conn, pid, *arms[name])
+                total, each, rows = await _replay(conn, pid, *arms[name][:2])
                 answers.append(rows)
                 if i >= 3:
                     totals[name].append(total)
@@ -232,14 +253,15 @@ async def compare(dsn: str, arms: dict[str, tuple[list[Statement], str | None]],
     return differ
 
 
-def _arm(spec: str) -> tuple[str, tuple[list[Statement], str | None]]:
+def _arm(spec: str) -> tuple[str, Arm]:
     name, _, rest = spec.partition("=")
+    rest, _, schema = rest.partition("@")
     file, _, role = rest.partition(":")
-    if not name or not file:
-        raise argparse.ArgumentTypeError(f"an arm is NAME=FILE[:ROLE], not {spec!r}")
+    if not name or not file or (schema and not schema.isidentifier()):
+        raise argparse.ArgumentTypeError(f"an arm is NAME=FILE[:ROLE][@SCHEMA], not {spec!r}")
     with open(file, "rb") as f:
         statements = pickle.load(f)  # noqa: S301 - a file this script wrote
-    return name, (statements, role or None)
+    return name, (statements, role or None, schema or None)
 
 
 def main() -> None:
@@ -249,6 +271,7 @@ def main() -> None:
     cap.add_argument("--data-dir", type=Path, required=True)
     cap.add_argument("--out", type=Path, required=True)
     cap.add_argument("--seed", type=int, default=7)
+    cap.add_argument("--prune-from", type=int, metavar="N")
     snap = sub.add_parser("snapshot-role")
     snap.add_argument("--data-dir", type=Path, required=True)
     snap.add_argument("--role", required=True)
@@ -256,9 +279,16 @@ def main() -> None:
     cmp_.add_argument("--data-dir", type=Path, required=True)
     cmp_.add_argument("--arm", type=_arm, action="append", required=True)
     cmp_.add_argument("--rounds", type=int, default=30)
+    cmp_.add_argument(
+        "--functions", type=ab.functions_spec, action="append", default=[], metavar="SCHEMA=FILE"
+    )
     args = parser.parse_args()
     with rb.database(args.data_dir) as dsn:
         if args.command == "capture":
+            if args.prune_from is not None:
+                from gateway.store import bm25
+
+                bm25.PRUNE_FROM_POSTINGS = args.prune_from
             asyncio.run(database_module.prepare(dsn, migrate=True))
             statements = asyncio.run(capture(dsn, args.seed))
             args.out.write_bytes(pickle.dumps(statements))
@@ -267,6 +297,7 @@ def main() -> None:
             asyncio.run(snapshot_role(dsn, args.role))
             print(f"role {args.role}: recall_app's grants and policies as they are now")
         else:
+            asyncio.run(ab.make_schemas(dsn, args.functions))
             sys.exit(1 if asyncio.run(compare(dsn, dict(args.arm), args.rounds)) else 0)
 
 
