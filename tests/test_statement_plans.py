@@ -223,12 +223,15 @@ async def _function_body_plan(conn: asyncpg.Connection, function: str, args: lis
     """The generic plan of a ``RETURN QUERY`` function's query, as the function keeps
     it (its body prepared with the arguments as parameters; the function's plan is
     not in EXPLAIN of a call). ``args``: SQL literals, one per argument."""
-    src, names, types = await conn.fetchrow(
+    src, names, types, settings = await conn.fetchrow(
         "SELECT prosrc, proargnames, "
-        "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t) "
+        "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
         "FROM pg_proc WHERE oid = $1::regproc",
         function,
     )
+    for setting in settings or ():  # the function's own SET clauses
+        name, _, value = setting.partition("=")
+        await conn.execute("SELECT set_config($1, $2, true)", name, value)
     body = src[src.index("RETURN QUERY") + len("RETURN QUERY") : src.rindex(";")]
     for i, (name, type_) in enumerate(zip(names[: len(types)], types, strict=True), 1):
         body = re.sub(rf"\b{name}\b", f"${i}::{type_}", body)
@@ -291,10 +294,37 @@ async def test_fulltext_survivors_are_grouped_once_not_joined(
     ]
     async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
-            # the function's own settings (db/0105)
-            await conn.execute("SET LOCAL enable_seqscan = off")
             plan = await _function_body_plan(conn, function, args)
     whole = _cte(plan, "whole")
     assert "Join" not in whole, whole
     assert "Aggregate" in whole, whole  # grouped once per document
     assert plan.count("CTE Scan on surv") >= 2, plan  # the bounds and the IDs read
+
+
+async def test_evidence_fulltext_groups_its_postings_by_hashing(db: Database) -> None:
+    """The evidence full-text function's step ``grp`` (the essential lexemes'
+    postings summed per document: most of a space for a common word) in the
+    generic plan the function keeps: a hash aggregate. Sorted by document ID and
+    grouped in order, as the plan was before db/0151, the sort of the postings'
+    text keys was most of the step (docs/benchmarks.md, "The full-text list's
+    survivors"); the rows are the same either way (tests/test_bm25_top_k.py)."""
+    args = [
+        "'t-plan'",
+        "'00000000-0000-0000-0000-000000000000'::uuid",
+        "1",
+        "NULL::timestamptz",
+        "'{}'::text[]",
+        "60",
+        "20000",
+        "'{a,b}'::text[]",
+        "'{1,2}'::float8[]",
+        "'{5,9}'::float8[]",
+        "'{1,2}'::integer[]",
+        "10.0",
+    ]
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            plan = await _function_body_plan(conn, "evidence_fulltext_top_k", args)
+    grp = _cte(plan, "grp")
+    assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
+    assert "Sort" not in grp, grp
