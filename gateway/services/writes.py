@@ -1195,6 +1195,20 @@ class WriteService:
             if short_locks:
                 batch.short_locks = True
                 await vector_partitions.wait_briefly_for_locks(conn)
+            try:
+                await store.claim_counter_shard(conn)
+            except _BUSY as exc:
+                if batch.short_locks and isinstance(exc, lock_waits.BUSY):
+                    raise  # rolled back and tried again (_apply_creating_spaces)
+                raise RecordError(
+                    -1,
+                    None,
+                    DatabaseUnavailable(
+                        "every counter shard was held by other writers for longer than "
+                        "the statement timeout; nothing was written, and retrying with "
+                        "the same IDs is safe"
+                    ),
+                ) from exc
             index = 0
             while index < len(records):
                 if set_based and bulk_writes.eligible(records[index]):
