@@ -24,6 +24,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+
 from gateway.store.database import Database
 
 from .conftest import app_for, load_jsonl, unique
@@ -152,14 +153,15 @@ async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
                     await tx.rollback()
             raise
         await _counts_are_exact(observer, team)
-        assert await observer.fetchval(
-            "SELECT count(*) FROM evidence WHERE team_id = $1 AND id LIKE 'dl-%'", team
-        ) == 4
+        assert (
+            await observer.fetchval(
+                "SELECT count(*) FROM evidence WHERE team_id = $1 AND id LIKE 'dl-%'", team
+            )
+            == 4
+        )
 
 
-async def test_remember_of_two_spaces_against_another_writer_commits(
-    dsn: str, writes: Any
-) -> None:
+async def test_remember_of_two_spaces_against_another_writer_commits(dsn: str, writes: Any) -> None:
     """What a user got: alice's ``remember`` writes evidence into the shared space
     (a source there) and a relationship into her private space, while an owner
     transaction on a connection of the same old shard has written a graph change
