@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import statistics
 import sys
@@ -117,13 +118,85 @@ def remember_input(i: int, with_relationship: bool) -> dict[str, Any]:
     return data
 
 
+class Phases:
+    """Where one call's time goes (``--profile``), from marks taken inside the gateway
+    (same process, so one clock): the client's send and receive, the write
+    service's transaction (its start, the end of the records' checks and inserts,
+    the end of the vectors' computing and storing, its commit), each embedding
+    call, and the SQL statements' time from send to answer."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+        self.embeds: list[tuple[float, float, int]] = []
+        self.rows: list[dict[str, float]] = []
+
+    def install(self, app: Any) -> None:
+        from gateway.services import writes as service
+
+        phases = self
+        apply, pending = service.WriteService._apply, service._Batch.embed_pending
+        embedder = app.state.services.embedder
+        embed = embedder.embed
+
+        async def timed_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
+            phases.marks["apply"] = time.perf_counter()
+            try:
+                return await apply(self, *args, **kwargs)
+            finally:
+                phases.marks["committed"] = time.perf_counter()
+
+        async def timed_pending(self: Any) -> None:
+            phases.marks["records"] = time.perf_counter()
+            await pending(self)
+            phases.marks["vectors"] = time.perf_counter()
+
+        async def timed_embed(texts: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await embed(texts)
+            finally:
+                phases.embeds.append((started, time.perf_counter(), len(texts)))
+
+        service.WriteService._apply = timed_apply  # type: ignore[method-assign]
+        service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
+        embedder.embed = timed_embed
+
+    def start(self) -> None:
+        self.marks = {"sent": time.perf_counter()}
+        self.embeds = []
+
+    def finish(self, sql_seconds: float) -> None:
+        m = {**self.marks, "received": time.perf_counter()}
+        row = {
+            "total": m["received"] - m["sent"],
+            "to the write service": m["apply"] - m["sent"],
+            "records' checks and inserts": m["records"] - m["apply"],
+            "vectors (await, embed, store)": m["vectors"] - m["records"],
+            "commit": m["committed"] - m["vectors"],
+            "answer back": m["received"] - m["committed"],
+            "SQL send-to-answer, all statements": sql_seconds,
+        }
+        for k, (a, b, n) in enumerate(sorted(self.embeds)):
+            row[f"embedding call {k + 1} ({n} text{'s' if n > 1 else ''})"] = b - a
+            row[f"embedding call {k + 1} starts after send"] = a - m["sent"]
+        self.rows.append(row)
+
+    def report(self) -> None:
+        print("where a call's time goes (evidence + relationship kind), medians in ms:")
+        for name in self.rows[0]:
+            values = [r[name] * 1000 for r in self.rows if name in r]
+            print(f"  {name:44} {statistics.median(values):7.2f}")
+
+
 @contextlib.asynccontextmanager
-async def _no_prefetch(self: Any, records: Any, actor: Any) -> AsyncIterator[None]:
+async def _no_prefetch(
+    self: Any, records: Any, actor: Any, embed_ahead: bool = False
+) -> AsyncIterator[None]:
     yield None
 
 
 def measure(
-    port: int, token: str, calls: int, first: int, app: Any
+    port: int, token: str, calls: int, first: int, app: Any, phases: Phases | None = None
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
@@ -142,9 +215,13 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 WriteService._prefetched = _no_prefetch if name == "serial" else ahead  # type: ignore[assignment,method-assign]
-                before = counter.count
+                before, seconds = counter.count, counter.seconds
+                if phases is not None:
+                    phases.start()
                 started = time.perf_counter()
                 r = client.post("/graphql", json=body, headers=headers)
+                if phases is not None and name == "full":
+                    phases.finish(counter.seconds - seconds)
                 WriteService._prefetched = ahead  # type: ignore[method-assign]
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
@@ -181,6 +258,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print where a call's time goes"
+    )
     args = parser.parse_args()
     if args.port is None:
         with socket.socket() as probe:
@@ -192,8 +272,13 @@ def main() -> None:
         token = asyncio.run(load_demo(dsn))
         server, app = serve(dsn, args.port)
         try:
+            phases = Phases() if args.profile else None
+            if phases is not None:
+                phases.install(app)
             measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
-            runs, statements = measure(args.port, token, args.calls, 100_000, app)
+            if phases is not None:
+                phases.rows.clear()
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -212,6 +297,10 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
+    if phases is not None:
+        phases.report()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

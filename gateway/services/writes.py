@@ -1183,7 +1183,11 @@ class WriteService:
             else self.db.admin()
             if actor.is_operator or not actor.space_ids
             else self.db.tenant(
-                cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
+                cast(str, actor.team),
+                actor.space_ids,
+                readonly=False,
+                lock_timeout="0",
+                claim_counter_shard=True,
             )
         )
         async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
@@ -1196,7 +1200,8 @@ class WriteService:
                 batch.short_locks = True
                 await vector_partitions.wait_briefly_for_locks(conn)
             try:
-                await store.claim_counter_shard(conn)
+                if actor.is_operator or not actor.space_ids:  # a tenant claimed on entering
+                    await store.claim_counter_shard(conn)
             except _BUSY as exc:
                 if batch.short_locks and isinstance(exc, lock_waits.BUSY):
                     raise  # rolled back and tried again (_apply_creating_spaces)
