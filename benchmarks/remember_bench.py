@@ -16,6 +16,13 @@ see the same machine load), and the local model embedding two texts alone.
 
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
+
+``--against DIR`` compares with the gateway of another checkout (for example
+one of main): this script of that checkout is started with ``--serve-only``
+(its own code, its own embedded server and demo data, on ``--port`` + 1), and
+every call of the two kinds it has (evidence + relationship, evidence only)
+is sent to both gateways in turn, the first of the two alternating, so that
+both see the same machine load.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import contextlib
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -195,8 +203,63 @@ async def _no_prefetch(
     yield None
 
 
+class Other:
+    """The gateway of another checkout (``--against``), in a process of its own."""
+
+    def __init__(self, checkout: Path, port: int) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - this interpreter, a path the user gave
+            [
+                sys.executable,
+                str(checkout / "benchmarks" / "remember_bench.py"),
+                "--serve-only",
+                "--port",
+                str(port),
+            ],
+            cwd=checkout,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        token = None
+        for line in self.proc.stdout:
+            if line.startswith("READY "):
+                token = line.split()[1]
+                break
+        if token is None:
+            raise SystemExit(f"the gateway of {checkout} did not start")
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=60,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        self.latencies: dict[str, list[float]] = {"full": [], "bare": []}
+
+    def call(self, name: str, data: dict[str, Any], keep: bool) -> None:
+        started = time.perf_counter()
+        answer = self.client.post(
+            "/graphql", json={"query": MUTATION, "variables": {"input": data}}
+        ).json()
+        if keep:
+            self.latencies[name].append((time.perf_counter() - started) * 1000)
+        if "errors" in answer:
+            raise SystemExit(f"remember failed on the other gateway: {answer['errors']}")
+
+    def close(self) -> None:
+        self.client.close()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # its --serve-only waits for this
+        self.proc.wait(timeout=60)
+
+
 def measure(
-    port: int, token: str, calls: int, first: int, app: Any, phases: Phases | None = None
+    port: int,
+    token: str,
+    calls: int,
+    first: int,
+    app: Any,
+    phases: Phases | None = None,
+    other: Other | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
@@ -215,6 +278,8 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 WriteService._prefetched = _no_prefetch if name == "serial" else ahead  # type: ignore[assignment,method-assign]
+                if other is not None and name != "serial" and i % 2 == 0:
+                    other.call(name, data, keep=first > 0)
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -225,6 +290,8 @@ def measure(
                 WriteService._prefetched = ahead  # type: ignore[method-assign]
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
+                if other is not None and name != "serial" and i % 2 == 1:
+                    other.call(name, data, keep=first > 0)
                 answer = r.json()
                 if "errors" in answer:
                     raise SystemExit(f"remember failed: {answer['errors']}")
@@ -261,25 +328,40 @@ def main() -> None:
     parser.add_argument(
         "--profile", action="store_true", help="also print where a call's time goes"
     )
+    parser.add_argument(
+        "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
+    )
+    parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.port is None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             args.port = probe.getsockname()[1]
+    other: Other | None = None
     with database() as dsn:
         asyncio.run(prepare(dsn, migrate=True))
         log("loading the demo data")
         token = asyncio.run(load_demo(dsn))
         server, app = serve(dsn, args.port)
         try:
+            if args.serve_only:  # for another checkout's --against
+                print(f"READY {token}", flush=True)
+                sys.stdin.read()
+                return
+            if args.against is not None:
+                other = Other(args.against.resolve(), args.port + 1)
             phases = Phases() if args.profile else None
             if phases is not None:
                 phases.install(app)
-            measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
+            measure(args.port, token, args.warmup, 0, app, None, other)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
-            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
+            runs, statements = measure(
+                args.port, token, args.calls, 100_000, app, phases, other
+            )
         finally:
+            if other is not None:
+                other.close()
             server.should_exit = True
             # let the gateway close its pool before the database stops
             for thread in threading.enumerate():
@@ -297,6 +379,17 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
+    if other is not None:
+        print(f"the gateway of {args.against}, the same calls interleaved with those above:")
+        for name, values in (
+            ("evidence + relationship (2 embeddings)", other.latencies["full"]),
+            ("evidence only (1 embedding)", other.latencies["bare"]),
+        ):
+            mine = statistics.median(runs["full" if "relationship" in name else "bare"])
+            print(
+                f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
+                f"   this checkout / that one: {mine / statistics.median(values):.2f}"
+            )
     if phases is not None:
         phases.report()
     load = os.getloadavg()
