@@ -17,12 +17,14 @@ see the same machine load), and the local model embedding two texts alone.
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
 
-``--against DIR`` compares with the gateway of another checkout (for example
-one of main): this script of that checkout is started with ``--serve-only``
-(its own code, its own embedded server and demo data, on ``--port`` + 1), and
-every call of the two kinds it has (evidence + relationship, evidence only)
-is sent to both gateways in turn, the first of the two alternating, so that
-both see the same machine load.
+``--against DIR`` compares this checkout's gateway with another checkout's (for
+example one of main): this script of each checkout is started with
+``--serve-only`` in a process of its own (its own code, embedded server and
+demo data; ports ``--port`` + 1 and + 2), so that neither shares a process
+with the client, and every call of the two kinds (evidence + relationship,
+evidence only) is sent to both gateways in turn, the first of the two
+alternating, so that both see the same machine load. Printed: each one's p50
+and p95, and their ratio.
 """
 
 from __future__ import annotations
@@ -259,7 +261,6 @@ def measure(
     first: int,
     app: Any,
     phases: Phases | None = None,
-    other: Other | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
@@ -278,8 +279,6 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 WriteService._prefetched = _no_prefetch if name == "serial" else ahead  # type: ignore[assignment,method-assign]
-                if other is not None and name != "serial" and i % 2 == 0:
-                    other.call(name, data, keep=first > 0)
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -290,8 +289,6 @@ def measure(
                 WriteService._prefetched = ahead  # type: ignore[method-assign]
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
-                if other is not None and name != "serial" and i % 2 == 1:
-                    other.call(name, data, keep=first > 0)
                 answer = r.json()
                 if "errors" in answer:
                     raise SystemExit(f"remember failed: {answer['errors']}")
@@ -320,6 +317,38 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+def compare(here: Path, there: Path, port: int, calls: int, warmup: int) -> None:
+    """``--against``: the two checkouts' gateways, each in a process of its own, the
+    same calls interleaved (see the module's docstring)."""
+    arms = (Other(here, port + 1), Other(there, port + 2))
+    try:
+        for i in range(warmup + calls):
+            for k, name in enumerate(("full", "bare")):
+                data = remember_input(2 * i + k, with_relationship=name == "full")
+                for arm in arms if i % 2 == 0 else reversed(arms):
+                    arm.call(name, data, keep=i >= warmup)
+    finally:
+        for arm in arms:
+            arm.close()
+    load = os.getloadavg()
+    print(
+        f"remember over HTTP on the demo data, {calls} calls of each kind, interleaved; "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    for name, kind in (
+        ("evidence + relationship (2 embeddings)", "full"),
+        ("evidence only (1 embedding)", "bare"),
+    ):
+        a, b = (statistics.median(arm.latencies[kind]) for arm in arms)
+        print(f"  {name}: ratio this / that {a / b:.2f}")
+        for where, arm in zip((here, there), arms, strict=True):
+            values = arm.latencies[kind]
+            print(
+                f"    {where!s:40} p50 {statistics.median(values):6.1f} ms   "
+                f"p95 {p95(values):6.1f} ms"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
@@ -337,7 +366,9 @@ def main() -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             args.port = probe.getsockname()[1]
-    other: Other | None = None
+    if args.against is not None and not args.serve_only:
+        compare(ROOT, args.against.resolve(), args.port, args.calls, args.warmup)
+        return
     with database() as dsn:
         asyncio.run(prepare(dsn, migrate=True))
         log("loading the demo data")
@@ -348,20 +379,14 @@ def main() -> None:
                 print(f"READY {token}", flush=True)
                 sys.stdin.read()
                 return
-            if args.against is not None:
-                other = Other(args.against.resolve(), args.port + 1)
             phases = Phases() if args.profile else None
             if phases is not None:
                 phases.install(app)
-            measure(args.port, token, args.warmup, 0, app, None, other)  # model, plans, caches
+            measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
-            runs, statements = measure(
-                args.port, token, args.calls, 100_000, app, phases, other
-            )
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
         finally:
-            if other is not None:
-                other.close()
             server.should_exit = True
             # let the gateway close its pool before the database stops
             for thread in threading.enumerate():
@@ -379,17 +404,6 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
-    if other is not None:
-        print(f"the gateway of {args.against}, the same calls interleaved with those above:")
-        for name, values in (
-            ("evidence + relationship (2 embeddings)", other.latencies["full"]),
-            ("evidence only (1 embedding)", other.latencies["bare"]),
-        ):
-            mine = statistics.median(runs["full" if "relationship" in name else "bare"])
-            print(
-                f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
-                f"   this checkout / that one: {mine / statistics.median(values):.2f}"
-            )
     if phases is not None:
         phases.report()
     load = os.getloadavg()
