@@ -26,9 +26,15 @@
 -- through them, and writers of one space no longer queue on its row (a
 -- `remember` no longer waits for a loader batch of its shard and space that is
 -- computing embeddings). Only when all 32 shards are held does a transaction
--- wait, for the shard of its process (pg_backend_pid() % 32), until that
--- transaction ends; the gateway's writers wait there holding no other lock,
--- bounded by their statement timeout.
+-- wait: for the first shard freed (tried again every few ms, for about 2 s),
+-- then for the shard of its process (pg_backend_pid() % 32) until that
+-- transaction ends; the gateway's writers wait holding no other lock, bounded
+-- by their statement timeout. An owner's transaction that claims only in a
+-- trigger, holding rows already, can then deadlock with the holder of that
+-- shard (detected: one is cancelled); docs/data-model.md says so.
+--
+-- The triggers claim once per call (a variable), not once per row of their
+-- upsert.
 --
 -- Lowest free first: a store written by one writer at a time keeps one row per
 -- (space[, lexeme]), in shard 0, and readers, which sum the shards, read as
@@ -44,6 +50,7 @@ CREATE FUNCTION recall_stats_shard() RETURNS smallint
 DECLARE
     held text := current_setting('recall.stats_shard', true);
     k integer;
+    attempt integer;
 BEGIN
     -- Already claimed by this transaction (the lock is re-entrant, so this only
     -- confirms it; a setting forged to another's shard fails here and is replaced).
@@ -53,13 +60,21 @@ BEGIN
             RETURN k::smallint;
         END IF;
     END IF;
-    FOR k IN 0 .. 31 LOOP
-        IF pg_try_advisory_xact_lock(1936220530, k) THEN
-            PERFORM set_config('recall.stats_shard', k::text, true);
-            RETURN k::smallint;
-        END IF;
+    -- The lowest free shard; with all 32 held, the first one freed: the loop is
+    -- tried again after a pause (1 ms, doubling to 50 ms) for about 2 s.
+    FOR attempt IN 0 .. 48 LOOP
+        FOR k IN 0 .. 31 LOOP
+            IF pg_try_advisory_xact_lock(1936220530, k) THEN
+                PERFORM set_config('recall.stats_shard', k::text, true);
+                RETURN k::smallint;
+            END IF;
+        END LOOP;
+        PERFORM pg_sleep(least(0.05, 0.001 * 2 ^ least(attempt, 6)));
     END LOOP;
-    -- 32 transactions are writing: wait for one shard to be free.
+    -- Still none: wait for the shard of this process as a lock wait, which
+    -- PostgreSQL's deadlock detection sees (a pause does not: an owner's
+    -- transaction claiming inside a trigger may hold a row that the holder of
+    -- a shard waits for; the gateway claims first and holds nothing then).
     k := pg_backend_pid() % 32;
     PERFORM pg_advisory_xact_lock(1936220530, k);
     PERFORM set_config('recall.stats_shard', k::text, true);
@@ -71,9 +86,11 @@ GRANT EXECUTE ON FUNCTION recall_stats_shard() TO PUBLIC;
 
 CREATE OR REPLACE FUNCTION evidence_search_stats_add() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    my_shard smallint := recall_stats_shard();
 BEGIN
     INSERT INTO evidence_search_stats AS s (team_id, space_id, shard, doc_count, total_length)
-    SELECT n.team_id, n.space_id, recall_stats_shard(), count(*), sum(n.doc_length)
+    SELECT n.team_id, n.space_id, my_shard, count(*), sum(n.doc_length)
     FROM new_evidence n
     GROUP BY n.team_id, n.space_id
     -- A fixed order of row locks: two statements never wait on each other in a cycle.
@@ -86,9 +103,11 @@ END $$;
 
 CREATE OR REPLACE FUNCTION relationship_search_stats_add() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    my_shard smallint := recall_stats_shard();
 BEGIN
     INSERT INTO relationship_search_stats AS s (team_id, space_id, shard, doc_count, total_length)
-    SELECT n.team_id, n.space_id, recall_stats_shard(), count(*), sum(n.doc_length)
+    SELECT n.team_id, n.space_id, my_shard, count(*), sum(n.doc_length)
     FROM new_relationships n
     GROUP BY n.team_id, n.space_id
     ORDER BY n.team_id, n.space_id
@@ -100,9 +119,11 @@ END $$;
 
 CREATE OR REPLACE FUNCTION graph_change_counters_add() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    my_shard smallint := recall_stats_shard();
 BEGIN
     INSERT INTO graph_change_counters AS c (team_id, space_id, shard, changes, changed_at)
-    SELECT n.team_id, n.space_id, recall_stats_shard(), count(*), now()
+    SELECT n.team_id, n.space_id, my_shard, count(*), now()
     FROM changed_rows n
     GROUP BY n.team_id, n.space_id
     ORDER BY n.team_id, n.space_id
@@ -114,9 +135,11 @@ END $$;
 
 CREATE OR REPLACE FUNCTION evidence_lexeme_stats_add() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    my_shard smallint := recall_stats_shard();
 BEGIN
     INSERT INTO evidence_lexeme_stats AS s (team_id, space_id, lexeme, shard, df, max_tf)
-    SELECT n.team_id, n.space_id, n.lexeme, recall_stats_shard(), count(*), max(n.tf)
+    SELECT n.team_id, n.space_id, n.lexeme, my_shard, count(*), max(n.tf)
     FROM new_evidence_terms n
     GROUP BY n.team_id, n.space_id, n.lexeme
     -- A fixed order of row locks: two statements never wait on each other in a cycle.
@@ -128,9 +151,11 @@ END $$;
 
 CREATE OR REPLACE FUNCTION relationship_lexeme_stats_add() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    my_shard smallint := recall_stats_shard();
 BEGIN
     INSERT INTO relationship_lexeme_stats AS s (team_id, space_id, lexeme, shard, df, max_tf)
-    SELECT n.team_id, n.space_id, n.lexeme, recall_stats_shard(), count(*), max(n.tf)
+    SELECT n.team_id, n.space_id, n.lexeme, my_shard, count(*), max(n.tf)
     FROM new_relationship_terms n
     GROUP BY n.team_id, n.space_id, n.lexeme
     ORDER BY n.team_id, n.space_id, n.lexeme
@@ -140,7 +165,8 @@ BEGIN
 END $$;
 
 -- Room for 32 shards. Every existing row is in 0..7, so the new check holds for
--- them: added NOT VALID (no scan while the table is locked) and validated after.
+-- them. Added NOT VALID, then validated: one read of each table, still under
+-- the ACCESS EXCLUSIVE lock of the ALTER (a migration file is one transaction).
 DO $$
 DECLARE
     t text;

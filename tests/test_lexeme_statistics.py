@@ -456,7 +456,9 @@ async def _damage(
         damaged.add((team, space, lexeme))
     spread = await conn.fetchrow(  # a right key of one row, to spread over two shards
         f"SELECT team_id, space_id, lexeme, shard FROM {stats} WHERE team_id = $1 AND df >= 2 "
-        "AND shard < 31 AND lexeme NOT LIKE 'zzghost%' AND NOT (lexeme = ANY ($2::text[])) "
+        "AND shard < 7 AND lexeme NOT LIKE 'zzghost%' AND NOT (lexeme = ANY ($2::text[])) "
+        f"AND NOT EXISTS (SELECT 1 FROM {stats} o WHERE o.team_id = {stats}.team_id "
+        f"AND o.space_id = {stats}.space_id AND o.lexeme = {stats}.lexeme AND o.shard = 7) "
         "ORDER BY lexeme LIMIT 1",
         team,
         [r["lexeme"] for r in keys[:9]],
@@ -469,7 +471,7 @@ async def _damage(
     )
     await conn.execute(
         f"INSERT INTO {stats} (team_id, space_id, lexeme, shard, df, max_tf) "
-        "VALUES ($1, $2, $3, 31, 1, 1)",
+        "VALUES ($1, $2, $3, 7, 1, 1)",  # a shard every version of the table allows
         *key(spread),
     )
     return damaged

@@ -269,23 +269,24 @@ async def test_a_transaction_keeps_its_shard_and_another_gets_another(
         await _counts_are_exact(a, team)
 
 
-async def _lock_waiter(observer: asyncpg.Connection) -> int | None:
-    """The server process waiting for a counter shard, if one is."""
+async def _shard_waiter(observer: asyncpg.Connection) -> int | None:
+    """The server process of this database waiting to claim a counter shard, if one is."""
     pid: int | None = await observer.fetchval(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::oid "
-        "AND NOT granted LIMIT 1",
-        SHARD_LOCK,
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND state = 'active' AND query LIKE '%recall_stats_shard()%' AND pid <> pg_backend_pid() "
+        "LIMIT 1"
     )
     return pid
 
 
-async def test_with_every_shard_held_a_write_waits_first_then_goes_on_or_times_out(
+async def test_with_every_shard_held_a_write_waits_first_then_takes_the_first_freed(
     dsn: str, writes: Any
 ) -> None:
-    """When 32 transactions hold every shard, a principal's write waits for one at
+    """When other sessions hold all 32 shards, a principal's write waits for one at
     its very start, holding no row of its own yet (so nothing can wait for it in
-    turn), and goes on once a shard is free; if none frees within the statement
-    timeout it fails with DATABASE_UNAVAILABLE and writes nothing."""
+    turn), and takes the first shard freed, whichever it is (not only the shard
+    of its own process); if none frees within the statement timeout it fails with
+    DATABASE_UNAVAILABLE and writes nothing."""
     team = unique("dl-full")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -311,17 +312,15 @@ async def test_with_every_shard_held_a_write_waits_first_then_goes_on_or_times_o
                     transport=httpx.ASGITransport(app=app), base_url="http://gateway"
                 ) as client,
             ):
-                tx = holder.transaction()
-                await tx.start()
+                # session locks: released one at a time, or all when the session ends
+                await holder.execute(
+                    "SELECT pg_advisory_lock($1, k) FROM generate_series(0, 31) k", SHARD_LOCK
+                )
                 try:
-                    await holder.execute(
-                        "SELECT pg_advisory_xact_lock($1, k) FROM generate_series(0, 31) k",
-                        SHARD_LOCK,
-                    )
                     call = asyncio.create_task(note(client, str(timeout_ms)))
                     waiter = None
                     for _ in range(300):
-                        waiter = await _lock_waiter(observer)
+                        waiter = await _shard_waiter(observer)
                         if waiter is not None or call.done():
                             break
                         await asyncio.sleep(0.01)
@@ -333,11 +332,13 @@ async def test_with_every_shard_held_a_write_waits_first_then_goes_on_or_times_o
                             waiter,
                         )
                         assert held == 0, "the write held rows while it waited"
-                        await tx.commit()
-                    body = await call
+                        other = (waiter + 1) % 32  # not the shard of its process
+                        await holder.execute("SELECT pg_advisory_unlock($1, $2)", SHARD_LOCK, other)
+                        body = await asyncio.wait_for(call, 4)
+                    else:
+                        body = await call
                 finally:
-                    with contextlib.suppress(Exception):
-                        await tx.rollback()
+                    await holder.execute("SELECT pg_advisory_unlock_all()")
             written = await observer.fetchval(
                 "SELECT count(*) FROM evidence WHERE team_id = $1 AND id = $2",
                 team,
