@@ -25,7 +25,7 @@ from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
-from .test_load_paths import _generated, _retarget
+from .test_load_paths import _generated, _retarget, _rows
 
 _REFRESH_FAILED = "planner statistics not refreshed"
 
@@ -579,3 +579,35 @@ async def test_the_last_batch_refreshes_once_at_the_load_end_thresholds(
     assert mixed.created and mixed.unchanged
     assert service.refreshes[-1] is True and service.refreshes.count(True) == 1
     assert len(service.refreshes) < mixed.batches
+
+
+async def test_a_run_copied_in_two_parts_writes_the_rows_of_one_copy(
+    fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-batch analysis copies each table without statistics in two statements
+    (its first PLANNED_PREFIX rows, then the rest): every row, posting and
+    counter is the same as one COPY of the table writes (tests/test_load_paths.py's
+    comparison). The same file, in one batch each, into two teams of a new store:
+    first with a prefix of 7 (tables without statistics: split, and analysed
+    inside the batch), then with no split at all."""
+    lines = _generated(30)
+    split, whole = unique("split"), unique("whole")
+    db = await Database.open(fresh_dsn, min_size=1, max_size=2)
+    try:
+        writes = WriteService(db, embedder)
+        async with db.pool.acquire() as conn:
+            await conn.execute(_AUTOVACUUM_OFF)
+        for team, prefix in ((split, 7), (whole, 1_000_000)):
+            monkeypatch.setattr(bulk_store, "PLANNED_PREFIX", prefix)
+            parsed = loader.parse(loader.split_lines(_retarget(lines, team)))
+            await writes.apply([r for _, r in parsed], Actor.operator())  # no refresh
+            if team == split:
+                async with db.pool.acquire() as conn:
+                    planned = await _planned(conn, ("sources", "entities", "evidence"))
+        async with db.pool.acquire() as conn:
+            rows = {team: await _rows(conn, team) for team in (split, whole)}
+    finally:
+        await db.close()
+    assert planned == {"sources": True, "entities": True, "evidence": True}  # split, analysed
+    assert rows[split]["evidence_terms"] and rows[split]["relationships"]
+    assert rows[split] == rows[whole]

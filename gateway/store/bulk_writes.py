@@ -20,7 +20,7 @@ from typing import Any, cast
 import asyncpg
 
 from gateway.store.connection import Conn
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database, translate
 
 _CLAIM = """
 INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by)
@@ -541,6 +541,24 @@ async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
     finally:
         for held in lanes + spares:
             await pool.release(cast(Any, held))
+
+
+@contextlib.asynccontextmanager
+async def on_lane(db: Database, lane: Conn) -> AsyncIterator[Conn]:
+    """A transaction as the connecting (owner) role on a lane of :func:`writer_lanes`,
+    with the driver's failures translated as :meth:`Database.admin` translates them
+    (a lost connection or server: ``DatabaseUnavailable``; a statement timeout:
+    ``RequestTimeout``), so that a batch on a lane fails as one on a pooled
+    connection does, not with the driver's own exception."""
+    try:
+        async with lane.transaction():
+            yield lane
+    except STORE_FAILURES as exc:
+        db.note(exc)
+        translated = translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
 
 
 async def lock_blockers(conn: Conn, pid: int) -> list[int]:
