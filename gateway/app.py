@@ -25,7 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
 
-from gateway.embedded import EmbeddedPostgres
+from gateway.embedded import EmbeddedPostgres, ServerMemory
 from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
@@ -173,7 +173,8 @@ def create_app(
         embedded: EmbeddedPostgres | None = None
         dsn = settings.database_url
         if dsn is None:
-            embedded = EmbeddedPostgres(settings.data_dir).start()
+            memory = ServerMemory.from_settings(settings)
+            embedded = EmbeddedPostgres(settings.data_dir, memory=memory).start()
             dsn = embedded.dsn
         try:
             await prepare(dsn, migrate=settings.migrate_on_start)
