@@ -66,6 +66,32 @@ async def blocks(dsn: str) -> tuple[int, int]:
         await conn.close()
 
 
+_STATIO = """
+SELECT relid::regclass::text AS name, coalesce(heap_blks_read, 0) AS heap,
+       coalesce(idx_blks_read, 0) AS idx FROM pg_statio_all_tables
+"""
+
+
+async def statio(dsn: str) -> dict[str, tuple[int, int]]:
+    """Blocks read from outside shared buffers per table: (its rows, its indexes)."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {r["name"]: (int(r["heap"]), int(r["idx"])) for r in await conn.fetch(_STATIO)}
+    finally:
+        await conn.close()
+
+
+def top_reads(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> None:
+    rows = []
+    for name, (heap, idx) in after.items():
+        was = before.get(name, (0, 0))
+        rows.append((heap - was[0] + idx - was[1], heap - was[0], idx - was[1], name))
+    rows.sort(reverse=True)
+    print("  blocks read from outside shared buffers during the first recalls, by table:")
+    for total, heap, idx, name in rows[:10]:
+        print(f"    {total:8} (rows {heap:7}, indexes {idx:7})  {name}")
+
+
 async def run(dsn: str, recalls: int, started: float) -> None:
     data = await rb.reuse(dsn, 7)
     if data is None:
@@ -88,6 +114,8 @@ async def run(dsn: str, recalls: int, started: float) -> None:
             f"the server's): {ready.json()}"
         )
         questions = recall_ab._questions(recalls)[:recalls]
+        await asyncio.sleep(1.1)  # the statistics of other sessions are flushed each second
+        io_before = await statio(dsn)
         for label in ("first", "again"):
             times = []
             for i, question in enumerate(questions):
@@ -111,6 +139,9 @@ async def run(dsn: str, recalls: int, started: float) -> None:
                 f"{label}: median {statistics.median(times):.1f} ms, max {max(times):.1f} ms, "
                 f"sum {sum(times) / 1000:.1f} s (load average {os.getloadavg()[0]:.1f})"
             )
+            if label == "first":
+                await asyncio.sleep(1.1)
+                top_reads(io_before, await statio(dsn))
 
 
 def main() -> None:

@@ -93,6 +93,15 @@ class Settings(BaseSettings):
         "embedded PostgreSQL; unset: half the machine's memory, at least shared_buffers.",
     )
 
+    warm_up_mb: int | None = Field(
+        default=None,
+        ge=0,
+        le=16_777_216,
+        description="At start, read up to this many MB of the vector indexes and partitions "
+        "into the page cache (/readyz says 503 meanwhile); unset: the server's "
+        "effective_cache_size; 0: no warm-up. Needs a login that may read the server's files.",
+    )
+
     # --- read replicas (gateway/store/replicas.py, docs/deploy.md)
     read_database_urls: str = Field(
         default="",
