@@ -677,7 +677,9 @@ def serve(dsn: str, port: int, observability: Any = None) -> tuple[Any, Any]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     _threads.append(thread)
-    deadline = time.monotonic() + 60
+    # minutes, not seconds: a big store's start-up warm-up (docs/deploy.md) keeps
+    # /readyz at 503 while it reads
+    deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:

@@ -97,8 +97,8 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         le=16_777_216,
-        description="At start, read up to this many MB of the vector indexes and partitions "
-        "into the page cache (/readyz says 503 meanwhile); unset: the server's "
+        description="At start, read up to this many MB of the store's files into the page "
+        "cache, vector indexes first (/readyz says 503 meanwhile); unset: the server's "
         "effective_cache_size; 0: no warm-up. Needs a login that may read the server's files.",
     )
 

@@ -41,6 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 # The tests of the sizing itself (tests/test_embedded.py) unset these.
 os.environ.setdefault("RECALL_PG_SHARED_BUFFERS_MB", "128")
 os.environ.setdefault("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB", "4096")
+# No start-up warm-up (its own tests ask for it): the suite's stores are small and
+# cached, and tests that start a gateway expect /readyz to say ready at once.
+os.environ.setdefault("RECALL_WARM_UP_MB", "0")
 
 
 def _docker_answers() -> bool:

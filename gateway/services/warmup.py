@@ -1,12 +1,15 @@
-"""The start-up warm-up: the vector indexes and partitions read into the page cache.
+"""The start-up warm-up: the store's files read into the page cache.
 
 A store whose files are not in the operating system's page cache (after a
 reboot, or a store larger than memory) answers its first recalls from random
 disk reads: at 1,000,000 evidence (100,000 vectors a space) the first recalls
-took seconds each, past the request deadline on a loaded machine
-(docs/benchmarks.md, "Cold start"). So at start the gateway reads, in order
-and at the disk's sequential speed, each HNSW index of the vector partitions
-(largest first) and then the partitions' rows, up to a budget:
+took seconds each, past the request deadline on a loaded machine, and reading
+the vector files alone did not cure it, because the recall's hydration reads
+the evidence, relationship and support tables at random too
+(docs/benchmarks.md, "Cold start"). So at start the gateway reads the store's
+relations in order, at the disk's sequential speed (gateway/store/warmup.py:
+the HNSW indexes of the vector partitions, then the partitions' rows, then
+every other table and index smallest first), up to a budget:
 ``RECALL_WARM_UP_MB``, by default the server's effective_cache_size (what the
 planner already assumes is cached; 0 turns the warm-up off). While it runs,
 ``/readyz`` answers 503 with how far it got; requests are served meanwhile,
@@ -55,8 +58,8 @@ class WarmUp:
         if self.planned == 0:
             return "warming up"
         return (
-            f"warming up: {self.read / 2**20:.0f} of {self.planned / 2**20:.0f} MB of vector "
-            "indexes and partitions read"
+            f"warming up: {self.read / 2**20:.0f} of {self.planned / 2**20:.0f} MB of the "
+            "store's files read (vector indexes first)"
         )
 
     async def run(self) -> None:
@@ -88,7 +91,7 @@ class WarmUp:
             self.state = "failed"
             return
         log.info(
-            "warm-up: read %.0f MB of vector indexes and partitions in %.1f s",
+            "warm-up: read %.0f MB of the store's files in %.1f s",
             self.read / 2**20,
             time.monotonic() - started,
         )

@@ -120,22 +120,22 @@ async def read_chunk(conn: Conn, path: str, offset: int, length: int) -> int:
 
 # One process warms a store at a time (several uvicorn workers, replicas of the
 # gateway on one server): the others wait for it instead of reading it again.
-_LOCK_KEY = 0x7761726D  # "warm"
+LOCK_KEY = 0x7761726D  # "warm"
 
 
 async def lock(conn: Conn) -> bool:
     """Take the store's warm-up lock (session level), waiting for it as long as
     another process holds it (the statement timeout lifted for the wait). True
     if it was free at once: this process warms; False: another one just did."""
-    if await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", _LOCK_KEY):
+    if await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", LOCK_KEY):
         return True
     await conn.execute("SET statement_timeout = 0")
     try:
-        await conn.execute("SELECT pg_advisory_lock($1::bigint)", _LOCK_KEY)
+        await conn.execute("SELECT pg_advisory_lock($1::bigint)", LOCK_KEY)
     finally:
         await conn.execute("RESET statement_timeout")
     return False
 
 
 async def unlock(conn: Conn) -> None:
-    await conn.execute("SELECT pg_advisory_unlock($1::bigint)", _LOCK_KEY)
+    await conn.execute("SELECT pg_advisory_unlock($1::bigint)", LOCK_KEY)
