@@ -51,7 +51,7 @@ async def export(dsn: str, out: Path) -> None:
         )
     finally:
         await conn.close()
-    np.save(out, np.stack([r[0] for r in rows]).astype(np.float32))
+    np.save(out, np.stack([np.asarray(r[0].to_numpy()) for r in rows]).astype(np.float32))
 
 
 def questions(n: int, seed: int) -> np.ndarray:

@@ -164,3 +164,13 @@ async def test_a_login_that_may_not_read_files_skips_it(vectors_dsn: str) -> Non
     finally:
         await admin.execute(f'DROP ROLE IF EXISTS "{role}"')
         await admin.close()
+
+
+async def test_a_failed_warm_up_leaves_the_gateway_ready(vectors_dsn: str) -> None:
+    """The server went away (here: the pool is closed) or anything else broke:
+    logged, state failed, /readyz no longer held at 503 by it."""
+    db = await Database.open(vectors_dsn, min_size=1, max_size=1)
+    await db.close()
+    warm = WarmUp(db, None)
+    await warm.run()
+    assert warm.state == "failed" and not warm.warming

@@ -90,6 +90,11 @@ class WarmUp:
             )
             self.state = "failed"
             return
+        except Exception:
+            # a bug must not hold /readyz at 503 for the life of the process
+            log.exception("warm-up failed, serving cold")
+            self.state = "failed"
+            return
         log.info(
             "warm-up: read %.0f MB of the store's files in %.1f s",
             self.read / 2**20,
