@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
 
+from gateway import heap
 from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
@@ -147,8 +148,8 @@ async def readyz(request: Request) -> Response:
 
 def create_served_app() -> Starlette:
     """The app of ``serve`` worker processes (uvicorn's factory): settings from the
-    environment, SIGTERM drained."""
-    return create_app(handle_sigterm=True)
+    environment, SIGTERM drained, the start-up heap frozen."""
+    return create_app(handle_sigterm=True, settle_heap=True)
 
 
 def create_app(
@@ -156,11 +157,15 @@ def create_app(
     observability: Observability | None = None,
     *,
     handle_sigterm: bool = False,
+    settle_heap: bool = False,
 ) -> Starlette:
     """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL.
 
     ``handle_sigterm``: the process is a server whose SIGTERM should drain it
-    (gateway/serving.py); off for an app embedded elsewhere, tests included."""
+    (gateway/serving.py); off for an app embedded elsewhere, tests included.
+    ``settle_heap``: the process serves this app and nothing else, so once it is
+    ready its start-up heap is frozen and the collector runs less often
+    (gateway/heap.py); off elsewhere, where the process has other work."""
     settings = settings or Settings()
     grace_s = settings.shutdown_grace_ms / 1000
     logs.configure(settings.log_level, settings.log_format)
@@ -241,6 +246,8 @@ def create_app(
             graphql.persisted = _persisted(settings, limits, db)
             drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None
             app.state.drain = drain if drain is not None and drain.install() else None
+            if settle_heap:
+                heap.settle()
             try:
                 yield
             finally:
