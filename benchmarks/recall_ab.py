@@ -308,6 +308,13 @@ async def open_gateway(
     client = await stack.enter_async_context(
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ab")
     )
+    # The start-up warm-up (docs/deploy.md) reads the store's files in the
+    # background; timing recalls beside it would time the disk.
+    deadline = time.monotonic() + 1800
+    while (await client.get("/readyz")).status_code != 200:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: the gateway did not become ready")
+        await asyncio.sleep(0.2)
     return Gateway(
         name,
         app,
@@ -605,11 +612,14 @@ async def run_datasets(
             report_parts(timed, names)
 
 
-def _dataset(spec: str) -> tuple[str, Path]:
-    name, _, folder = spec.partition("=")
-    if not name or not folder:
-        raise argparse.ArgumentTypeError(f"a dataset is NAME=DIR, not {spec!r}")
-    return name, Path(folder)
+def _dataset(spec: str) -> tuple[str, Path, int | None]:
+    """``NAME=DIR``, or ``NAME=DIR:MB`` for that arm's server with ``MB`` of
+    shared buffers (else the gateway's memory settings)."""
+    name, _, rest = spec.partition("=")
+    folder, _, buffers = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    if not name or not folder or (buffers and not buffers.isdigit()):
+        raise argparse.ArgumentTypeError(f"a dataset is NAME=DIR or NAME=DIR:MB, not {spec!r}")
+    return name, Path(folder), int(buffers) if buffers else None
 
 
 def main() -> None:
@@ -622,9 +632,10 @@ def main() -> None:
         type=_dataset,
         action="append",
         default=[],
-        metavar="NAME=DIR",
+        metavar="NAME=DIR[:MB]",
         help="an arm that is a dataset kept by recall_bench.py --data-dir (repeatable; "
-        "instead of --data-dir and --arm; the first is the reference of the ratios)",
+        "instead of --data-dir and --arm; the first is the reference of the ratios; "
+        ":MB: that arm's server gets MB of shared buffers)",
     )
     parser.add_argument(
         "--parts",
@@ -659,10 +670,12 @@ def main() -> None:
     if args.dataset:
         if args.data_dir or args.arm or args.functions or args.ef_floor:
             parser.error("--dataset arms take none of --data-dir, --arm, --functions, --ef-floor")
-        if len({name for name, _ in args.dataset}) != len(args.dataset):
+        if len({name for name, _, _ in args.dataset}) != len(args.dataset):
             parser.error("two datasets of one name")
         with contextlib.ExitStack() as stack:
-            dsns = [(name, stack.enter_context(rb.database(d))) for name, d in args.dataset]
+            dsns = [
+                (name, stack.enter_context(rb.database(d, mb))) for name, d, mb in args.dataset
+            ]
             asyncio.run(run_datasets(dsns, args.queries, kinds, args.team, args.parts))
         return
     if not (args.data_dir and args.arm):

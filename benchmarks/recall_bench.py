@@ -87,20 +87,27 @@ def log(msg: str) -> None:
 
 
 @contextlib.contextmanager
-def database(keep: Path | None = None) -> Iterator[str]:
+def database(keep: Path | None = None, shared_buffers_mb: int | None = None) -> Iterator[str]:
     """The benchmark's database: DATABASE_URL, else an embedded server in ``keep``
     (kept, so that a later run with the same folder reuses the dataset) or in a
-    temporary folder."""
+    temporary folder. The server's memory is the gateway's (``RECALL_PG_*`` or
+    derived from the machine), ``shared_buffers_mb`` replacing its shared buffers."""
     given = os.environ.get("DATABASE_URL")
     if given:
         yield given
         return
-    from gateway.embedded import EmbeddedPostgres
+    from gateway.embedded import EmbeddedPostgres, ServerMemory
+    from gateway.settings import Settings
 
     with contextlib.ExitStack() as stack:
         folder = keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="recall-")))
         folder.mkdir(parents=True, exist_ok=True)
-        server = EmbeddedPostgres(folder, database="bench")
+        memory = None
+        if shared_buffers_mb is not None:
+            memory = ServerMemory.from_settings(
+                Settings().model_copy(update={"pg_shared_buffers_mb": shared_buffers_mb})
+            )
+        server = EmbeddedPostgres(folder, database="bench", memory=memory)
         server.start()
         try:
             yield server.dsn
@@ -677,7 +684,9 @@ def serve(dsn: str, port: int, observability: Any = None) -> tuple[Any, Any]:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     _threads.append(thread)
-    deadline = time.monotonic() + 60
+    # minutes, not seconds: a big store's start-up warm-up (docs/deploy.md) keeps
+    # /readyz at 503 while it reads
+    deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:

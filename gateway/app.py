@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
 
 from gateway import heap
-from gateway.embedded import EmbeddedPostgres
+from gateway.embedded import EmbeddedPostgres, ServerMemory
 from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
@@ -42,6 +42,7 @@ from gateway.services.feedback import FeedbackService
 from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService, plan_cache_mode
 from gateway.services.reembed import read_store_model, watch_store_model
+from gateway.services.warmup import WarmUp
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
@@ -138,6 +139,9 @@ async def readyz(request: Request) -> Response:
         return JSONResponse(
             {"status": "not ready", "reason": f"{len(waiting)} migration(s) pending"}, 503
         )
+    warm: WarmUp | None = getattr(request.app.state, "warmup", None)
+    if warm is not None and warm.warming:
+        return JSONResponse({"status": "not ready", "reason": warm.progress()}, 503)
     mismatch = services.store_model.mismatch() if services.store_model is not None else None
     if mismatch is not None:
         # Still 200: reads answer (without their vector lists), and a 503 would take
@@ -178,7 +182,8 @@ def create_app(
         embedded: EmbeddedPostgres | None = None
         dsn = settings.database_url
         if dsn is None:
-            embedded = EmbeddedPostgres(settings.data_dir).start()
+            memory = ServerMemory.from_settings(settings)
+            embedded = EmbeddedPostgres(settings.data_dir, memory=memory).start()
             dsn = embedded.dsn
         try:
             await prepare(dsn, migrate=settings.migrate_on_start)
@@ -244,6 +249,10 @@ def create_app(
             )
             graphql.reads = reads
             graphql.persisted = _persisted(settings, limits, db)
+            # in the background: /readyz says 503 until it ends, requests are served
+            warm = WarmUp(db, settings.warm_up_mb)
+            app.state.warmup = warm
+            warming = asyncio.create_task(warm.run(), name="warm-up")
             drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None
             app.state.drain = drain if drain is not None and drain.install() else None
             if settle_heap:
@@ -253,9 +262,10 @@ def create_app(
             finally:
                 if drain is not None:
                     drain.uninstall()
-                watcher.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await watcher
+                for task in (watcher, warming):
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
                 await reads.close(wait_s=grace_s)
                 # Connections still in use after the grace period are cut: an
                 # idle pool must not keep PostgreSQL's smart shutdown waiting.

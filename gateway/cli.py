@@ -27,7 +27,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from gateway import __version__, tokens
-from gateway.embedded import EmbeddedPostgres
+from gateway.embedded import EmbeddedPostgres, ServerMemory
 from gateway.embeddings.catalog import LOCAL_MODELS
 from gateway.errors import ConfigurationError, GatewayError, InvalidInput
 from gateway.services.loader import LoadError, split_lines
@@ -63,7 +63,7 @@ def database(settings: Settings) -> Iterator[str]:
     if settings.database_url:
         yield settings.database_url
         return
-    server = EmbeddedPostgres(settings.data_dir)
+    server = EmbeddedPostgres(settings.data_dir, memory=ServerMemory.from_settings(settings))
     server.install_signal_handlers()
     server.start()
     try:

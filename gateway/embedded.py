@@ -71,7 +71,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DATABASE",
     "EmbeddedPostgres",
+    "ServerMemory",
     "ensure_embedded",
+    "machine_memory_mb",
     "postgres_bin_dir",
 ]
 
@@ -86,11 +88,121 @@ _MAX_SOCKET_PATH: Final = 107
 _LOG_ROTATE_BYTES: Final = 10 * 1024 * 1024
 _LOG_TAIL_LINES: Final = 40
 _POLL_S: Final = 0.05
-# Small embedded server: modest memory, fsync stays on (the data matters).
-_SERVER_OPTIONS: Final = (
-    ("max_connections", "100"),
-    ("shared_buffers", "128MB"),
+# fsync stays on (the data matters); memory comes from ServerMemory.
+_SERVER_OPTIONS: Final = (("max_connections", "100"),)
+
+# shared_buffers is a quarter of the machine's memory (PostgreSQL's own advice
+# for a server with 1 GB or more), at least PostgreSQL's default of 128 MB and
+# at most 8 GB: the server shares the machine with the gateway's workers and
+# their embedding model, and past a store's working set more buffers only
+# double what the page cache holds. effective_cache_size, a planner estimate
+# that allocates nothing, is half the machine (the page cache plus the buffers).
+_BUFFERS_SHARE: Final = 4
+_BUFFERS_MIN_MB: Final = 128
+_BUFFERS_MAX_MB: Final = 8192
+_CACHE_SHARE: Final = 2
+# What the log says when the shared memory segment cannot be had (mmap or
+# System V); start() then names the setting to lower.
+_SHMEM_FAILURES: Final = (
+    "could not map anonymous shared memory",
+    "could not create shared memory segment",
+    "could not allocate shared memory",
 )
+
+
+def machine_memory_mb() -> int:
+    """The memory this process may use, in MB: the physical memory, or less when its
+    cgroup (a container's memory limit, v2 or v1) allows less.
+
+    A container sees the host's memory in ``sysconf``; sizing the server from it
+    would let the kernel's OOM killer pick the postmaster instead of a clear error.
+    """
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in _cgroup_limit_files():
+        try:
+            raw = limit_file.read_text().strip()
+        except OSError:
+            continue
+        if raw.isdigit() and 0 < int(raw) < total:
+            total = int(raw)
+    return max(1, total // 2**20)
+
+
+def _cgroup_limit_files() -> list[Path]:
+    """The memory limit files of this process's cgroups (``/proc/self/cgroup``),
+    and the mount's root ones (a container's namespace shows its own as root)."""
+    root = Path("/sys/fs/cgroup")
+    files = [root / "memory.max", root / "memory" / "memory.limit_in_bytes"]
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return files
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":
+            files.append(root / relative / "memory.max")
+        elif "memory" in controllers.split(","):
+            files.append(root / "memory" / relative / "memory.limit_in_bytes")
+    return files
+
+
+@dataclass(frozen=True)
+class ServerMemory:
+    """The embedded server's memory settings, in MB (docs/deploy.md, "Memory").
+
+    Applied when this process starts the server (``-c`` options of ``pg_ctl``,
+    which win over ``postgresql.conf``); a server found running keeps its own.
+    """
+
+    shared_buffers_mb: int
+    effective_cache_size_mb: int
+
+    @classmethod
+    def derive(
+        cls,
+        *,
+        shared_buffers_mb: int | None = None,
+        effective_cache_size_mb: int | None = None,
+        machine_mb: int | None = None,
+    ) -> ServerMemory:
+        """From the machine's memory (:func:`machine_memory_mb`), each value
+        replaced by the one given (an operator's override) when not None."""
+        machine = machine_mb if machine_mb is not None else machine_memory_mb()
+        buffers = shared_buffers_mb
+        if buffers is None:
+            buffers = min(max(machine // _BUFFERS_SHARE, _BUFFERS_MIN_MB), _BUFFERS_MAX_MB)
+        cache = effective_cache_size_mb
+        if cache is None:
+            cache = max(machine // _CACHE_SHARE, buffers)
+        return cls(buffers, cache)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ServerMemory:
+        """``RECALL_PG_SHARED_BUFFERS_MB`` / ``RECALL_PG_EFFECTIVE_CACHE_SIZE_MB``,
+        derived from the machine where unset."""
+        return cls.derive(
+            shared_buffers_mb=settings.pg_shared_buffers_mb,
+            effective_cache_size_mb=settings.pg_effective_cache_size_mb,
+        )
+
+    def options(self) -> tuple[tuple[str, str], ...]:
+        return (
+            ("shared_buffers", f"{self.shared_buffers_mb}MB"),
+            ("effective_cache_size", f"{self.effective_cache_size_mb}MB"),
+        )
+
+    def check(self, machine_mb: int) -> None:
+        """Refuse shared buffers the machine cannot hold, before the server is
+        started: PostgreSQL maps the whole segment at start, and one larger than
+        memory either fails there or, overcommitted, gets the server OOM-killed
+        under load instead."""
+        if self.shared_buffers_mb >= machine_mb:
+            raise DatabaseUnavailable(
+                f"shared_buffers of {self.shared_buffers_mb} MB (RECALL_PG_SHARED_BUFFERS_MB) "
+                f"is not less than this machine's memory, {machine_mb} MB: lower it, or "
+                "unset it to size it from the machine"
+            )
 
 
 def postgres_bin_dir() -> Path:
@@ -267,8 +379,14 @@ class EmbeddedPostgres:
         database: str = DEFAULT_DATABASE,
         timeout: float = 60.0,
         adopt_orphans: bool = True,
+        memory: ServerMemory | None = None,
     ) -> None:
         """Nothing happens on disk until ``start()``.
+
+        ``memory``: the server's memory settings when this object starts it; None
+        reads them from the environment (``RECALL_PG_*``, else derived from the
+        machine), so benchmarks and tools that make their own server get what
+        the gateway would.
 
         ``adopt_orphans``: a running server whose recorded starter process has died
         (it was SIGKILLed, or OOM-killed) is adopted instead of merely attached to;
@@ -280,6 +398,7 @@ class EmbeddedPostgres:
         self.database = database
         self.timeout = timeout
         self.adopt_orphans = adopt_orphans
+        self.memory = memory
         self.pgdata = self.data_dir / "pgdata"
         self.log_file = self.data_dir / "postgres.log"
         self._lock = _FileLock(self.data_dir / ".lock")
@@ -407,7 +526,9 @@ class EmbeddedPostgres:
         tests and trials of read replicas (docs/deploy.md); a folder that already
         holds the replica is started again as it is."""
         pm = self._running()
-        standby = EmbeddedPostgres(data_dir, database=self.database, timeout=self.timeout)
+        standby = EmbeddedPostgres(
+            data_dir, database=self.database, timeout=self.timeout, memory=self.memory
+        )
         with standby._mutex:
             standby._prepare_host()
             standby.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -625,12 +746,31 @@ class EmbeddedPostgres:
         ):
             self._take_ownership(pm)
 
+    def _server_memory(self) -> ServerMemory:
+        """``self.memory``, else the environment's settings (a bad value is a clear
+        error naming the variable), checked against the machine."""
+        memory = self.memory
+        if memory is None:
+            from pydantic import ValidationError
+
+            from gateway.settings import load_settings, settings_problems
+
+            try:
+                memory = ServerMemory.from_settings(load_settings())
+            except ValidationError as exc:
+                raise DatabaseUnavailable(
+                    "embedded PostgreSQL: " + "; ".join(settings_problems(exc))
+                ) from None
+        memory.check(machine_memory_mb())
+        return memory
+
     def _launch(self) -> None:
+        memory = self._server_memory()
         socket_dir = self._socket_dir()
         self._prepare_log()
         log_offset = self.log_file.stat().st_size
         options = ["-h ''", f"-k {_shell_quote(str(socket_dir))}", f"-p {PORT}"]
-        options += [f"-c {k}={v}" for k, v in _SERVER_OPTIONS]
+        options += [f"-c {k}={v}" for k, v in (*_SERVER_OPTIONS, *memory.options())]
         args = [
             "-w",
             "-t",
@@ -658,14 +798,22 @@ class EmbeddedPostgres:
         pm = _Postmaster.read(self.pgdata)
         if result.returncode != 0 or pm is None or _pid_state(pm.pid) is None:
             self._owner_file.unlink(missing_ok=True)
+            log = self._log_tail(log_offset)
+            hint = ""
+            if any(failure in log for failure in _SHMEM_FAILURES):
+                hint = (
+                    f"\nits shared memory ({memory.shared_buffers_mb} MB of shared_buffers and "
+                    "PostgreSQL's own) could not be allocated: set RECALL_PG_SHARED_BUFFERS_MB "
+                    "lower (docs/deploy.md, \"Memory\")"
+                )
             raise DatabaseUnavailable(
                 f"the embedded PostgreSQL server did not start (pg_ctl exit "
-                f"{result.returncode}):\n"
+                f"{result.returncode}):{hint}\n"
                 + _tail(result.stdout + result.stderr, 5)
                 + "\n--- "
                 + str(self.log_file)
                 + " ---\n"
-                + self._log_tail(log_offset)
+                + log
             )
         self._postmaster = pm
         self._take_ownership(pm)
@@ -840,7 +988,8 @@ def ensure_embedded(settings: Settings, *, database: str = DEFAULT_DATABASE) -> 
     the CLI ends short of SIGKILL, a server it started is stopped. The caller decides
     whether to use it at all (only when ``settings.database_url`` is unset).
     """
-    pg = EmbeddedPostgres(settings.data_dir, database=database).start()
+    memory = ServerMemory.from_settings(settings)
+    pg = EmbeddedPostgres(settings.data_dir, database=database, memory=memory).start()
     pg.install_signal_handlers()
     return pg
 

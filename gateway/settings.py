@@ -76,6 +76,32 @@ class Settings(BaseSettings):
         default=5000, ge=100, le=600_000, description="Upper bound of one SQL statement."
     )
 
+    # --- the embedded server's memory (gateway/embedded.py, docs/deploy.md "Memory")
+    pg_shared_buffers_mb: int | None = Field(
+        default=None,
+        ge=16,
+        le=1_048_576,
+        description="shared_buffers (MB) of the embedded PostgreSQL when the gateway starts "
+        "it; unset: a quarter of the machine's memory (or of its cgroup limit), at least "
+        "128 and at most 8192. Not used with DATABASE_URL.",
+    )
+    pg_effective_cache_size_mb: int | None = Field(
+        default=None,
+        ge=16,
+        le=1_048_576,
+        description="effective_cache_size (MB, a planner estimate; allocates nothing) of the "
+        "embedded PostgreSQL; unset: half the machine's memory, at least shared_buffers.",
+    )
+
+    warm_up_mb: int | None = Field(
+        default=None,
+        ge=0,
+        le=16_777_216,
+        description="At start, read up to this many MB of the store's files into the page "
+        "cache, vector indexes first (/readyz says 503 meanwhile); unset: the server's "
+        "effective_cache_size; 0: no warm-up. Needs a login that may read the server's files.",
+    )
+
     # --- read replicas (gateway/store/replicas.py, docs/deploy.md)
     read_database_urls: str = Field(
         default="",

@@ -33,6 +33,18 @@ from gateway.store.database import Database, prepare
 
 REPO = Path(__file__).resolve().parents[1]
 
+# Every embedded server of the suite (the session's, those tests start for
+# themselves, those of the CLI's subprocesses, which inherit this) keeps
+# PostgreSQL's stock memory instead of a quarter of the machine: several suites
+# and engineers start servers at once on one machine, CI machines are small,
+# and the same effective_cache_size everywhere keeps the tests' plans alike.
+# The tests of the sizing itself (tests/test_embedded.py) unset these.
+os.environ.setdefault("RECALL_PG_SHARED_BUFFERS_MB", "128")
+os.environ.setdefault("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB", "4096")
+# No start-up warm-up (its own tests ask for it): the suite's stores are small and
+# cached, and tests that start a gateway expect /readyz to say ready at once.
+os.environ.setdefault("RECALL_WARM_UP_MB", "0")
+
 
 def _docker_answers() -> bool:
     try:

@@ -23,7 +23,14 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from gateway.embedded import EmbeddedPostgres, ensure_embedded, postgres_bin_dir
+from gateway import embedded
+from gateway.embedded import (
+    EmbeddedPostgres,
+    ServerMemory,
+    ensure_embedded,
+    machine_memory_mb,
+    postgres_bin_dir,
+)
 from gateway.errors import DatabaseUnavailable
 from gateway.settings import Settings
 
@@ -465,3 +472,98 @@ def test_asyncpg_accepts_the_dsn_from_a_running_loop(cluster: Path) -> None:
             await asyncio.to_thread(pg.stop)
 
     assert asyncio.run(main()) is not None
+
+
+# --- memory settings (docs/deploy.md, "Memory")
+
+
+async def _memory_settings(dsn: str) -> tuple[str, str]:
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        buffers = await conn.fetchval("SHOW shared_buffers")
+        cache = await conn.fetchval("SHOW effective_cache_size")
+        return str(buffers), str(cache)
+    finally:
+        await conn.close()
+
+
+def test_memory_is_derived_from_the_machine() -> None:
+    """A quarter of the machine for shared buffers within [128 MB, 8 GB], half of
+    it for effective_cache_size (never below the buffers)."""
+    assert ServerMemory.derive(machine_mb=2048) == ServerMemory(512, 1024)
+    assert ServerMemory.derive(machine_mb=24_000) == ServerMemory(6000, 12_000)
+    assert ServerMemory.derive(machine_mb=256) == ServerMemory(128, 128)
+    assert ServerMemory.derive(machine_mb=262_144) == ServerMemory(8192, 131_072)
+    assert ServerMemory.derive(machine_mb=8192, shared_buffers_mb=300) == ServerMemory(300, 4096)
+    assert ServerMemory.derive(machine_mb=8192, effective_cache_size_mb=700) == ServerMemory(
+        2048, 700
+    )
+    # what a gateway without overrides asks for on this very machine
+    assert ServerMemory.derive() == ServerMemory.derive(machine_mb=machine_memory_mb())
+    assert 0 < machine_memory_mb() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+async def test_server_starts_with_the_derived_memory(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No override: the server gets the machine's share (a 2 GB machine stands in,
+    so that the suite never maps a quarter of the real one)."""
+    monkeypatch.delenv("RECALL_PG_SHARED_BUFFERS_MB", raising=False)
+    monkeypatch.delenv("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB", raising=False)
+    monkeypatch.setattr(embedded, "machine_memory_mb", lambda: 2048)
+    with EmbeddedPostgres(cluster) as pg:
+        assert await _memory_settings(pg.dsn) == ("512MB", "1GB")
+
+
+async def test_memory_overrides_from_the_environment_and_settings(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECALL_PG_SHARED_BUFFERS_MB", "200")
+    monkeypatch.setenv("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB", "3000")
+    with EmbeddedPostgres(cluster) as pg:  # a benchmark's or a tool's own server
+        assert await _memory_settings(pg.dsn) == ("200MB", "3000MB")
+    monkeypatch.delenv("RECALL_PG_SHARED_BUFFERS_MB")
+    monkeypatch.delenv("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB")
+    settings = Settings(data_dir=cluster, pg_shared_buffers_mb=144, pg_effective_cache_size_mb=999)
+    pg = ensure_embedded(settings)  # the CLI's way
+    try:
+        assert await _memory_settings(pg.dsn) == ("144MB", "999MB")
+    finally:
+        pg.stop()
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("lots", "RECALL_PG_SHARED_BUFFERS_MB: Input should be a valid integer"),
+        ("8", "RECALL_PG_SHARED_BUFFERS_MB: Input should be greater than or equal to 16"),
+        ("1048576", "is not less than this machine's memory"),
+    ],
+)
+def test_bad_memory_setting_is_a_clear_error(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch, value: str, says: str
+) -> None:
+    """Refused before any server starts, naming the variable; never clamped."""
+    monkeypatch.setenv("RECALL_PG_SHARED_BUFFERS_MB", value)
+    monkeypatch.setattr(embedded, "machine_memory_mb", lambda: 4096)
+    with pytest.raises(DatabaseUnavailable, match=says) as caught:
+        EmbeddedPostgres(cluster).start()
+    assert "Traceback" not in str(caught.value)
+    _assert_no_server(cluster)
+
+
+def test_shared_memory_that_cannot_be_mapped_names_the_setting(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment the kernel refuses (here: far beyond memory, past the check, which
+    a machine that believes it has that much would pass) is a start failure that
+    says which setting to lower, with the server's own words after it."""
+    if Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1":
+        pytest.skip("the kernel maps any size (vm.overcommit_memory = 1)")
+    huge = 64 * machine_memory_mb()
+    monkeypatch.setattr(embedded, "machine_memory_mb", lambda: huge * 2)
+    pg = EmbeddedPostgres(cluster, memory=ServerMemory(huge, huge))
+    with pytest.raises(DatabaseUnavailable, match="set RECALL_PG_SHARED_BUFFERS_MB lower") as e:
+        pg.start()
+    assert "could not map anonymous shared memory" in str(e.value)
+    _assert_no_server(cluster)

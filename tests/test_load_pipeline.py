@@ -17,12 +17,15 @@ import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
+from gateway.errors import DatabaseUnavailable
 from gateway.services import bulk_writes, loader, vector_indexes
 from gateway.services.writes import Actor, PreviousRefused, Turn, TurnYielded, WriteService
 from gateway.store import bulk_writes as bulk_store
+from gateway.store import writes as store_writes
 from gateway.store.database import Database
 
-from .conftest import unique
+from .conftest import load_jsonl, unique
+from .factories import jsonl
 from .test_load_paths import _TABLES, _generated, _retarget, _rows
 
 # The sharded counters (one row per writing backend's shard): compared as sums.
@@ -474,3 +477,72 @@ async def _three_lanes(writes: WriteService, admin_conn: asyncpg.Connection, dsn
         await blocker.close()
     assert report.lanes == 3
     assert not await _inversions(admin_conn, rest, team), "a later line was stamped earlier"
+
+
+async def test_two_transactions_make_a_new_teams_projection_at_once(
+    db: Database, writes: WriteService
+) -> None:
+    """A new team's relationship projection is made by the first write that needs it
+    (``active_projection``, gateway/store/writes.py); two batches in flight may
+    both need it. The first transaction makes it and has not committed; the
+    second asks meanwhile, finds none, and its insert waits on the first's key.
+    Once the first commits, the second gets generation 1 (ON CONFLICT DO NOTHING,
+    then a read). With a plain INSERT it failed on the key (23505), which the
+    loader's fallback to the record-at-a-time path then hid: the rows came out
+    the same, so the row comparisons above could not tell."""
+    team = unique("proj")
+    await load_jsonl(writes, jsonl([{"kind": "team", "id": team, "name": "Projection"}]))
+    async with db.pool.acquire() as first, db.pool.acquire() as second:
+        async with db.pool.acquire() as watcher:
+            model = await watcher.fetchval("SELECT name FROM embedding_models")
+            if model is None:  # a store that has never held a vector
+                model = writes.embedder.model
+                await watcher.execute(
+                    "INSERT INTO embedding_models (name, dimensions) VALUES ($1, $2)",
+                    model,
+                    writes.embedder.dimensions,
+                )
+            held = first.transaction()
+            await held.start()
+            open_ = True
+            try:
+                assert await store_writes.active_projection(first, team, model) == 1
+                waiting = second.transaction()
+                await waiting.start()
+                try:
+                    task = asyncio.create_task(
+                        store_writes.active_projection(second, team, model)
+                    )
+                    blockers: list[int] = []
+                    for _ in range(1000):
+                        blockers = await bulk_store.lock_blockers(
+                            watcher, second.get_server_pid()
+                        )
+                        if blockers or task.done():
+                            break
+                        await asyncio.sleep(0.01)
+                    assert blockers == [first.get_server_pid()], blockers
+                    await held.commit()
+                    open_ = False
+                    assert await task == 1
+                finally:
+                    await waiting.rollback()
+            finally:
+                if open_:  # after a failed assertion
+                    await held.rollback()
+
+
+async def test_a_batch_on_a_lost_lane_fails_as_on_a_pooled_connection(
+    db: Database, writes: WriteService
+) -> None:
+    """A batch of a pipelined load runs on a lane (a connection the load holds), not
+    through Database.admin; a lost connection must still come out as the
+    gateway's DATABASE_UNAVAILABLE, as it does for a batch on a pooled
+    connection, not as the driver's own exception (which the CLI would show as a
+    traceback). The lane's server process is ended before the batch begins."""
+    team = unique("lost")
+    records = [r for _, r in loader.parse(loader.split_lines(jsonl(_documents(team, 2))))]
+    async with db.pool.acquire() as lane, db.pool.acquire() as killer:
+        await killer.fetchval("SELECT pg_terminate_backend($1)", lane.get_server_pid())
+        with pytest.raises(DatabaseUnavailable):
+            await writes.apply(records, Actor.operator(), turn=Turn(lane, None, None))

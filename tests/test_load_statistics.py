@@ -11,19 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
-from gateway.services import loader
+from gateway.services import bulk_writes, loader
 from gateway.services.writes import Actor, WriteService
 from gateway.store import bulk_writes as bulk_store
 from gateway.store import recall as recall_store
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
-from .test_load_paths import _generated, _retarget
+from .factories import jsonl
+from .test_load_paths import _generated, _retarget, _rows
 
 _REFRESH_FAILED = "planner statistics not refreshed"
 
@@ -159,11 +161,13 @@ _CHECK = (
 )
 
 
-async def _check_plan(conn: asyncpg.Connection) -> str:
-    """The generic plan of a posting's foreign-key check of its evidence."""
+async def _check_plan(conn: asyncpg.Connection, table: str = "evidence") -> str:
+    """The generic plan of a foreign-key check of a row of ``table`` (by default a
+    posting's of its evidence)."""
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-        await conn.execute(f"PREPARE fk_check(client_id, uuid, client_id) AS {_CHECK}")
+        check = _CHECK.replace("ONLY evidence", f"ONLY {table}")
+        await conn.execute(f"PREPARE fk_check(client_id, uuid, client_id) AS {check}")
         try:
             rows = await conn.fetch(
                 "EXPLAIN (COSTS OFF) EXECUTE fk_check('t', gen_random_uuid(), 'e')"
@@ -206,6 +210,119 @@ async def test_without_statistics_the_check_scans_the_space_and_the_refresh_fixe
         await db.close()
     assert "Filter" in before and "id" in before.split("Filter")[1], before
     assert "Filter" not in after and "id" in after.split("Index Cond")[1], after
+
+
+def _documents(team: str, count: int) -> list[Any]:
+    """Parsed records of a team, its reader and ``count`` documents of the load
+    benchmark's shape (a source, an entity, an evidence and a relationship that
+    the evidence supports), all in the shared space."""
+    lines: list[dict[str, Any]] = [
+        {"kind": "team", "id": team, "name": "One big batch"},
+        {"kind": "principal", "team": team, "id": "reader", "display_name": "Reader"},
+    ]
+    for i in range(count):
+        lines += [
+            {"kind": "source", "team": team, "id": f"s{i}", "type": "document", "title": f"D{i}"},
+            {"kind": "entity", "team": team, "id": f"e{i}", "name": f"Document {i}"},
+            {
+                "kind": "evidence",
+                "team": team,
+                "id": f"ev{i}",
+                "source": f"s{i}",
+                "content": f"Document {i} says that service {i} answers within {i + 3} ms.",
+            },
+            {
+                "kind": "relationship",
+                "team": team,
+                "id": f"r{i}",
+                "subject": f"e{i}",
+                "predicate": "has_abstract",
+                "object_value": f"document {i}",
+                "owner": "reader",
+                "supports": [{"id": f"sup{i}", "evidence": f"ev{i}"}],
+            },
+        ]
+    return [r for _, r in loader.parse(loader.split_lines(jsonl(lines)))]
+
+
+_GUARD_LOOKUP = (
+    "SELECT count(l.found) FROM (SELECT DISTINCT team_id, space_id, {doc}_id AS id "
+    "FROM {doc}_terms) n LEFT JOIN LATERAL (SELECT true AS found FROM {table} x "
+    "WHERE x.team_id = n.team_id AND x.space_id = n.space_id AND x.id = n.id "
+    "FOR KEY SHARE OF x) l ON true"
+)
+"""The lookup of db/0115's guard of new postings, over the postings written so far."""
+
+_NARROW = (
+    "entities_space",
+    "evidence_space",
+    "relationships_group",
+    "relationships_subject",
+    "relationships_object",
+)
+"""The indexes led by (team_id, space_id) that a check planned without statistics
+took instead of the unique key."""
+
+
+async def test_a_large_first_batch_is_checked_by_the_whole_key(
+    fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first batch much larger than PLANNED_PREFIX into a new store (no
+    statistics; autovacuum off, and no refresh: one run, inside its transaction).
+    Before the change, every foreign-key check of a relationship's subject read
+    the whole space through entities_space (and a 90,000-relationship COPY was
+    still running after 28 minutes). Now the tables are analysed inside the
+    batch after their first rows: the lookups of a foreign-key check and of the
+    postings' guard go by the whole key, and the narrow indexes were read only
+    for the first PLANNED_PREFIX rows of a table (the guard's lookups of the
+    prefix, at most prefix x prefix entries each for evidence and
+    relationships), not for every row of the batch."""
+    prefix = 40
+    monkeypatch.setattr(bulk_store, "PLANNED_PREFIX", prefix)
+    records = _documents(unique("key"), 4 * prefix)
+    db = await Database.open(fresh_dsn, min_size=1, max_size=2)
+    try:
+        writes = WriteService(db, embedder)
+        async with db.pool.acquire() as conn:
+            await conn.execute(_AUTOVACUUM_OFF)
+        await writes.apply([r for r in records if not bulk_writes.eligible(r)], Actor.operator())
+        async with db.pool.acquire() as conn:
+            batch = conn.transaction()
+            await batch.start()
+            try:
+                await bulk_writes.apply_run(
+                    conn,
+                    [r for r in records if bulk_writes.eligible(r)],
+                    "operator",
+                    statement_timeout_ms=60_000,
+                )
+                narrow = await conn.fetchval(
+                    "SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(oid)), 0) "
+                    "FROM pg_class WHERE relname = ANY($1::text[])",
+                    list(_NARROW),
+                )
+                checks = {
+                    table: await _check_plan(conn, table)
+                    for table in ("sources", "entities", "evidence", "relationships", "supports")
+                }
+                guards = {}
+                for doc, table in (("evidence", "evidence"), ("relationship", "relationships")):
+                    rows = await conn.fetch(
+                        "EXPLAIN (COSTS OFF) " + _GUARD_LOOKUP.format(doc=doc, table=table)
+                    )
+                    guards[table] = "\n".join(r[0] for r in rows)
+            finally:
+                await batch.rollback()
+    finally:
+        await db.close()
+    for table, plan in {**checks, **guards}.items():
+        # by an index on the whole key (or, for a table this small, a plain scan);
+        # never a narrow index with the id a filter
+        assert not any(f"using {index} " in plan for index in _NARROW), (table, plan)
+        if "Index Scan" in plan:
+            assert "id" in plan.split("Index Cond")[1].split("\n")[0], (table, plan)
+    # without the in-batch statistics: 160 x 160 for the subjects alone
+    assert narrow <= 2 * prefix * prefix, narrow
 
 
 async def _eligible_plan(reader: Database, team: str, name: str = "eligible") -> str:
@@ -462,3 +579,35 @@ async def test_the_last_batch_refreshes_once_at_the_load_end_thresholds(
     assert mixed.created and mixed.unchanged
     assert service.refreshes[-1] is True and service.refreshes.count(True) == 1
     assert len(service.refreshes) < mixed.batches
+
+
+async def test_a_run_copied_in_two_parts_writes_the_rows_of_one_copy(
+    fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-batch analysis copies each table without statistics in two statements
+    (its first PLANNED_PREFIX rows, then the rest): every row, posting and
+    counter is the same as one COPY of the table writes (tests/test_load_paths.py's
+    comparison). The same file, in one batch each, into two teams of a new store:
+    first with a prefix of 7 (tables without statistics: split, and analysed
+    inside the batch), then with no split at all."""
+    lines = _generated(30)
+    split, whole = unique("split"), unique("whole")
+    db = await Database.open(fresh_dsn, min_size=1, max_size=2)
+    try:
+        writes = WriteService(db, embedder)
+        async with db.pool.acquire() as conn:
+            await conn.execute(_AUTOVACUUM_OFF)
+        for team, prefix in ((split, 7), (whole, 1_000_000)):
+            monkeypatch.setattr(bulk_store, "PLANNED_PREFIX", prefix)
+            parsed = loader.parse(loader.split_lines(_retarget(lines, team)))
+            await writes.apply([r for _, r in parsed], Actor.operator())  # no refresh
+            if team == split:
+                async with db.pool.acquire() as conn:
+                    planned = await _planned(conn, ("sources", "entities", "evidence"))
+        async with db.pool.acquire() as conn:
+            rows = {team: await _rows(conn, team) for team in (split, whole)}
+    finally:
+        await db.close()
+    assert planned == {"sources": True, "entities": True, "evidence": True}  # split, analysed
+    assert rows[split]["evidence_terms"] and rows[split]["relationships"]
+    assert rows[split] == rows[whole]

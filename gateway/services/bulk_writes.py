@@ -316,6 +316,5 @@ async def apply_run(
     budget = STATEMENT_MS_PER_RECORD * len(new)
     if budget > statement_timeout_ms:
         await bulk.allow_statement_time(conn, budget)
-    for table, rows in run.rows.items():
-        await bulk.copy_rows(conn, table, rows)
+    await bulk.copy_planned(conn, run.rows)
     return outcome

@@ -1178,7 +1178,7 @@ class WriteService:
         # embeddings: bounded by the statement timeout, like the loader's own writes,
         # not by the short lock timeout that lets optional reads degrade quickly.
         transaction = (
-            _on_lane(turn.lane)
+            bulk_store.on_lane(self.db, turn.lane)
             if turn is not None
             else self.db.admin()
             if actor.is_operator or not actor.space_ids
@@ -1319,14 +1319,6 @@ class WriteService:
             )
         await getattr(batch, record.kind)(record)
         return True, recorded_at
-
-
-@asynccontextmanager
-async def _on_lane(lane: Conn) -> AsyncIterator[Conn]:
-    """A transaction as the connecting (owner) role on a connection the load holds,
-    as :meth:`Database.admin` makes one on a pooled connection."""
-    async with lane.transaction():
-        yield lane
 
 
 def _field_of(exc: asyncpg.PostgresError) -> str | None:

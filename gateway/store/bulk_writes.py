@@ -20,7 +20,7 @@ from typing import Any, cast
 import asyncpg
 
 from gateway.store.connection import Conn
-from gateway.store.database import Database
+from gateway.store.database import STORE_FAILURES, Database, translate
 
 _CLAIM = """
 INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by)
@@ -231,6 +231,103 @@ async def copy_rows(
     if not rows:
         return
     await conn.copy_records_to_table(into or table, records=rows, columns=list(COPY_TABLES[table]))
+
+
+# --- statistics inside a large batch ---------------------------------------------
+#
+# A key lookup by (team_id, space_id, id), as every foreign-key check of a
+# copied row and the postings' guards (db/0115) make, is planned at its first
+# use in a session. On a table without column statistics every equality is
+# costed at the same default selectivity, so each index led by (team_id,
+# space_id) looks as good as the unique key for a lookup of one row, and the
+# planner takes the cheapest by size: a narrow one such as entities_space
+# (team_id, space_id, generation) or relationships_object (team_id, space_id,
+# object_entity_id), with the id as a mere filter. Each check then reads the
+# whole space: a batch's checks grow with the square of the rows it puts into
+# a space (docs/data-model.md, "Planner statistics on a new store", has the
+# measurements). The refresh after a batch (analyze_stale) gives the next
+# batches statistics; the batch that first fills a table, which may be large,
+# is covered here. When a run copies more than PLANNED_PREFIX rows into some
+# table, each table of it that a foreign key refers to and that has no column
+# statistics gets its first PLANNED_PREFIX rows, then ANALYZE inside the
+# batch's transaction (which counts the transaction's own new rows), then the
+# rest; a table the run refers to without statistics is analysed first. The
+# plans that read an analysed table are replaced at once in this session, so
+# the bulk of the batch is checked by the unique key. Batches of at most
+# PLANNED_PREFIX rows per table (the default 500 records make about 125) skip
+# all of it: their checks are bounded by the prefix, and the refresh after the
+# batch analyses what they filled.
+
+PLANNED_PREFIX = 200
+"""Rows per table above which a run first makes sure the tables it fills or refers
+to have statistics; also the rows copied into such a table before it is analysed.
+A check planned without statistics reads at most these rows of the batch."""
+
+_UNPLANNED = """
+SELECT c.relname::text AS name, c.relname = ANY($1::text[]) AS written
+FROM pg_class c
+WHERE c.relnamespace = 'public'::regnamespace AND c.relkind = 'r'
+  AND c.oid IN (
+      SELECT f.confrelid FROM pg_constraint f
+      WHERE f.contype = 'f'
+        AND (f.confrelid::regclass::text = ANY($1::text[])
+             OR f.conrelid::regclass::text = ANY($1::text[])))
+  AND NOT EXISTS (SELECT 1 FROM pg_stats s
+                  WHERE s.schemaname = 'public' AND s.tablename = c.relname)
+"""
+
+
+async def unplanned_tables(conn: Conn, tables: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Of ``tables`` (some of :data:`COPY_TABLES`) and the tables they refer to, those
+    that a foreign key refers to and that have no column statistics, as (among
+    ``tables``, referred to only). One statement."""
+    rows = await conn.fetch(_UNPLANNED, list(tables))
+    return (
+        {r["name"] for r in rows if r["written"]},
+        {r["name"] for r in rows if not r["written"]},
+    )
+
+
+async def analyze_in_batch(conn: Conn, tables: Sequence[str]) -> None:
+    """ANALYZE the tables inside the caller's transaction, counting its own new rows.
+    Never waits on another session: a table whose lock is held (autovacuum's or
+    another batch's analysis) is skipped, and any other lock (pg_statistic's) is
+    waited for at most :data:`ANALYZE_LOCK_TIMEOUT`, after which the batch goes on
+    without the statistics (a savepoint keeps the transaction usable)."""
+    if not tables:
+        return
+    try:
+        async with conn.transaction():
+            before = await conn.fetchval(
+                "SELECT current_setting('lock_timeout'), "
+                "set_config('lock_timeout', $1, true)",
+                ANALYZE_LOCK_TIMEOUT,
+            )
+            await conn.execute(f"ANALYZE (SKIP_LOCKED) {', '.join(tables)}")
+            await conn.execute("SELECT set_config('lock_timeout', $1, true)", before)
+    except asyncpg.exceptions.LockNotAvailableError:
+        pass  # rolled back to the savepoint, lock_timeout with it
+
+
+async def copy_planned(conn: Conn, tables: dict[str, list[tuple[Any, ...]]]) -> None:
+    """``COPY`` each table's rows, in the order given (that of :data:`COPY_TABLES`),
+    with statistics before the bulk of a large run's foreign-key checks (see
+    :data:`PLANNED_PREFIX`): one catalog query when a table gets more than that
+    many rows, and an ANALYZE inside the transaction only where a table has no
+    statistics at all."""
+    if max((len(rows) for rows in tables.values()), default=0) <= PLANNED_PREFIX:
+        for table, rows in tables.items():
+            await copy_rows(conn, table, rows)
+        return
+    fills, refers = await unplanned_tables(conn, [t for t, rows in tables.items() if rows])
+    await analyze_in_batch(conn, sorted(refers))
+    for table, rows in tables.items():
+        if table not in fills:
+            await copy_rows(conn, table, rows)
+            continue
+        await copy_rows(conn, table, rows[:PLANNED_PREFIX])
+        await analyze_in_batch(conn, [table])
+        await copy_rows(conn, table, rows[PLANNED_PREFIX:])
 
 
 # Tables of the gateway's schema whose planner statistics no longer describe
@@ -444,6 +541,24 @@ async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
     finally:
         for held in lanes + spares:
             await pool.release(cast(Any, held))
+
+
+@contextlib.asynccontextmanager
+async def on_lane(db: Database, lane: Conn) -> AsyncIterator[Conn]:
+    """A transaction as the connecting (owner) role on a lane of :func:`writer_lanes`,
+    with the driver's failures translated as :meth:`Database.admin` translates them
+    (a lost connection or server: ``DatabaseUnavailable``; a statement timeout:
+    ``RequestTimeout``), so that a batch on a lane fails as one on a pooled
+    connection does, not with the driver's own exception."""
+    try:
+        async with lane.transaction():
+            yield lane
+    except STORE_FAILURES as exc:
+        db.note(exc)
+        translated = translate(exc)
+        if translated is exc:
+            raise
+        raise translated from exc
 
 
 async def lock_blockers(conn: Conn, pid: int) -> list[int]:
