@@ -15,10 +15,24 @@ recounts from the postings whatever the statistics held). Then, ``--rounds``
 times: the rebuild is started on one connection and, once it holds its lock, a
 writer on a second connection inserts one posting; printed per round the
 rebuild's time (statement and commit) and how long the writer waited, and the
-rate per million postings. Then the same for db/0106's own text (the
-statistics emptied first, as before that migration).
+rate per million postings. The arms, interleaved round by round:
+
+- ``db/0107 rebuild (every row)``: db/0107's recall_rebuild_lexeme_stats(),
+  its text read from that file and installed under another name: every row
+  deleted and written again;
+- ``recall_rebuild_lexeme_stats()``: the store's current function (db/0161:
+  only the keys whose counts differ are written);
+- with ``--backfill``, db/0106's own text (the statistics emptied first, as
+  before that migration).
+
+Before the rounds the statistics are counted once (one row per key, as either
+rebuild leaves them); before each arm ``--damage`` keys are made wrong (a third
+with a df too large, a third with rows lost, a third with rows of no posting),
+the same number for every arm, so that the current function has that many
+keys to write.
 
     python benchmarks/lexeme_rebuild_bench.py --postings 2000000
+    python benchmarks/lexeme_rebuild_bench.py --postings 4400000 --lexemes 100000 --damage 1000
 """
 
 from __future__ import annotations
@@ -42,6 +56,45 @@ from beir_eval import scratch_database, server  # noqa: E402
 from gateway.store import migrations  # noqa: E402
 
 PER_DOCUMENT = 45
+
+
+FULL_REWRITE = "bench_rebuild_every_row"
+
+
+def rebuild_of_0107() -> str:
+    """db/0107's recall_rebuild_lexeme_stats(), as that file created it, under the
+    name :data:`FULL_REWRITE`."""
+    text = (migrations.migrations_dir() / "0107_lexeme_statistics_kept_exact.sql").read_text(
+        "utf-8"
+    )
+    start = text.index("CREATE FUNCTION recall_rebuild_lexeme_stats()")
+    end = text.index("END $$;", start) + len("END $$;")
+    return text[start:end].replace("recall_rebuild_lexeme_stats", FULL_REWRITE)
+
+
+async def _damage(conn: asyncpg.Connection, keys: int) -> None:
+    """Make ``keys`` keys of evidence_lexeme_stats wrong: a third df too large, a
+    third lost, a third rows of lexemes no posting has."""
+    third = max(keys // 3, 1)
+    await conn.execute(
+        "UPDATE evidence_lexeme_stats s SET df = s.df + 1 FROM (SELECT team_id, space_id, "
+        "lexeme FROM evidence_lexeme_stats TABLESAMPLE SYSTEM (1) LIMIT $1) k "
+        "WHERE (s.team_id, s.space_id, s.lexeme) = (k.team_id, k.space_id, k.lexeme)",
+        third,
+    )
+    await conn.execute(
+        "DELETE FROM evidence_lexeme_stats s USING (SELECT team_id, space_id, lexeme "
+        "FROM evidence_lexeme_stats TABLESAMPLE SYSTEM (1) LIMIT $1) k "
+        "WHERE (s.team_id, s.space_id, s.lexeme) = (k.team_id, k.space_id, k.lexeme)",
+        third,
+    )
+    await conn.execute(
+        "INSERT INTO evidence_lexeme_stats (team_id, space_id, lexeme, shard, df, max_tf) "
+        "SELECT m.team_id, m.id, 'zzghost' || g, 0, 1, 1 FROM memory_spaces m "
+        "CROSS JOIN generate_series(1, $1) g WHERE m.team_id = 'rb0' "
+        "ON CONFLICT DO NOTHING",
+        third,
+    )
 
 
 def backfill_of_0106() -> str:
@@ -144,25 +197,32 @@ async def main_async(args: argparse.Namespace) -> None:
                     f"{n:,} postings in {args.spaces} spaces written in {time.perf_counter() - t0:.1f} s"
                 )
                 await conn.execute("SET statement_timeout = 0")
-                arms = {
+                await conn.execute(rebuild_of_0107())
+                await conn.execute("SELECT recall_rebuild_lexeme_stats()")  # one row per key
+                arms: dict[str, tuple[str, bool]] = {
+                    "db/0107 rebuild (every row)": (f"SELECT {FULL_REWRITE}()", False),
                     "recall_rebuild_lexeme_stats()": (
                         "SELECT recall_rebuild_lexeme_stats()",
                         False,
                     ),
-                    "db/0106 backfill": (backfill_of_0106(), True),
                 }
+                if args.backfill:
+                    arms["db/0106 backfill"] = (backfill_of_0106(), True)
                 results: dict[str, list[tuple[float, float, float]]] = {a: [] for a in arms}
                 for r in range(args.rounds):
                     order = list(arms) if r % 2 == 0 else list(reversed(arms))
                     for name in order:
                         sql, empty = arms[name]
+                        if args.damage:
+                            await _damage(conn, args.damage)
                         results[name].append(await _count(dsn, conn, sql, empty))
                 rows = await conn.fetchval("SELECT count(*) FROM evidence_lexeme_stats")
             finally:
                 await conn.close()
     load = os.getloadavg()
     print(
-        f"{n:,} postings, {rows:,} statistics rows, {args.rounds} rounds interleaved; "
+        f"{n:,} postings, {rows:,} statistics rows, {args.damage} keys damaged before each "
+        f"arm, {args.rounds} rounds interleaved; "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     for name, got in results.items():
@@ -182,6 +242,10 @@ def main() -> None:
     parser.add_argument("--spaces", type=int, default=10)
     parser.add_argument("--lexemes", type=int, default=30_000, help="vocabulary per space")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--damage", type=int, default=0, help="keys made wrong before each arm (0: none)"
+    )
+    parser.add_argument("--backfill", action="store_true", help="also db/0106's own text")
     parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"))
     asyncio.run(main_async(parser.parse_args()))
 

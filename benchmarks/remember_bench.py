@@ -16,6 +16,15 @@ see the same machine load), and the local model embedding two texts alone.
 
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
+
+``--against DIR`` compares this checkout's gateway with another checkout's (for
+example one of main): this script of each checkout is started with
+``--serve-only`` in a process of its own (its own code, embedded server and
+demo data; ports ``--port`` + 1 and + 2), so that neither shares a process
+with the client, and every call of the two kinds (evidence + relationship,
+evidence only) is sent to both gateways in turn, the first of the two
+alternating, so that both see the same machine load. Printed: each one's p50
+and p95, and their ratio.
 """
 
 from __future__ import annotations
@@ -23,8 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -117,13 +128,139 @@ def remember_input(i: int, with_relationship: bool) -> dict[str, Any]:
     return data
 
 
+class Phases:
+    """Where one call's time goes (``--profile``), from marks taken inside the gateway
+    (same process, so one clock): the client's send and receive, the write
+    service's transaction (its start, the end of the records' checks and inserts,
+    the end of the vectors' computing and storing, its commit), each embedding
+    call, and the SQL statements' time from send to answer."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, float] = {}
+        self.embeds: list[tuple[float, float, int]] = []
+        self.rows: list[dict[str, float]] = []
+
+    def install(self, app: Any) -> None:
+        from gateway.services import writes as service
+
+        phases = self
+        apply, pending = service.WriteService._apply, service._Batch.embed_pending
+        embedder = app.state.services.embedder
+        embed = embedder.embed
+
+        async def timed_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
+            phases.marks["apply"] = time.perf_counter()
+            try:
+                return await apply(self, *args, **kwargs)
+            finally:
+                phases.marks["committed"] = time.perf_counter()
+
+        async def timed_pending(self: Any) -> None:
+            phases.marks["records"] = time.perf_counter()
+            await pending(self)
+            phases.marks["vectors"] = time.perf_counter()
+
+        async def timed_embed(texts: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await embed(texts)
+            finally:
+                phases.embeds.append((started, time.perf_counter(), len(texts)))
+
+        service.WriteService._apply = timed_apply  # type: ignore[method-assign]
+        service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
+        embedder.embed = timed_embed
+
+    def start(self) -> None:
+        self.marks = {"sent": time.perf_counter()}
+        self.embeds = []
+
+    def finish(self, sql_seconds: float) -> None:
+        m = {**self.marks, "received": time.perf_counter()}
+        row = {
+            "total": m["received"] - m["sent"],
+            "to the write service": m["apply"] - m["sent"],
+            "records' checks and inserts": m["records"] - m["apply"],
+            "vectors (await, embed, store)": m["vectors"] - m["records"],
+            "commit": m["committed"] - m["vectors"],
+            "answer back": m["received"] - m["committed"],
+            "SQL send-to-answer, all statements": sql_seconds,
+        }
+        for k, (a, b, n) in enumerate(sorted(self.embeds)):
+            row[f"embedding call {k + 1} ({n} text{'s' if n > 1 else ''})"] = b - a
+            row[f"embedding call {k + 1} starts after send"] = a - m["sent"]
+        self.rows.append(row)
+
+    def report(self) -> None:
+        print("where a call's time goes (evidence + relationship kind), medians in ms:")
+        for name in self.rows[0]:
+            values = [r[name] * 1000 for r in self.rows if name in r]
+            print(f"  {name:44} {statistics.median(values):7.2f}")
+
+
 @contextlib.asynccontextmanager
-async def _no_prefetch(self: Any, records: Any, actor: Any) -> AsyncIterator[None]:
+async def _no_prefetch(
+    self: Any, records: Any, actor: Any, embed_ahead: bool = False
+) -> AsyncIterator[None]:
     yield None
 
 
+class Other:
+    """The gateway of another checkout (``--against``), in a process of its own."""
+
+    def __init__(self, checkout: Path, port: int) -> None:
+        self.proc = subprocess.Popen(  # noqa: S603 - this interpreter, a path the user gave
+            [
+                sys.executable,
+                str(checkout / "benchmarks" / "remember_bench.py"),
+                "--serve-only",
+                "--port",
+                str(port),
+            ],
+            cwd=checkout,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        token = None
+        for line in self.proc.stdout:
+            if line.startswith("READY "):
+                token = line.split()[1]
+                break
+        if token is None:
+            raise SystemExit(f"the gateway of {checkout} did not start")
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=60,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        self.latencies: dict[str, list[float]] = {"full": [], "bare": []}
+
+    def call(self, name: str, data: dict[str, Any], keep: bool) -> None:
+        started = time.perf_counter()
+        answer = self.client.post(
+            "/graphql", json={"query": MUTATION, "variables": {"input": data}}
+        ).json()
+        if keep:
+            self.latencies[name].append((time.perf_counter() - started) * 1000)
+        if "errors" in answer:
+            raise SystemExit(f"remember failed on the other gateway: {answer['errors']}")
+
+    def close(self) -> None:
+        self.client.close()
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # its --serve-only waits for this
+        self.proc.wait(timeout=60)
+
+
 def measure(
-    port: int, token: str, calls: int, first: int, app: Any
+    port: int,
+    token: str,
+    calls: int,
+    first: int,
+    app: Any,
+    phases: Phases | None = None,
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
@@ -142,9 +279,13 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 WriteService._prefetched = _no_prefetch if name == "serial" else ahead  # type: ignore[assignment,method-assign]
-                before = counter.count
+                before, seconds = counter.count, counter.seconds
+                if phases is not None:
+                    phases.start()
                 started = time.perf_counter()
                 r = client.post("/graphql", json=body, headers=headers)
+                if phases is not None and name == "full":
+                    phases.finish(counter.seconds - seconds)
                 WriteService._prefetched = ahead  # type: ignore[method-assign]
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
@@ -176,24 +317,75 @@ def p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+def compare(here: Path, there: Path, port: int, calls: int, warmup: int) -> None:
+    """``--against``: the two checkouts' gateways, each in a process of its own, the
+    same calls interleaved (see the module's docstring)."""
+    arms = (Other(here, port + 1), Other(there, port + 2))
+    try:
+        for i in range(warmup + calls):
+            for k, name in enumerate(("full", "bare")):
+                data = remember_input(2 * i + k, with_relationship=name == "full")
+                for arm in arms if i % 2 == 0 else reversed(arms):
+                    arm.call(name, data, keep=i >= warmup)
+    finally:
+        for arm in arms:
+            arm.close()
+    load = os.getloadavg()
+    print(
+        f"remember over HTTP on the demo data, {calls} calls of each kind, interleaved; "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    for name, kind in (
+        ("evidence + relationship (2 embeddings)", "full"),
+        ("evidence only (1 embedding)", "bare"),
+    ):
+        a, b = (statistics.median(arm.latencies[kind]) for arm in arms)
+        print(f"  {name}: ratio this / that {a / b:.2f}")
+        for where, arm in zip((here, there), arms, strict=True):
+            values = arm.latencies[kind]
+            print(
+                f"    {where!s:40} p50 {statistics.median(values):6.1f} ms   "
+                f"p95 {p95(values):6.1f} ms"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--port", type=int, default=None, help="default: a free port")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print where a call's time goes"
+    )
+    parser.add_argument(
+        "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
+    )
+    parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.port is None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             args.port = probe.getsockname()[1]
+    if args.against is not None and not args.serve_only:
+        compare(ROOT, args.against.resolve(), args.port, args.calls, args.warmup)
+        return
     with database() as dsn:
         asyncio.run(prepare(dsn, migrate=True))
         log("loading the demo data")
         token = asyncio.run(load_demo(dsn))
         server, app = serve(dsn, args.port)
         try:
+            if args.serve_only:  # for another checkout's --against
+                print(f"READY {token}", flush=True)
+                sys.stdin.read()
+                return
+            phases = Phases() if args.profile else None
+            if phases is not None:
+                phases.install(app)
             measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
-            runs, statements = measure(args.port, token, args.calls, 100_000, app)
+            if phases is not None:
+                phases.rows.clear()
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -212,6 +404,10 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
+    if phases is not None:
+        phases.report()
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService, plan_cache_mode
 from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.warmup import WarmUp
+from gateway.services.warmup import budget_mb as warm_up_budget
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
@@ -250,7 +251,11 @@ def create_app(
             graphql.reads = reads
             graphql.persisted = _persisted(settings, limits, db)
             # in the background: /readyz says 503 until it ends, requests are served
-            warm = WarmUp(db, settings.warm_up_mb)
+            warm = WarmUp(
+                dsn,
+                warm_up_budget(settings.warm_up_mb, embedded=embedded is not None),
+                settings.statement_timeout_ms,
+            )
             app.state.warmup = warm
             warming = asyncio.create_task(warm.run(), name="warm-up")
             drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None

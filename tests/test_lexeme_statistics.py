@@ -397,3 +397,134 @@ async def test_backfill_and_rebuild_count_a_store_that_holds_postings(
                 _assert_exact(await _mismatches(conn, team))
     finally:
         await db.close()
+
+
+async def _stats_rows(
+    conn: asyncpg.Connection, stats: str
+) -> dict[tuple[Any, ...], set[tuple[Any, ...]]]:
+    """Every row of ``stats`` by key (team, space, lexeme): its shard, counts, and
+    where and by which transaction it was written (a rewrite changes both)."""
+    rows = await conn.fetch(
+        f"SELECT team_id, space_id, lexeme, shard, df, max_tf, xmin::text AS x, ctid::text AS c "
+        f"FROM {stats}"
+    )
+    out: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
+    for r in rows:
+        out.setdefault((r["team_id"], r["space_id"], r["lexeme"]), set()).add(
+            (r["shard"], r["df"], r["max_tf"], r["x"], r["c"])
+        )
+    return out
+
+
+async def _damage(
+    conn: asyncpg.Connection, stats: str, team: str, seed: int
+) -> set[tuple[Any, ...]]:
+    """Make some keys of ``team`` wrong behind the triggers' back, each way a key can
+    be wrong, and spread one right key over two shards (right sums: it must be
+    left alone). Returns the damaged keys."""
+    keys = await conn.fetch(
+        f"SELECT team_id, space_id, lexeme, sum(df) AS df FROM {stats} WHERE team_id = $1 "
+        "GROUP BY 1, 2, 3 ORDER BY md5(lexeme || $2), 1, 2, 3",
+        team,
+        str(seed),
+    )
+    assert len(keys) >= 12, len(keys)
+    damaged: set[tuple[Any, ...]] = set()
+
+    def key(r: asyncpg.Record) -> tuple[Any, ...]:
+        return (r["team_id"], r["space_id"], r["lexeme"])
+
+    where = "team_id = $1 AND space_id = $2 AND lexeme = $3"
+    for r in keys[0:3]:  # df too large: changed
+        await conn.execute(f"UPDATE {stats} SET df = df + 2 WHERE {where}", *key(r))
+        damaged.add(key(r))
+    for r in keys[3:6]:  # max_tf too large: changed
+        await conn.execute(f"UPDATE {stats} SET max_tf = max_tf + 1 WHERE {where}", *key(r))
+        damaged.add(key(r))
+    for r in keys[6:9]:  # rows lost: to be added
+        await conn.execute(f"DELETE FROM {stats} WHERE {where}", *key(r))
+        damaged.add(key(r))
+    space = keys[0]["space_id"]
+    for lexeme in ("zzghost-a", "zzghost-b"):  # rows of no posting: to be deleted
+        await conn.execute(
+            f"INSERT INTO {stats} (team_id, space_id, lexeme, shard, df, max_tf) "
+            "VALUES ($1, $2, $3, 3, 2, 1)",
+            team,
+            space,
+            lexeme,
+        )
+        damaged.add((team, space, lexeme))
+    spread = await conn.fetchrow(  # a right key of one row, to spread over two shards
+        f"SELECT team_id, space_id, lexeme, shard FROM {stats} WHERE team_id = $1 AND df >= 2 "
+        "AND shard < 7 AND lexeme NOT LIKE 'zzghost%' AND NOT (lexeme = ANY ($2::text[])) "
+        f"AND NOT EXISTS (SELECT 1 FROM {stats} o WHERE o.team_id = {stats}.team_id "
+        f"AND o.space_id = {stats}.space_id AND o.lexeme = {stats}.lexeme AND o.shard = 7) "
+        "ORDER BY lexeme LIMIT 1",
+        team,
+        [r["lexeme"] for r in keys[:9]],
+    )
+    assert spread is not None
+    await conn.execute(
+        f"UPDATE {stats} SET df = df - 1 WHERE {where} AND shard = $4",
+        *key(spread),
+        spread["shard"],
+    )
+    await conn.execute(
+        f"INSERT INTO {stats} (team_id, space_id, lexeme, shard, df, max_tf) "
+        "VALUES ($1, $2, $3, 7, 1, 1)",  # a shard every version of the table allows
+        *key(spread),
+    )
+    return damaged
+
+
+async def test_rebuild_writes_only_the_keys_that_differ(
+    fresh_dsn: str, embedder: EmbeddingProvider
+) -> None:
+    """db/0161: recall_rebuild_lexeme_stats() on a store of two teams with postings
+    in several spaces (shared and two private ones each), whose statistics were
+    made wrong in every way a key can be (counts too large, rows lost, rows of no
+    posting) and one right key spread over two shards: afterwards every key sums
+    to the count of its postings (what db/0107's full rewrite gave), each damaged
+    key is one row in shard 0 (or none), and every other row is the very row it
+    was (same transaction, same place: not rewritten). Run again, it writes
+    nothing."""
+    db = await Database.open(fresh_dsn, min_size=1, max_size=4)
+    try:
+        writes = WriteService(db, embedder)
+        teams = (unique("lexdiff-a"), unique("lexdiff-b"))
+        for team in teams:
+            await load_jsonl(writes, jsonl(team_records(team)))
+            await asyncio.gather(
+                load_jsonl(writes, _notes(team, "a-", 10), batch_size=4),
+                load_jsonl(writes, _notes(team, "b-", 6, "private:bob"), batch_size=3),
+            )
+        async with db.acquire() as conn:
+            damaged: dict[str, set[tuple[Any, ...]]] = {}
+            for i, (stats, _, _, _) in enumerate(_TABLES):
+                damaged[stats] = set()
+                for j, team in enumerate(teams):
+                    damaged[stats] |= await _damage(conn, stats, team, 10 * i + j)
+            for team in teams:
+                found = await _mismatches(conn, team)
+                assert all(found[f"{s} differ"] for s, _, _, _ in _TABLES), found
+            before = {stats: await _stats_rows(conn, stats) for stats, _, _, _ in _TABLES}
+            await conn.execute("SELECT recall_rebuild_lexeme_stats()")
+            for team in teams:
+                _assert_exact(await _mismatches(conn, team))
+            after = {stats: await _stats_rows(conn, stats) for stats, _, _, _ in _TABLES}
+            for stats, _, _, _ in _TABLES:
+                kept = {k: v for k, v in before[stats].items() if k not in damaged[stats]}
+                assert {k: after[stats].get(k) for k in kept} == kept, f"{stats}: rows rewritten"
+                for k in damaged[stats]:
+                    rows = after[stats].get(k, set())
+                    if k[2].startswith("zzghost"):
+                        assert not rows, (stats, k)
+                    else:
+                        assert [r[0] for r in rows] == [0], (stats, k, rows)
+                assert set(after[stats]) - set(before[stats]) <= damaged[stats]
+                assert any(len({r[0] for r in v}) > 1 for v in after[stats].values())
+            await conn.execute("SELECT recall_rebuild_lexeme_stats()")
+            again = {stats: await _stats_rows(conn, stats) for stats, _, _, _ in _TABLES}
+            assert again == after, "a second rebuild wrote rows"
+    finally:
+        await db.close()

@@ -157,6 +157,66 @@ _HYPOTHESIS_STATUS = {
 HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
 
 
+class _EarlyEmbeddings:
+    """A principal's relationship texts, embedded while its transaction goes on.
+
+    A relationship's text (its statement) is known only once its entities are
+    read, in the middle of the transaction; embedding it after the last insert
+    (with the other texts no provider call had started) made a ``remember`` pay
+    for the rest of its statements and that embedding one after the other. Here
+    a text starts embedding as soon as it is rendered, in one call, and texts
+    rendered while that call runs wait for it to end and then go in one call
+    together, so that 20 relationships still make a few calls, not 20. Each
+    text's vector is the provider's for that text: the local model's vector of
+    a text does not depend on the other texts of its call (checked bit for bit
+    on 150 pairs, docs/benchmarks.md), so the stored rows are those of the
+    single call at the end that this replaces."""
+
+    def __init__(self, embedder: EmbeddingProvider) -> None:
+        self.embedder = embedder
+        self.waiting: list[str] = []
+        self.calls: list[tuple[list[str], asyncio.Task[np.ndarray]]] = []
+        self.started: set[str] = set()
+
+    def add(self, text: str) -> None:
+        if text in self.started or text in self.waiting:
+            return
+        self.waiting.append(text)
+        if not self.calls or self.calls[-1][1].done():
+            self._start()
+
+    def _start(self) -> None:
+        texts, self.waiting = self.waiting, []
+        self.started.update(texts)
+        task = asyncio.create_task(self.embedder.embed(texts))
+        task.add_done_callback(self._next)
+        self.calls.append((texts, task))
+
+    def _next(self, task: asyncio.Task[np.ndarray]) -> None:
+        if self.waiting and not task.cancelled() and task.exception() is None:
+            self._start()
+
+    async def vectors(self) -> dict[str, np.ndarray]:
+        """Every text added, with its vector (the provider's errors are raised)."""
+        out: dict[str, np.ndarray] = {}
+        done = 0
+        while done < len(self.calls) or self.waiting:
+            if done == len(self.calls):
+                self._start()
+            texts, task = self.calls[done]
+            out.update(zip(texts, await task, strict=True))
+            done += 1
+        return out
+
+    def close(self) -> None:
+        """Stop calls whose vectors are not needed (a refused batch), and never leave
+        a failure unretrieved."""
+        self.waiting.clear()
+        for _, task in self.calls:
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            task.cancel()
+
+
 class _Batch:
     """State of one batch inside its transaction."""
 
@@ -183,6 +243,17 @@ class _Batch:
         # A batch that creates spaces waits briefly for locks and is tried again
         # (WriteService.apply): a lock timeout leaves it as it is, not as a refusal.
         self.short_locks = False
+        # A principal's relationship texts, embedded as soon as they are rendered.
+        self.early: _EarlyEmbeddings | None = None if actor.is_operator else _EarlyEmbeddings(
+            embedder
+        )
+        # Spaces looked up in this batch, by (team, owner): a space's ID, kind and
+        # owner never change, and its generation only by a reset, which empties this.
+        self.spaces: dict[tuple[str, str | None], store.Space] = {}
+        # Evidence written by this batch, by (team, id): its space, text and
+        # occurrences (ID -> quote, start, end), for supports of the same batch,
+        # which then need not read them back. Emptied by a reset, like the spaces.
+        self.written: dict[tuple[str, str], tuple[UUID, str, dict[str, tuple[str, int, int]]]] = {}
 
     # --- checks shared by several kinds -------------------------------------------
 
@@ -197,9 +268,11 @@ class _Batch:
 
     async def space(self, team: str, ref: str, field_name: str = "space") -> store.Space:
         owner = rec.private_owner(ref)
-        space = (
-            await store.find_space(self.conn, team, owner) if self._space_allowed(owner) else None
-        )
+        space = self.spaces.get((team, owner)) if self._space_allowed(owner) else None
+        if space is None and self._space_allowed(owner):
+            space = await store.find_space(self.conn, team, owner)
+            if space is not None:
+                self.spaces[(team, owner)] = space
         if space is None:
             raise _fail(field_name, NotFound(f"no space '{ref}' in team '{team}'"))
         return space
@@ -313,6 +386,11 @@ class _Batch:
             self.actor.label,
         )
         self.evidence_texts.append((r.team, source.space_id, r.id, r.content))
+        self.written[(r.team, r.id)] = (
+            source.space_id,
+            r.content,
+            {o[0]: (o[1], o[2], o[3]) for o in occurrences},
+        )
         if r.embedding is not None:
             self.supplied[("evidence", r.team, r.id)] = r.embedding
 
@@ -329,7 +407,10 @@ class _Batch:
             raise _fail("owner", InvalidInput("a shared relationship needs an 'owner' principal"))
         if space.owner is not None and owner != space.owner:
             raise _fail("owner", Forbidden("a private relationship is owned by its space's owner"))
-        if not await store.principal_exists(self.conn, r.team, owner):
+        # A principal writing as itself exists: its token was just looked up with it.
+        if (self.actor.is_operator or owner != self.actor.principal) and not (
+            await store.principal_exists(self.conn, r.team, owner)
+        ):
             raise _fail("owner", NotFound(f"no principal '{owner}' in team '{r.team}'"))
         names = [r.subject] + ([r.object] if r.object else [])
         found = await store.find_visible(self.conn, "entity", r.team, names)
@@ -363,6 +444,8 @@ class _Batch:
             ),
             self.actor.label,
         )
+        if self.early is not None and r.embedding is None:
+            self.early.add(statement)
         for i, spec in enumerate(r.supports):
             await self._support(r.team, spec, r.id, space.id, f"supports[{i}]")
         self.relationship_texts.append((r.team, space.id, r.id, statement))
@@ -372,13 +455,22 @@ class _Batch:
     async def _support(
         self, team: str, spec: rec.SupportSpec, relationship_id: str, space_id: UUID, prefix: str
     ) -> None:
-        ev = await self.one(
-            "evidence", team, spec.evidence, f"{prefix}.evidence", space_id=space_id
-        )
-        content: str = ev.extra["content"]
+        written = self.written.get((team, spec.evidence))
+        if written is not None and written[0] == space_id:
+            # written by this batch, in this space: visible, with these occurrences
+            content, occurrences = written[1], written[2]
+        else:
+            ev = await self.one(
+                "evidence", team, spec.evidence, f"{prefix}.evidence", space_id=space_id
+            )
+            content, occurrences = ev.extra["content"], None
         quote, span = spec.quote, None
         if spec.occurrence is not None:
-            occ = await store.occurrences_of(self.conn, team, spec.evidence, [spec.occurrence])
+            occ = (
+                {k: v for k, v in occurrences.items() if k == spec.occurrence}
+                if occurrences is not None
+                else await store.occurrences_of(self.conn, team, spec.evidence, [spec.occurrence])
+            )
             if spec.occurrence not in occ:
                 raise _fail(
                     f"{prefix}.occurrence",
@@ -614,6 +706,9 @@ class _Batch:
         await store.insert_space_generation(
             self.conn, r.team, space, r.id, r.reason, self.actor.label
         )
+        # a new generation: what this batch knew of its spaces and evidence is stale
+        self.spaces.clear()
+        self.written.clear()
 
     # --- embeddings, before commit ------------------------------------------------------
 
@@ -636,12 +731,18 @@ class _Batch:
             )
         if self.deferral is not None:
             await self._defer_spaces(self.deferral)
+        # read while the texts may still be embedding, not after
+        generations = (
+            await self._generations()
+            if self.relationship_texts and self.deferral is None
+            else {}
+        )
         vectors = await self._vectors(dims)
         try:
             if self.deferral is not None:
                 await self._store_deferred(vectors, model)
             else:
-                await self._store_vectors(vectors, model)
+                await self._store_vectors(vectors, model, generations)
         except asyncpg.CheckViolationError as exc:
             # db/0001 makes a space's partitions with the space; only a load with
             # --index-after, unfinished, leaves a space without them.
@@ -659,7 +760,9 @@ class _Batch:
             generations[team] = await store.active_projection(self.conn, team, self.embedder.model)
         return generations
 
-    async def _store_vectors(self, vectors: np.ndarray, model: str) -> None:
+    async def _store_vectors(
+        self, vectors: np.ndarray, model: str, generations: dict[str, int]
+    ) -> None:
         n = len(self.evidence_texts)
         if self.evidence_texts:
             await store.insert_evidence_embeddings(
@@ -670,7 +773,6 @@ class _Batch:
                 copy=self.actor.is_operator,
             )
         if self.relationship_texts:
-            generations = await self._generations()
             await store.insert_relationship_embeddings(
                 self.conn,
                 [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
@@ -753,6 +855,8 @@ class _Batch:
         if self.prefetch is not None:
             ahead, task = self.prefetch
             ready = dict(zip(ahead, await task, strict=True))
+        if self.early is not None and self.early.calls:
+            ready.update(await self.early.vectors())
         for k in [k for k in missing if texts[k] in ready]:
             out[k] = ready[texts[k]]
         missing = [k for k in missing if texts[k] not in ready]
@@ -1183,63 +1287,89 @@ class WriteService:
             else self.db.admin()
             if actor.is_operator or not actor.space_ids
             else self.db.tenant(
-                cast(str, actor.team), actor.space_ids, readonly=False, lock_timeout="0"
+                cast(str, actor.team),
+                actor.space_ids,
+                readonly=False,
+                lock_timeout="0",
+                claim_counter_shard=True,
             )
         )
-        async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
-            if turn is not None:
-                turn.started = await bulk_store.transaction_start(conn)
-                turn.began.set()
-            batch = _Batch(conn, actor, self.embedder, deferral=deferral)
-            batch.prefetch = prefetch
-            if short_locks:
-                batch.short_locks = True
-                await vector_partitions.wait_briefly_for_locks(conn)
-            index = 0
-            while index < len(records):
-                if set_based and bulk_writes.eligible(records[index]):
-                    end = index
-                    while end < len(records) and bulk_writes.eligible(records[end]):
-                        end += 1
-                    await self._apply_run(batch, records[index:end], result)
-                    index = end
-                    continue
-                record = records[index]
+        batches: list[_Batch] = []  # its early embeddings stopped whatever happens
+        try:
+            async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
+                if turn is not None:
+                    turn.started = await bulk_store.transaction_start(conn)
+                    turn.began.set()
+                batch = _Batch(conn, actor, self.embedder, deferral=deferral)
+                batches.append(batch)
+                batch.prefetch = prefetch
+                if short_locks:
+                    batch.short_locks = True
+                    await vector_partitions.wait_briefly_for_locks(conn)
                 try:
-                    created, recorded_at = await self._apply_one(batch, record)
-                    if created:
-                        result.created[record.kind] += 1
-                    else:
-                        result.unchanged[record.kind] += 1
-                    result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
-                except _FieldError as exc:
-                    raise RecordError(index, exc.field, exc.error) from None
+                    if actor.is_operator or not actor.space_ids:  # a tenant claimed on entering
+                        await store.claim_counter_shard(conn)
                 except _BUSY as exc:
                     if batch.short_locks and isinstance(exc, lock_waits.BUSY):
                         raise  # rolled back and tried again (_apply_creating_spaces)
                     raise RecordError(
-                        index,
+                        -1,
                         None,
                         DatabaseUnavailable(
-                            "the database was too busy to take this write; nothing was "
-                            "written, and retrying with the same IDs is safe"
+                            "every counter shard was held by other writers for longer than "
+                            "the statement timeout; nothing was written, and retrying with "
+                            "the same IDs is safe"
                         ),
                     ) from exc
-                except asyncpg.PostgresError as exc:
+                index = 0
+                while index < len(records):
+                    if set_based and bulk_writes.eligible(records[index]):
+                        end = index
+                        while end < len(records) and bulk_writes.eligible(records[end]):
+                            end += 1
+                        await self._apply_run(batch, records[index:end], result)
+                        index = end
+                        continue
+                    record = records[index]
+                    try:
+                        created, recorded_at = await self._apply_one(batch, record)
+                        if created:
+                            result.created[record.kind] += 1
+                        else:
+                            result.unchanged[record.kind] += 1
+                        result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
+                    except _FieldError as exc:
+                        raise RecordError(index, exc.field, exc.error) from None
+                    except _BUSY as exc:
+                        if batch.short_locks and isinstance(exc, lock_waits.BUSY):
+                            raise  # rolled back and tried again (_apply_creating_spaces)
+                        raise RecordError(
+                            index,
+                            None,
+                            DatabaseUnavailable(
+                                "the database was too busy to take this write; nothing was "
+                                "written, and retrying with the same IDs is safe"
+                            ),
+                        ) from exc
+                    except asyncpg.PostgresError as exc:
+                        raise RecordError(
+                            index, _field_of(exc), InvalidInput(_db_message(exc))
+                        ) from exc
+                    index += 1
+                try:
+                    await batch.embed_pending()
+                except GatewayError as exc:
+                    raise RecordError(-1, None, exc) from exc
+                except _BUSY as exc:
                     raise RecordError(
-                        index, _field_of(exc), InvalidInput(_db_message(exc))
+                        -1, None, DatabaseUnavailable("the database was too busy to store vectors")
                     ) from exc
-                index += 1
-            try:
-                await batch.embed_pending()
-            except GatewayError as exc:
-                raise RecordError(-1, None, exc) from exc
-            except _BUSY as exc:
-                raise RecordError(
-                    -1, None, DatabaseUnavailable("the database was too busy to store vectors")
-                ) from exc
-            if turn is not None:
-                await turn.wait_turn(conn)
+                if turn is not None:
+                    await turn.wait_turn(conn)
+        finally:
+            for made in batches:
+                if made.early is not None:
+                    made.early.close()
         return result
 
     @asynccontextmanager

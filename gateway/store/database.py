@@ -31,6 +31,10 @@ _ENTER_TENANT = (
     "set_config('statement_timeout', $5, true)"
 )
 
+# The same for a write transaction, which also claims its counter shard first
+# thing (db/0160; gateway/store/writes.py, claim_counter_shard), in the same round trip.
+_ENTER_TENANT_WRITING = _ENTER_TENANT + ", recall_stats_shard()"
+
 # The same, and how PostgreSQL plans the unit's prepared statements (see Unit).
 _ENTER_TENANT_PLANNED = _ENTER_TENANT + ", set_config('plan_cache_mode', $6, true)"
 
@@ -285,21 +289,34 @@ class Database:
         *,
         readonly: bool = True,
         lock_timeout: str | None = None,
+        claim_counter_shard: bool = False,
     ) -> AsyncIterator[Conn]:
         """A transaction confined by row-level security to one team's spaces; its
         statements are bounded by what is left of the request's deadline.
         ``lock_timeout`` overrides the reads' short default ('0': only the statement
-        timeout bounds a wait, as for the loader)."""
+        timeout bounds a wait, as for the loader). ``claim_counter_shard`` (writes):
+        the transaction's counter shard is claimed with the settings, before any
+        other lock (db/0160); if every shard stays held past the statement
+        timeout, that is DATABASE_UNAVAILABLE, as any write too busy to go on."""
         budget = str(deadline.remaining_ms(self.statement_timeout_ms))
         async with self.acquire() as conn, conn.transaction(readonly=readonly):
-            await conn.execute(
-                _ENTER_TENANT,
-                APP_ROLE,
-                team_id,
-                _space_literal(space_ids),
-                self.lock_timeout if lock_timeout is None else lock_timeout,
-                budget,
-            )
+            try:
+                await conn.execute(
+                    _ENTER_TENANT_WRITING if claim_counter_shard else _ENTER_TENANT,
+                    APP_ROLE,
+                    team_id,
+                    _space_literal(space_ids),
+                    self.lock_timeout if lock_timeout is None else lock_timeout,
+                    budget,
+                )
+            except asyncpg.QueryCanceledError as exc:
+                if not claim_counter_shard or deadline.remaining() == 0.0:
+                    raise  # the request's deadline, not the shards: RequestTimeout
+                raise DatabaseUnavailable(
+                    "every counter shard was held by other writers for longer than the "
+                    "statement timeout; nothing was written, and retrying with the same "
+                    "IDs is safe"
+                ) from exc
             yield conn
 
     @asynccontextmanager

@@ -61,6 +61,20 @@ async def claim_write(
     return ("same" if same else "different"), stored["recorded_at"]
 
 
+# --- counter shards ------------------------------------------------------------
+
+
+async def claim_counter_shard(conn: Conn) -> int:
+    """Claim, for the rest of the transaction, the shard of the per-space counters
+    that its triggers will write (db/0160): one no other transaction holds, so two
+    writers never wait on each other's counter rows (the deadlock of two writers
+    of two spaces in opposite orders). Called first thing in a write transaction,
+    while it holds no other lock: the only wait it can meet (every shard held) then
+    waits for nothing that waits for it. The triggers claim by themselves for
+    writers that did not (the owner's direct SQL)."""
+    return int(await conn.fetchval("SELECT recall_stats_shard()"))
+
+
 # --- spaces --------------------------------------------------------------------
 
 
