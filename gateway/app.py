@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
 
+from gateway import heap
 from gateway.embedded import EmbeddedPostgres, ServerMemory
 from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
@@ -42,6 +43,7 @@ from gateway.services.mutations import MutationService
 from gateway.services.recall import RecallService, plan_cache_mode
 from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.warmup import WarmUp
+from gateway.services.warmup import budget_mb as warm_up_budget
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
@@ -151,8 +153,8 @@ async def readyz(request: Request) -> Response:
 
 def create_served_app() -> Starlette:
     """The app of ``serve`` worker processes (uvicorn's factory): settings from the
-    environment, SIGTERM drained."""
-    return create_app(handle_sigterm=True)
+    environment, SIGTERM drained, the start-up heap frozen."""
+    return create_app(handle_sigterm=True, settle_heap=True)
 
 
 def create_app(
@@ -160,11 +162,15 @@ def create_app(
     observability: Observability | None = None,
     *,
     handle_sigterm: bool = False,
+    settle_heap: bool = False,
 ) -> Starlette:
     """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL.
 
     ``handle_sigterm``: the process is a server whose SIGTERM should drain it
-    (gateway/serving.py); off for an app embedded elsewhere, tests included."""
+    (gateway/serving.py); off for an app embedded elsewhere, tests included.
+    ``settle_heap``: the process serves this app and nothing else, so once it is
+    ready its start-up heap is frozen and the collector runs less often
+    (gateway/heap.py); off elsewhere, where the process has other work."""
     settings = settings or Settings()
     grace_s = settings.shutdown_grace_ms / 1000
     logs.configure(settings.log_level, settings.log_format)
@@ -245,11 +251,17 @@ def create_app(
             graphql.reads = reads
             graphql.persisted = _persisted(settings, limits, db)
             # in the background: /readyz says 503 until it ends, requests are served
-            warm = WarmUp(db, settings.warm_up_mb)
+            warm = WarmUp(
+                dsn,
+                warm_up_budget(settings.warm_up_mb, embedded=embedded is not None),
+                settings.statement_timeout_ms,
+            )
             app.state.warmup = warm
             warming = asyncio.create_task(warm.run(), name="warm-up")
             drain = Drain(settings.shutdown_drain_ms / 1000) if handle_sigterm else None
             app.state.drain = drain if drain is not None and drain.install() else None
+            if settle_heap:
+                heap.settle()
             try:
                 yield
             finally:

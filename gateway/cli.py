@@ -579,7 +579,9 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
         return
     from gateway.app import create_app
 
-    app = create_app(settings.model_copy(update={"database_url": dsn}), handle_sigterm=True)
+    app = create_app(
+        settings.model_copy(update={"database_url": dsn}), handle_sigterm=True, settle_heap=True
+    )
     uvicorn.run(app, access_log=False, **common)
 
 

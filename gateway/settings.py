@@ -98,8 +98,9 @@ class Settings(BaseSettings):
         ge=0,
         le=16_777_216,
         description="At start, read up to this many MB of the store's files into the page "
-        "cache, vector indexes first (/readyz says 503 meanwhile); unset: the server's "
-        "effective_cache_size; 0: no warm-up. Needs a login that may read the server's files.",
+        "cache, vector indexes first (/readyz says 503 meanwhile); unset: the embedded "
+        "server's effective_cache_size, and no warm-up with DATABASE_URL; 0: no warm-up. "
+        "Needs a login that may read the server's files.",
     )
 
     # --- read replicas (gateway/store/replicas.py, docs/deploy.md)

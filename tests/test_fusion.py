@@ -173,6 +173,35 @@ def test_exact_ties_that_floats_get_wrong_are_still_ordered_by_id() -> None:
     assert fuse_equal(lists)[:2] == ["a", "b"]
 
 
+def test_runs_of_equal_terms_are_settled_without_python_sorting(monkeypatch) -> None:
+    """Two disjoint lists make a tie at every rank (the same term, 1/(k + r), in
+    each list): a recall's usual case. Those runs are recognised by array
+    operations and need no per-item signatures; runs that differ still get them."""
+    from gateway.fusion import _core
+
+    full = [f"f{i:03d}" for i in range(60)]
+    vec = [f"v{i:03d}" for i in range(60)]
+    weights = {"fulltext": 1.0, "vector": 1.0}
+    # the same terms, summed in another order: floats one ulp apart (see above)
+    uneven = {
+        "l1": ["b", "f1", "f2", "f3", "f4", "f5", "a"],
+        "l2": ["a", "b"],
+        "l3": ["g0", "a", "g2", "g3", "g4", "g5", "b"],
+    }
+
+    def refused(*args: object) -> object:
+        raise AssertionError("signatures computed")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(_core, "signatures", refused)
+        assert fuse_weighted({"fulltext": full, "vector": vec}) == reference_order(
+            {"fulltext": full, "vector": vec}, weights
+        )
+        with pytest.raises(AssertionError, match="signatures computed"):
+            fuse_equal(uneven)
+    assert fuse_equal(uneven)[:2] == ["a", "b"]
+
+
 def test_zero_weight_lists_still_contribute_candidates_last() -> None:
     # z only in a weight-0 list: score 0, after every positive score, still present.
     ids, scores = fuse_weighted_scores(

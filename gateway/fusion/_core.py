@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import chain
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,7 @@ IntArray = npt.NDArray[np.int64]
 
 _EPS = float(np.finfo(np.float64).eps)
 _TINY = float(np.finfo(np.float64).tiny)
+_PLAIN_STR = frozenset({str})
 
 
 def check_k(k: float) -> float:
@@ -126,21 +128,19 @@ def encode(lists: Sequence[Sequence[str]], known: frozenset[str]) -> Encoded:
     can vote for an item once.
     """
     index: dict[str, int] = {}
-    codes: list[int] = []
-    owners: list[int] = []
-    for position, ids in enumerate(lists):
-        for item in ids:
-            if not isinstance(item, str):
-                raise TypeError(f"IDs must be strings, got {type(item).__name__}")
-            if item in known:
-                continue
-            code = index.get(item)
-            if code is None:
-                code = index[item] = len(index)
-            codes.append(code)
-            owners.append(position)
-    code_arr = np.asarray(codes, dtype=np.int64)
-    list_arr = np.asarray(owners, dtype=np.int64)
+    per_list: list[list[int]] = []
+    for ids in lists:
+        if not set(map(type, ids)) <= _PLAIN_STR:  # a subclass of str is a string too
+            for item in ids:
+                if not isinstance(item, str):
+                    raise TypeError(f"IDs must be strings, got {type(item).__name__}")
+        kept = [item for item in ids if item not in known] if known else ids
+        # A new ID gets the next code: len(index) is read before it is inserted.
+        per_list.append([index.setdefault(item, len(index)) for item in kept])
+    code_arr = np.fromiter(chain.from_iterable(per_list), dtype=np.int64)
+    list_arr = np.repeat(
+        np.arange(len(per_list), dtype=np.int64), [len(part) for part in per_list]
+    ).astype(np.int64)
     if code_arr.size:
         # One key per (list, item); np.unique reports the first occurrence of each.
         _, first = np.unique(list_arr * len(index) + code_arr, return_index=True)
@@ -266,6 +266,12 @@ def _settle_near_ties(
     item between them. The bound used is eight times larger, plus an absolute
     floor for subnormal scores. Runs are usually short (often empty), so the
     exact work is small.
+
+    Most runs are already in their exact order: items with the same score terms
+    (the same ranks in different lists) whose floats are equal too, which the
+    float sort has put in tie-key order, the order the exact sort would give
+    them. Such runs are recognised with array operations (:func:`_settled_runs`)
+    and left as they are; only the others are sorted here, in Python.
     """
     sorted_scores = scores[order]
     if sorted_scores.size < 2:
@@ -287,6 +293,10 @@ def _settle_near_ties(
         starts, stops = starts[within], stops[within]
     if starts.size == 0:
         return order
+    unsettled = ~_settled_runs(encoded, weights, sorted_scores, order, starts, stops)
+    starts, stops = starts[unsettled], stops[unsettled]
+    if starts.size == 0:
+        return order
     members = np.concatenate([order[a:b] for a, b in zip(starts, stops, strict=True)])
     terms = signatures(encoded, weights, members)
     exact = ExactScorer(k)
@@ -301,3 +311,48 @@ def _settle_near_ties(
             block.sort(key=lambda c: (-exact(terms[c]), *(key[c] for key in key_lists)))
         settled[a:b] = block
     return settled
+
+
+def _settled_runs(
+    encoded: Encoded,
+    weights: Sequence[float],
+    sorted_scores: FloatArray,
+    order: IntArray,
+    starts: IntArray,
+    stops: IntArray,
+) -> npt.NDArray[np.bool_]:
+    """For each run ``order[start:stop]``: are all its items' score terms the same
+    (equal :func:`signatures`) and their floats equal and finite? Then their exact
+    scores are equal, and the float sort (score, then the tie keys) already put
+    them in the order the exact sort would.
+
+    An item's terms are encoded as one row of integers, one per list: the pair
+    (index of the list's weight among the distinct non-zero weights, rank), or a
+    filler where the item is not in the list or the list weighs 0; the row sorted,
+    two items have the same signature exactly when their rows are equal."""
+    weight_arr = np.asarray(weights, dtype=np.float64)
+    distinct, weight_index = np.unique(weight_arr, return_inverse=True)
+    stride = int(encoded.ranks.max()) + 1 if encoded.ranks.size else 1
+    filler = np.iinfo(np.int64).max
+    row_keys = np.where(
+        weight_arr[encoded.lists] != 0.0,
+        weight_index[encoded.lists].astype(np.int64) * stride + encoded.ranks,
+        filler,
+    )
+    table = np.full((encoded.size, max(len(weights), 1)), filler, dtype=np.int64)
+    table[encoded.codes, encoded.lists] = row_keys
+    del distinct
+    # Neighbours (i, i + 1) inside the runs: same terms and the same finite float.
+    # Runs do not overlap, so run r's pairs are at starts[r] + 0 .. pairs[r] - 1.
+    pairs = stops - starts - 1
+    positions = np.repeat(starts - np.cumsum(np.concatenate(([0], pairs[:-1]))), pairs) + (
+        np.arange(int(pairs.sum()), dtype=np.int64)
+    )
+    rows = np.sort(table[order], axis=1)
+    same = (rows[positions] == rows[positions + 1]).all(axis=1) & (
+        sorted_scores[positions] == sorted_scores[positions + 1]
+    ) & np.isfinite(sorted_scores[positions])
+    # A run is settled when every one of its neighbour pairs is the same.
+    unequal = np.concatenate(([0], np.cumsum(~same)))
+    bounds = np.concatenate(([0], np.cumsum(pairs)))
+    return np.asarray((unequal[bounds[1:]] - unequal[bounds[:-1]]) == 0, dtype=np.bool_)

@@ -9,6 +9,7 @@ Returned text is untrusted data: it is never interpreted, only returned.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Sequence
 from datetime import datetime
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -230,17 +231,53 @@ class Relationship:
             view_key=view_key,
         )
 
-    @strawberry.field
-    async def subject(self, info: Info[RequestContext, None]) -> Entity | None:
-        row = await _loaders(info, self.view_key).entities.load(self.subject_id)
-        return Entity.of(row) if row else None
+    @strawberry.field(graphql_type=Entity | None)
+    def subject(self, info: Info[RequestContext, None]) -> Entity | Awaitable[Entity | None] | None:
+        return _entity(_loaders(info, self.view_key), self.subject_id)
 
-    @strawberry.field(description="The object entity; null when the object is a value.")
-    async def object(self, info: Info[RequestContext, None]) -> Entity | None:
+    @strawberry.field(
+        graphql_type=Entity | None,
+        description="The object entity; null when the object is a value.",
+    )
+    def object(self, info: Info[RequestContext, None]) -> Entity | Awaitable[Entity | None] | None:
         if self.object_id is None:
             return None
-        row = await _loaders(info, self.view_key).entities.load(self.object_id)
-        return Entity.of(row) if row else None
+        return _entity(_loaders(info, self.view_key), self.object_id)
+
+
+# Nested fields answer synchronously from the rows the recall primed its loaders
+# with, and only await a loader for a row it did not read (gateway/services/loaders.py):
+# graphql-core runs every awaitable a resolver returns as a task.
+
+
+def _entity(loaders: ReadLoaders, entity_id: str) -> Entity | Awaitable[Entity | None] | None:
+    row = loaders.entities.primed(entity_id)
+    if row is not None:
+        return Entity.of(row)
+    return _load_entity(loaders, entity_id)
+
+
+async def _load_entity(loaders: ReadLoaders, entity_id: str) -> Entity | None:
+    row = await loaders.entities.load(entity_id)
+    return Entity.of(row) if row else None
+
+
+def _relationships(
+    loaders: ReadLoaders, ids: Sequence[str], view_key: str
+) -> list[Relationship] | Awaitable[list[Relationship]]:
+    rows = loaders.relationships.primed_many(ids)
+    if rows is not None:
+        kinds = loaders.view.space_kinds
+        return [Relationship.of(r, kinds[r.space_id], view_key) for r in rows]
+    return _load_relationships(loaders, ids, view_key)
+
+
+async def _load_relationships(
+    loaders: ReadLoaders, ids: Sequence[str], view_key: str
+) -> list[Relationship]:
+    rows = await loaders.relationships.load_many(list(ids))
+    kinds = loaders.view.space_kinds
+    return [Relationship.of(r, kinds[r.space_id], view_key) for r in rows if r]
 
 
 @strawberry.type(description="Equivalent relationships collapsed by semantic group.")
@@ -269,23 +306,28 @@ class EvidenceContext:
     relationship_ids: strawberry.Private[tuple[str, ...]]
     view_key: strawberry.Private[str]
 
-    @strawberry.field
-    async def source(self, info: Info[RequestContext, None]) -> Source:
-        row = await _loaders(info, self.view_key).sources.load(self.source_id)
+    @strawberry.field(graphql_type=Source)
+    def source(self, info: Info[RequestContext, None]) -> Source | Awaitable[Source]:
+        loaders = _loaders(info, self.view_key)
+        row = loaders.sources.primed(self.source_id)
+        if row is not None:
+            return Source.of(row)
+        return self._load_source(loaders)
+
+    async def _load_source(self, loaders: ReadLoaders) -> Source:
+        row = await loaders.sources.load(self.source_id)
         if row is None:  # hydration saw it: a vanished row is a server fault
             raise RuntimeError("source of an eligible evidence is missing")
         return Source.of(row)
 
     @strawberry.field(
-        description="The relationships this evidence supports through an eligible path."
+        graphql_type=list[Relationship],
+        description="The relationships this evidence supports through an eligible path.",
     )
-    async def supporting_relationships(
+    def supporting_relationships(
         self, info: Info[RequestContext, None]
-    ) -> list[Relationship]:
-        loaders = _loaders(info, self.view_key)
-        rows = await loaders.relationships.load_many(list(self.relationship_ids))
-        kinds = loaders.view.space_kinds
-        return [Relationship.of(r, kinds[r.space_id], self.view_key) for r in rows if r]
+    ) -> list[Relationship] | Awaitable[list[Relationship]]:
+        return _relationships(_loaders(info, self.view_key), self.relationship_ids, self.view_key)
 
 
 @strawberry.type(description="A detected community of the shared relationship graph.")
@@ -321,13 +363,14 @@ class ConflictPosition:
     view_key: strawberry.Private[str] = ""
 
     @strawberry.field(
-        description="The position's relationships (authored alternatives, each with its owner)."
+        graphql_type=list[Relationship],
+        description="The position's relationships (authored alternatives, each with its owner).",
     )
-    async def relationships(self, info: Info[RequestContext, None]) -> list[Relationship]:
-        loaders = _loaders(info, self.view_key)
-        rows = await loaders.relationships.load_many([str(i) for i in self.relationship_ids])
-        kinds = loaders.view.space_kinds
-        return [Relationship.of(r, kinds[r.space_id], self.view_key) for r in rows if r]
+    def relationships(
+        self, info: Info[RequestContext, None]
+    ) -> list[Relationship] | Awaitable[list[Relationship]]:
+        ids = [str(i) for i in self.relationship_ids]
+        return _relationships(_loaders(info, self.view_key), ids, self.view_key)
 
 
 @strawberry.type(description="A quoted span that an evidence-conflict position cites.")

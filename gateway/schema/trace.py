@@ -214,10 +214,8 @@ async def trace_memory(
     outcome = await service.TraceService(services.db, services.reads).trace(principal, request)
     view_key = service.new_view_key()
     loaders = ReadLoaders(services.db, outcome.view)
-    # The trace read these already: nested fields are answered from the cache.
-    for source_id, source in outcome.sources.items():
-        loaders.sources.prime(source_id, source)
-    for entity_id, entity in outcome.entities.items():
-        loaders.entities.prime(entity_id, entity)
+    # The trace read these already: nested fields are answered from them.
+    loaders.sources.prime_rows(outcome.sources)
+    loaders.entities.prime_rows(outcome.entities)
     info.context.loaders[view_key] = loaders
     return to_trace(outcome, view_key)

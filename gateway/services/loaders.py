@@ -2,6 +2,12 @@
 relationship or an entity asks a loader, and each loader sends one statement per
 batch, whatever the number of results. They read through the request's view
 (team, spaces, instants), so a nested field never sees more than the recall did.
+
+A recall reads the rows its answer's nested fields will ask for and primes the
+loaders with them; :meth:`_ViewLoader.primed` hands such a row over at once, so
+that a resolver can answer without an awaitable. Each awaitable a resolver
+returns costs graphql-core an asyncio task and a gather (about 30 tasks for a
+full recall of 10 results), for a value that was already there.
 """
 
 from __future__ import annotations
@@ -29,6 +35,27 @@ class _ViewLoader(DataLoader[str, T | None], Generic[T]):
         self._db = db
         self._view = view
         self._fetch = fetch
+        self._primed: dict[str, T] = {}
+
+    def prime_rows(self, rows: dict[str, T]) -> None:
+        """Prime the loader with rows read beforehand (before any load)."""
+        for key, row in rows.items():
+            self.prime(key, row)
+            self._primed.setdefault(key, row)
+
+    def primed(self, key: str) -> T | None:
+        """The row primed for ``key``, which ``load(key)`` would resolve to; None
+        when it was not primed (then ``load`` reads it, or finds it missing)."""
+        return self._primed.get(key)
+
+    def primed_many(self, keys: Sequence[str]) -> list[T] | None:
+        """The rows primed for every one of ``keys``, in order; None unless all
+        were primed."""
+        primed = self._primed
+        try:
+            return [primed[k] for k in keys]
+        except KeyError:
+            return None
 
     async def batch_load_fn(self, keys: Sequence[str]) -> list[T | None]:
         view = self._view
@@ -52,11 +79,6 @@ class ReadLoaders:
         )
         self.entities: _ViewLoader[store.EntityRow] = _ViewLoader(db, view, store.entities)
         if nested is not None:
-            _prime(self.sources, nested.sources)
-            _prime(self.relationships, nested.relationships)
-            _prime(self.entities, nested.entities)
-
-
-def _prime(loader: _ViewLoader[T], rows: dict[str, T]) -> None:
-    for key, row in rows.items():
-        loader.prime(key, row)
+            self.sources.prime_rows(nested.sources)
+            self.relationships.prime_rows(nested.relationships)
+            self.entities.prime_rows(nested.entities)

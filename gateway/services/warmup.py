@@ -10,11 +10,15 @@ the evidence, relationship and support tables at random too
 relations in order, at the disk's sequential speed (gateway/store/warmup.py:
 the HNSW indexes of the vector partitions, then the partitions' rows, then
 every other table and index smallest first), up to a budget:
-``RECALL_WARM_UP_MB``, by default the server's effective_cache_size (what the
-planner already assumes is cached; 0 turns the warm-up off). While it runs,
-``/readyz`` answers 503 with how far it got; requests are served meanwhile,
-slowly. A login that may not read the server's files (an external server's
-ordinary role) skips it, logged once. docs/deploy.md, "Warm-up".
+``RECALL_WARM_UP_MB``, by default (embedded server only) the server's
+effective_cache_size (what the planner already assumes is cached; 0 turns the
+warm-up off). Against an external server (DATABASE_URL) it is off unless
+``RECALL_WARM_UP_MB`` is set: there it would evict the database host's page
+cache at every gateway start and hold a container's health check at 503. While
+it runs, ``/readyz`` answers 503 with how far it got; requests are served
+meanwhile, slowly: the warm-up reads on a connection of its own, not the
+request pool's. A login that may not read the server's files (an external
+server's ordinary role) skips it, logged once. docs/deploy.md, "Warm-up".
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ from typing import Literal
 
 from gateway.store import warmup as store
 from gateway.store.connection import Conn
-from gateway.store.database import STORE_FAILURES, Database
+from gateway.store.database import STORE_FAILURES
 
-__all__ = ["CHUNK_BYTES", "WarmUp"]
+__all__ = ["CHUNK_BYTES", "WarmUp", "budget_mb"]
 
 log = logging.getLogger("gateway.warmup")
 
@@ -38,13 +42,26 @@ disk and for the server's memory, large enough that statements cost nothing."""
 State = Literal["pending", "running", "done", "skipped", "failed"]
 
 
+def budget_mb(setting: int | None, *, embedded: bool) -> int | None:
+    """The warm-up's budget from ``RECALL_WARM_UP_MB`` (None: unset): unset means
+    the server's effective_cache_size (None) for the embedded server, and no
+    warm-up (0) for an external one, whose host's page cache and start-up health
+    checks are not the gateway's to spend."""
+    if setting is None and not embedded:
+        return 0
+    return setting
+
+
 class WarmUp:
     """One warm-up of a store, and where it is (for ``/readyz``)."""
 
-    def __init__(self, db: Database, budget_mb: int | None) -> None:
+    def __init__(self, dsn: str, budget_mb: int | None, statement_timeout_ms: int = 5000) -> None:
         """``budget_mb``: at most this much is read; None: the server's
-        effective_cache_size; 0: nothing (the state is ``skipped`` at once)."""
-        self.db = db
+        effective_cache_size; 0: nothing (the state is ``skipped`` at once).
+        The reads run on a connection of their own to ``dsn`` (not the request
+        pool's), each statement bounded by ``statement_timeout_ms``."""
+        self.dsn = dsn
+        self.statement_timeout_ms = statement_timeout_ms
         self.budget_mb = budget_mb
         self.state: State = "pending" if budget_mb != 0 else "skipped"
         self.planned = 0
@@ -70,16 +87,16 @@ class WarmUp:
         self.state = "running"
         started = time.monotonic()
         try:
-            async with self.db.pool.acquire() as conn:
+            conn = await store.connect(self.dsn, self.statement_timeout_ms)
+            try:
+                # the lock is the session's: closing the connection releases it
                 if not await store.lock(conn):
-                    await store.unlock(conn)
                     log.info("warm-up: another process of this store did it")
                     self.state = "done"
                     return
-                try:
-                    await self._read(conn)
-                finally:
-                    await store.unlock(conn)
+                await self._read(conn)
+            finally:
+                await store.close(conn)
         except store.WarmUpRefused as exc:
             log.info("warm-up skipped: this login may not read the server's files (%s)", exc)
             self.state = "skipped"

@@ -15,6 +15,7 @@ without them gets :class:`WarmUpRefused`, and the gateway runs cold.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import asyncpg
@@ -24,12 +25,13 @@ from gateway.store.connection import Conn
 __all__ = [
     "RelationFile",
     "WarmUpRefused",
+    "close",
+    "connect",
     "effective_cache_bytes",
     "lock",
     "read_chunk",
     "relations",
     "segment_bytes",
-    "unlock",
 ]
 
 # The store's relations (main forks; not the system catalogs, which every
@@ -79,6 +81,35 @@ SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'effective_cache_si
 _READ_CHUNK = "SELECT coalesce(length(pg_read_binary_file($1, $2, $3, true)), 0)"
 
 
+async def connect(dsn: str, statement_timeout_ms: int) -> asyncpg.Connection:
+    """The warm-up's own connection, outside the request pool: a warm-up takes
+    seconds to minutes (and waits for another process's as long), and a pool
+    connection held that long starved requests of a small pool (they timed out
+    waiting for one). Same server settings as the pool's connections
+    (gateway/store/database.py), bar the codecs, which its statements do not need."""
+    return await asyncpg.connect(
+        dsn,
+        timeout=10,
+        server_settings={
+            "application_name": "recall-gateway warm-up",
+            "statement_timeout": str(statement_timeout_ms),
+        },
+    )
+
+
+async def close(conn: asyncpg.Connection) -> None:
+    """Close the warm-up's connection (its session lock goes with it), also when
+    the warm-up is cancelled in the middle of a statement: then the connection
+    is cut, not waited for."""
+    try:
+        await conn.close(timeout=5)
+    except asyncio.CancelledError:
+        conn.terminate()
+        raise
+    except Exception:  # a connection cut mid-statement: nothing left to say to it
+        conn.terminate()
+
+
 class WarmUpRefused(Exception):
     """The login may not read the server's files."""
 
@@ -119,7 +150,11 @@ async def read_chunk(conn: Conn, path: str, offset: int, length: int) -> int:
 
 
 # One process warms a store at a time (several uvicorn workers, replicas of the
-# gateway on one server): the others wait for it instead of reading it again.
+# gateway on one server): the others wait for it (on their own warm-up
+# connection, not a pool's) instead of reading it at the same time. The lock
+# only keeps runs apart: a process that starts after another's warm-up ended
+# (a worker respawned late) takes the free lock and reads everything again,
+# cheaply since the files are cached by then.
 LOCK_KEY = 0x7761726D  # "warm"
 
 
@@ -135,7 +170,3 @@ async def lock(conn: Conn) -> bool:
     finally:
         await conn.execute("RESET statement_timeout")
     return False
-
-
-async def unlock(conn: Conn) -> None:
-    await conn.execute("SELECT pg_advisory_unlock($1::bigint)", LOCK_KEY)
