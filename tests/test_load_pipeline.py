@@ -261,12 +261,16 @@ async def test_a_pipelined_rerun_writes_nothing_and_says_so(
     assert await _rows(admin_conn, team) == before
 
 
-async def test_lanes_have_distinct_counter_shards_and_leave_the_pool_room(
+async def test_lanes_write_distinct_counter_shards_and_leave_the_pool_room(
     db: Database, dsn: str
 ) -> None:
     async with bulk_store.writer_lanes(db, 2) as lanes:
         assert len(lanes) == 2
-        assert len({bulk_store.stats_shard(c) for c in lanes}) == 2
+        # each batch's transaction claims its own shard first thing (db/0160),
+        # whatever the lanes' server processes: both in flight at once
+        async with lanes[0].transaction(), lanes[1].transaction():
+            shards = {await store_writes.claim_counter_shard(lane) for lane in lanes}
+        assert len(shards) == 2
     small = await Database.open(dsn, min_size=1, max_size=3)
     try:
         # two lanes would leave one connection for the statistics refresh and the
@@ -439,8 +443,9 @@ async def test_three_lanes_keep_system_times_in_file_order_after_a_batch_gives_w
     """Three batches in flight: another session holds the claim of the first record
     of the load's second batch, so the third gives way, and is applied again
     after the fourth has begun; the fourth must give way too. (A pool of its own,
-    roomy and fresh, so that three connections of distinct counter shards are
-    found: the session's pool may hold too few.)"""
+    roomy and fresh, so that three lanes are found beside the connections
+    :data:`gateway.store.bulk_writes.LANE_KEEP_FREE` keeps: the session's pool
+    may hold too few.)"""
     db = await Database.open(dsn, min_size=1, max_size=16)
     try:
         await _three_lanes(WriteService(db, embedder), admin_conn, dsn)

@@ -480,23 +480,8 @@ async def analyze_stale(
 
 # --- lanes of a pipelined load --------------------------------------------------
 
-STATS_SHARDS = 8
-"""The write triggers' counters (evidence_search_stats, graph_change_counters,
-the lexeme statistics; db/0002, db/0003, db/0106) are rows per writing backend's
-shard, ``pg_backend_pid() % 8``, so that concurrent writers do not update the
-same rows."""
-
-LANE_SPARE_TRIES = 6
-"""Extra connections :func:`writer_lanes` may take from the pool to find lanes of
-distinct shards, each waited for at most :data:`LANE_WAIT_S`."""
-
 LANE_WAIT_S = 0.2
-
-
-def stats_shard(conn: Conn) -> int:
-    """The counter shard the write triggers use for rows this connection writes."""
-    return conn.get_server_pid() % STATS_SHARDS
-
+"""How long :func:`writer_lanes` waits for each pooled connection it takes."""
 
 LANE_KEEP_FREE = 2
 """Pool connections :func:`writer_lanes` leaves to the rest of a load: the
@@ -506,40 +491,32 @@ statistics refresh after a batch and the next batch's look-ups run meanwhile."""
 @contextlib.asynccontextmanager
 async def writer_lanes(db: Database, count: int) -> AsyncIterator[list[Conn]]:
     """Up to ``count`` pooled connections for the batches of a pipelined load, held
-    until the block ends, of distinct counter shards when the pool allows
-    (:data:`STATS_SHARDS`): two batches in flight on connections of one shard
-    would upsert the same counter rows, and the later batch, which commits only
-    after the earlier one, could hold a row the earlier one then waits for
-    (db/0130 explains the cycle two writers of one shard can make). A spare
-    connection of a shard already taken is handed back once the lanes are
-    chosen, and lanes never share a shard. Only what the pool can give beyond
-    :data:`LANE_KEEP_FREE` is taken, never waiting for a busy connection; fewer
-    than two lanes is none (the load then runs one batch at a time)."""
+    until the block ends. Any connections will do: each batch's transaction claims
+    a counter shard no other transaction holds before it writes (db/0160,
+    :func:`gateway.store.writes.claim_counter_shard`), so two batches in flight
+    never upsert the same counter rows whatever their server processes. (Before
+    db/0160 the shard was the process's, ``pg_backend_pid() % 8``, and lanes had
+    to be picked of distinct shards.) Only what the pool can give beyond
+    :data:`LANE_KEEP_FREE` is taken, never waiting long for a busy connection;
+    fewer than two lanes is none (the load then runs one batch at a time)."""
     pool = db.pool
     room = pool.get_max_size() - (pool.get_size() - pool.get_idle_size()) - LANE_KEEP_FREE
     count = min(count, room)
     lanes: list[Conn] = []
-    spares: list[Conn] = []
     try:
-        for _ in range(count + LANE_SPARE_TRIES if count >= 2 else 0):
-            if len(lanes) == count or len(lanes) + len(spares) >= room:
-                break
+        for _ in range(count if count >= 2 else 0):
             try:
                 conn: Conn = await pool.acquire(timeout=LANE_WAIT_S)
             except TimeoutError:
                 break
-            shards = {stats_shard(c) for c in lanes}
-            (spares if stats_shard(conn) in shards else lanes).append(conn)
-        for spare in spares:
-            await pool.release(cast(Any, spare))
-        spares.clear()
+            lanes.append(conn)
         if len(lanes) < 2:
             for lane in lanes:
                 await pool.release(cast(Any, lane))
             lanes.clear()
         yield lanes
     finally:
-        for held in lanes + spares:
+        for held in lanes:
             await pool.release(cast(Any, held))
 
 
