@@ -29,8 +29,9 @@ text without lexemes (stop words, punctuation) simply matches nothing. Per
 lexeme, IDF = ln(1 + (N - df + 0.5) / (df + 0.5)); df and the lexeme's
 largest tf come from ``evidence_lexeme_stats``, kept by the write path
 (db/0106_lexeme_statistics.sql: sharded running totals over the postings,
-summed here, at most 8 rows per lexeme, instead of a count of every posting of
-every query lexeme), N and the total document length from
+summed here, one row per lexeme per writer that ran at once (up to 32 since
+db/0160, lowest shard first), instead of a count of every posting of every
+query lexeme), N and the total document length from
 ``evidence_search_stats`` (db/0002_search_stats.sql).
 These statistics cover the whole space, all generations and the present
 state; they shape the order of candidates, never which evidence qualifies.
