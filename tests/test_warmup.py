@@ -125,6 +125,14 @@ async def _ready(client: httpx.AsyncClient) -> httpx.Response:
     return await client.get("/readyz")
 
 
+async def _until_waiting(client: httpx.AsyncClient) -> None:
+    """Until the warm-up has found the lock taken (it connects first)."""
+    for _ in range(200):
+        if (await _ready(client)).json().get("reason") == WAITING:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
     """Another process of the store is warming (it holds the lock): this one
     waits for it, /readyz says 503 with the reason meanwhile, then ready, and
@@ -136,6 +144,7 @@ async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                await _until_waiting(client)
                 for _ in range(3):
                     r = await _ready(client)
                     assert r.status_code == 503
@@ -219,6 +228,7 @@ async def test_requests_are_served_while_it_waits_with_a_pool_of_one(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                await _until_waiting(client)
                 for _ in range(3):
                     r = await client.post(
                         "/graphql",
