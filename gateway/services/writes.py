@@ -721,7 +721,14 @@ class _Batch:
                 f"the store holds {STORE_DIMENSIONS}-dimension vectors; the configured "
                 f"provider '{model}' makes {dims}: configure it for {STORE_DIMENSIONS}"
             )
-        registered = await store.store_embedding_model(self.conn)
+        # A principal's batch (one team): the model and the team's projection in one
+        # statement, read while the texts may still be embedding.
+        mine = (
+            await store.embedding_model_and_projection(self.conn, self.actor.team)
+            if self.actor.team is not None and self.deferral is None
+            else None
+        )
+        registered = mine[0] if mine is not None else await store.store_embedding_model(self.conn)
         if registered is None:
             await store.register_embedding_model(self.conn, model, dims)
         elif registered != (model, dims):
@@ -733,7 +740,7 @@ class _Batch:
             await self._defer_spaces(self.deferral)
         # read while the texts may still be embedding, not after
         generations = (
-            await self._generations()
+            await self._generations(known=mine[1] if mine is not None else None)
             if self.relationship_texts and self.deferral is None
             else {}
         )
@@ -754,16 +761,33 @@ class _Batch:
                 "'recall-gateway build-vector-indexes'"
             ) from exc
 
-    async def _generations(self) -> dict[str, int]:
+    async def _generations(self, known: int | None = None) -> dict[str, int]:
+        """Each team's active projection; ``known``: the actor's team's, already read."""
         generations: dict[str, int] = {}
         for team in {t[0] for t in self.relationship_texts}:
-            generations[team] = await store.active_projection(self.conn, team, self.embedder.model)
+            if known is not None and team == self.actor.team:
+                generations[team] = known
+            else:
+                generations[team] = await store.active_projection(
+                    self.conn, team, self.embedder.model
+                )
         return generations
 
     async def _store_vectors(
         self, vectors: np.ndarray, model: str, generations: dict[str, int]
     ) -> None:
         n = len(self.evidence_texts)
+        if not self.actor.is_operator:
+            # after the last embedding ends: one statement for every vector
+            await store.insert_embeddings(
+                self.conn,
+                [t[:3] for t in self.evidence_texts],
+                vectors[:n],
+                [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
+                vectors[n:],
+                model,
+            )
+            return
         if self.evidence_texts:
             await store.insert_evidence_embeddings(
                 self.conn,

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import numpy as np
+from pgvector import Vector
 
 from gateway.store.bulk_writes import copy_rows
 from gateway.store.connection import Conn
@@ -397,6 +398,41 @@ async def insert_entity(
     )
 
 
+_EVIDENCE = """
+WITH ev AS (
+    INSERT INTO evidence (team_id, id, space_id, generation, source_id, content,
+                          content_sha256, observed_at, recorded_by)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING team_id, space_id, id, recorded_by
+)
+INSERT INTO evidence_lifecycle_events (team_id, space_id, evidence_id, event_id, status,
+                                       reason, recorded_by)
+SELECT team_id, space_id, id, NULL, 'active', NULL, recorded_by FROM ev
+"""
+
+# Occurrences and mentions of one evidence. Not in the evidence's statement: the
+# occurrences' quote trigger reads the evidence row, which a sibling part of the
+# same statement would not see yet. The occurrences go in first (the mentions read
+# their count), so a refusal names the table it always named; the mentions' foreign
+# key to an occurrence is checked at the end of the statement.
+_OCCURRENCES_AND_MENTIONS = """
+WITH occ AS (
+    INSERT INTO evidence_occurrences (team_id, space_id, evidence_id, id, quote,
+                                      span_start, span_end)
+    SELECT $1, $2, $3, o.id, o.quote, o.span_start, o.span_end
+    FROM unnest($4::text[], $5::text[], $6::int[], $7::int[])
+         WITH ORDINALITY AS o(id, quote, span_start, span_end, n)
+    ORDER BY o.n
+    RETURNING 1
+)
+INSERT INTO evidence_entity_mentions (team_id, space_id, evidence_id, entity_id, occurrence_id)
+SELECT $1, $2, $3, m.entity_id, m.occurrence_id
+FROM (SELECT count(*) FROM occ) AS occurrences_first,
+     unnest($8::text[], $9::text[]) WITH ORDINALITY AS m(entity_id, occurrence_id, n)
+ORDER BY m.n
+"""
+
+
 async def insert_evidence(
     conn: Conn,
     team: str,
@@ -409,9 +445,11 @@ async def insert_evidence(
     mentions: Sequence[tuple[str, str | None]],
     by: str,
 ) -> None:
+    """The evidence with its first lifecycle event (``active``) in one statement, and
+    its occurrences and mentions in a second one (none without either): each
+    round trip of a ``remember`` is paid for by its caller (docs/writes.md)."""
     await conn.execute(
-        "INSERT INTO evidence (team_id, id, space_id, generation, source_id, content, "
-        "content_sha256, observed_at, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        _EVIDENCE,
         team,
         evidence_id,
         source.space_id,
@@ -422,20 +460,18 @@ async def insert_evidence(
         observed_at,
         by,
     )
-    await insert_lifecycle(
-        conn, "evidence", team, source.space_id, evidence_id, None, "active", None, by
-    )
-    if occurrences:
-        await conn.executemany(
-            "INSERT INTO evidence_occurrences (team_id, space_id, evidence_id, id, quote, "
-            "span_start, span_end) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            [(team, source.space_id, evidence_id, *occ) for occ in occurrences],
-        )
-    if mentions:
-        await conn.executemany(
-            "INSERT INTO evidence_entity_mentions (team_id, space_id, evidence_id, entity_id, "
-            "occurrence_id) VALUES ($1, $2, $3, $4, $5)",
-            [(team, source.space_id, evidence_id, ent, occ) for ent, occ in mentions],
+    if occurrences or mentions:
+        await conn.execute(
+            _OCCURRENCES_AND_MENTIONS,
+            team,
+            source.space_id,
+            evidence_id,
+            [o[0] for o in occurrences],
+            [o[1] for o in occurrences],
+            [o[2] for o in occurrences],
+            [o[3] for o in occurrences],
+            [m[0] for m in mentions],
+            [m[1] for m in mentions],
         )
 
 
@@ -467,6 +503,54 @@ async def insert_evidence_embeddings(
     )
 
 
+_EMBEDDINGS = """
+WITH ev AS (
+    INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions,
+                                     embedding)
+    SELECT e.team_id, e.space_id, e.evidence_id, $4, $5, e.embedding
+    FROM unnest($1::text[], $2::uuid[], $3::text[], $6::vector[])
+         WITH ORDINALITY AS e(team_id, space_id, evidence_id, embedding, n)
+    ORDER BY e.n
+)
+INSERT INTO relationship_embeddings (team_id, space_id, relationship_id,
+                                     projection_generation, model, dimensions, embedding)
+SELECT r.team_id, r.space_id, r.relationship_id, r.generation, $4, $5, r.embedding
+FROM unnest($7::text[], $8::uuid[], $9::text[], $10::int[], $11::vector[])
+     WITH ORDINALITY AS r(team_id, space_id, relationship_id, generation, embedding, n)
+ORDER BY r.n
+"""
+
+
+async def insert_embeddings(
+    conn: Conn,
+    evidence: Sequence[tuple[str, UUID, str]],
+    evidence_vectors: np.ndarray,
+    relationships: Sequence[tuple[str, UUID, str, int]],
+    relationship_vectors: np.ndarray,
+    model: str,
+) -> None:
+    """The vectors of a principal's batch, evidence and relationships, in one
+    statement: they are stored after the last embedding ends, so this statement is
+    on the critical path of every ``remember`` (the owner's loader copies
+    instead, :func:`insert_evidence_embeddings`). Each vector is wrapped: asyncpg
+    would take a bare array for one more dimension of the ``vector[]``."""
+    dims = int((evidence_vectors if len(evidence) else relationship_vectors).shape[1])
+    await conn.execute(
+        _EMBEDDINGS,
+        [t for t, _, _ in evidence],
+        [s for _, s, _ in evidence],
+        [e for _, _, e in evidence],
+        model,
+        dims,
+        [Vector(v) for v in evidence_vectors[: len(evidence)]],
+        [t for t, _, _, _ in relationships],
+        [s for _, s, _, _ in relationships],
+        [r for _, _, r, _ in relationships],
+        [g for _, _, _, g in relationships],
+        [Vector(v) for v in relationship_vectors[: len(relationships)]],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class NewRelationship:
     team: str
@@ -485,12 +569,25 @@ class NewRelationship:
     statement: str
 
 
+_RELATIONSHIP = """
+WITH rel AS (
+    INSERT INTO relationships (team_id, id, space_id, generation, subject_entity_id,
+                               predicate, object_entity_id, object_value, object_unit, polarity,
+                               valid_from, valid_to, owner_principal_id, semantic_group_key,
+                               statement, recorded_by)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+    RETURNING team_id, space_id, id, recorded_by
+)
+INSERT INTO relationship_status_events (team_id, space_id, relationship_id, event_id, status,
+                                        superseded_by, reason, recorded_by)
+SELECT team_id, space_id, id, NULL, 'active', NULL, NULL, recorded_by FROM rel
+"""
+
+
 async def insert_relationship(conn: Conn, r: NewRelationship, by: str) -> None:
+    """The relationship with its first status event (``active``), one statement."""
     await conn.execute(
-        "INSERT INTO relationships (team_id, id, space_id, generation, subject_entity_id, "
-        "predicate, object_entity_id, object_value, object_unit, polarity, valid_from, valid_to, "
-        "owner_principal_id, semantic_group_key, statement, recorded_by) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        _RELATIONSHIP,
         r.team,
         r.id,
         r.space.id,
@@ -508,7 +605,6 @@ async def insert_relationship(conn: Conn, r: NewRelationship, by: str) -> None:
         r.statement,
         by,
     )
-    await insert_relationship_status(conn, r.team, r.space.id, r.id, None, "active", None, None, by)
 
 
 async def insert_relationship_status(
@@ -593,6 +689,19 @@ async def insert_relationship_embeddings(
     )
 
 
+_SUPPORT = """
+WITH sup AS (
+    INSERT INTO supports (team_id, id, space_id, evidence_id, relationship_id, occurrence_id,
+                          quote, span_start, span_end, recorded_by)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    RETURNING team_id, space_id, id, recorded_by
+)
+INSERT INTO support_decisions (team_id, space_id, support_id, decision_id, decision, reason,
+                               recorded_by)
+SELECT team_id, space_id, id, NULL, 'grant', NULL, recorded_by FROM sup
+"""
+
+
 async def insert_support(
     conn: Conn,
     team: str,
@@ -605,9 +714,9 @@ async def insert_support(
     span: tuple[int, int] | None,
     by: str,
 ) -> None:
+    """The support with its first decision (``grant``), one statement."""
     await conn.execute(
-        "INSERT INTO supports (team_id, id, space_id, evidence_id, relationship_id, occurrence_id, "
-        "quote, span_start, span_end, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        _SUPPORT,
         team,
         support_id,
         space_id,
@@ -619,7 +728,6 @@ async def insert_support(
         span[1] if span else None,
         by,
     )
-    await insert_support_decision(conn, team, space_id, support_id, None, "grant", None, by)
 
 
 async def insert_support_decision(
@@ -801,6 +909,23 @@ async def insert_hypothesis_feedback(
 async def store_embedding_model(conn: Conn) -> tuple[str, int] | None:
     row = await conn.fetchrow("SELECT name, dimensions FROM embedding_models")
     return (row["name"], row["dimensions"]) if row else None
+
+
+async def embedding_model_and_projection(
+    conn: Conn, team: str
+) -> tuple[tuple[str, int] | None, int | None]:
+    """:func:`store_embedding_model` and the team's active projection generation
+    (None when there is none yet: :func:`active_projection` makes it), one
+    statement for the two reads every write of relationships makes."""
+    row = await conn.fetchrow(
+        "SELECT m.name, m.dimensions, (SELECT p.generation FROM relationship_projections p "
+        "WHERE p.team_id = $1 AND p.status = 'active') AS generation "
+        "FROM (SELECT NULL) AS one LEFT JOIN embedding_models m ON true",
+        team,
+    )
+    assert row is not None
+    model = (row["name"], row["dimensions"]) if row["name"] is not None else None
+    return model, row["generation"]
 
 
 async def register_embedding_model(conn: Conn, name: str, dimensions: int) -> None:
