@@ -8,6 +8,8 @@ latest event (recorded_at, then seq), the same rule the read path uses.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,6 +27,46 @@ from gateway.store.connection import Conn
 Claim = Literal["new", "same", "different"]
 
 
+@dataclass(frozen=True, slots=True)
+class ReadVisible:
+    """A :func:`find_visible` to send with a claim (:func:`claim_write`)."""
+
+    kind: VisibleKind
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSpace:
+    """A :func:`find_space` to send with a claim (:func:`claim_write`)."""
+
+    owner: str | None
+
+
+Read = ReadVisible | ReadSpace
+
+_CLAIM = """
+WITH claim AS (
+    INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by)
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING recorded_at
+)
+SELECT (SELECT recorded_at FROM claim) AS claimed,
+       w.payload_sha256, w.recorded_by, w.recorded_at{reads}
+FROM (SELECT 1) AS one
+LEFT JOIN write_log w ON w.team_id = $1 AND w.kind = $2 AND w.client_id = $3
+"""
+
+_PRIOR = (
+    "SELECT payload_sha256, recorded_by, recorded_at FROM write_log "
+    "WHERE team_id = $1 AND kind = $2 AND client_id = $3"
+)
+
+
+def _renumber(sql: str, second: int) -> str:
+    """A lookup's SQL (``$1`` the team, ``$2`` its other argument) as part of a
+    statement whose ``$1`` is the team too and whose ``$second`` is that argument."""
+    return re.sub(r"\$2\b", f"${second}", sql)
+
+
 async def claim_write(
     conn: Conn,
     team: str,
@@ -34,32 +76,54 @@ async def claim_write(
     by: str,
     *,
     any_writer: bool = False,
-) -> tuple[Claim, datetime]:
+    reads: Sequence[Read] = (),
+) -> tuple[Claim, datetime, list[Any]]:
     """Register a client-supplied write, or say how it compares with the earlier one,
     with the system time of the write that holds the ID. A replay counts as the same
     only from the same writer (or ``any_writer``, the operator): otherwise another
-    principal could confirm the exact content of a write it may not read."""
-    recorded = await conn.fetchval(
-        "INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by) "
-        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING recorded_at",
-        team,
-        kind,
-        client_id,
-        digest,
-        by,
-    )
-    if recorded is not None:
-        return "new", recorded
-    stored = await conn.fetchrow(
-        "SELECT payload_sha256, recorded_by, recorded_at FROM write_log "
-        "WHERE team_id = $1 AND kind = $2 AND client_id = $3",
-        team,
-        kind,
-        client_id,
+    principal could confirm the exact content of a write it may not read.
+
+    ``reads``: the lookups the record's checks start with (the visible rows of
+    some IDs, a space), answered in the same statement as the claim, in order
+    (the rows of a :class:`ReadVisible` as :func:`find_visible` gives them, a
+    :class:`ReadSpace`'s space or None). Each round trip of a ``remember`` is
+    paid for by its caller; the reads see what the claim's next statement would
+    have seen (the claim writes nothing they read). A replay or a conflict
+    ignores them. The earlier write is read in the same statement; only when it
+    committed while the claim waited for it (invisible to the statement's
+    snapshot) is it read again in a statement of its own."""
+    args: list[Any] = [team, kind, client_id, digest, by]
+    columns = []
+    for i, read in enumerate(reads):
+        if isinstance(read, ReadSpace):
+            sql = _SPACE
+            args.append(read.owner)
+        else:
+            sql = _visible_sql(read.kind)
+            args.append(list(read.ids))
+        columns.append(
+            f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({_renumber(sql, len(args))}) v)"
+            f" AS read_{i}"
+        )
+    row = await conn.fetchrow(_CLAIM.format(reads="".join(columns)), *args)
+    assert row is not None
+    answers: list[Any] = []
+    for i, read in enumerate(reads):
+        found = json.loads(row[f"read_{i}"])
+        if isinstance(read, ReadSpace):
+            answers.append(
+                Space(**{**found[0], "id": UUID(found[0]["id"])}) if found else None
+            )
+        else:
+            answers.append(_visible_rows(found))
+    if row["claimed"] is not None:
+        return "new", row["claimed"], answers
+    stored = row if row["recorded_at"] is not None else await conn.fetchrow(
+        _PRIOR, team, kind, client_id
     )
     assert stored is not None  # write_log rows are never deleted
     same = stored["payload_sha256"] == digest and (any_writer or stored["recorded_by"] == by)
-    return ("same" if same else "different"), stored["recorded_at"]
+    return ("same" if same else "different"), stored["recorded_at"], answers
 
 
 # --- counter shards ------------------------------------------------------------
@@ -271,19 +335,27 @@ async def find_visible(
     """Rows of ``kind`` by ID that are visible now; absent IDs are simply missing."""
     if not ids:
         return {}
+    rows = await conn.fetch(_visible_sql(kind), team, list(ids))
+    return _visible_rows([dict(row) for row in rows])
+
+
+def _visible_sql(kind: VisibleKind) -> str:
     if kind == "support":
-        sql = _VISIBLE_SUPPORT
-    else:
-        table, extra = _EXTRA[kind]
-        sql = _VISIBLE.format(table=table, extra=", " + extra, current=_CURRENT_GENERATION)
-    rows = await conn.fetch(sql, team, list(ids))
+        return _VISIBLE_SUPPORT
+    table, extra = _EXTRA[kind]
+    return _VISIBLE.format(table=table, extra=", " + extra, current=_CURRENT_GENERATION)
+
+
+def _visible_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Visible]:
+    """Rows of :func:`_visible_sql`, from asyncpg or as JSON (a UUID as text)."""
     found: dict[str, Visible] = {}
-    for row in rows:
-        data = dict(row)
+    for data in rows:
+        data = dict(data)
         ident = data.pop("id")
+        space_id = data.pop("space_id")
         found[ident] = Visible(
             id=ident,
-            space_id=data.pop("space_id"),
+            space_id=space_id if isinstance(space_id, UUID) else UUID(space_id),
             space_owner=data.pop("space_owner"),
             generation=data.pop("generation"),
             extra=data,
