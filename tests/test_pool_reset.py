@@ -75,7 +75,7 @@ async def _ask(client: httpx.AsyncClient, tok: str) -> list[str]:
 async def test_recalls_release_their_connection_without_a_reset_statement(
     one_connection_app: Any, writes: WriteService
 ) -> None:
-    a, tok_a, b, tok_b = await _two_teams(writes)
+    _, tok_a, _, tok_b = await _two_teams(writes)
     sent: list[str] = []
     async with _pool(one_connection_app).acquire() as conn:
         conn.add_query_logger(lambda record: sent.append(str(record.query)))
