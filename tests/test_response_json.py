@@ -38,6 +38,12 @@ def test_what_orjson_refuses_is_still_encoded() -> None:
     # a lone surrogate (orjson refuses it) and an integer beyond 64 bits
     for odd in ({"t": "a\ud800b"}, {"n": 2**70}):
         assert json.loads(encode_json(odd)) == odd
+    # a key that is not a string, a subclass of float: as the standard library writes them
+    class Score(float):
+        pass
+
+    for other in ({1: "a"}, {"s": Score(0.25)}):
+        assert encode_json(other) == json.dumps(other, separators=(",", ":")).encode()
 
 
 async def test_an_answer_with_non_ascii_text_is_utf8(client, writes) -> None:
