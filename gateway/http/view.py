@@ -177,8 +177,9 @@ def decode_json(data: str | bytes) -> object:
 def encode_json(data: object) -> bytes:
     """A response body as compact UTF-8 JSON, with orjson: a full recall's answer
     (about 6 KB) takes a tenth of the standard library encoder's time
-    (docs/benchmarks.md, "Worker CPU per recall at 100k"). The same JSON values as ``json.dumps``; text that is
-    not ASCII is written as UTF-8 rather than ``\\u`` escapes. What orjson
+    (docs/benchmarks.md, "Worker CPU per recall at 100k"). The same JSON
+    values as ``json.dumps``; text that is not ASCII is written as UTF-8
+    rather than ``\\u`` escapes. What orjson
     refuses (a lone surrogate in a string, an integer beyond 64 bits, a key
     that is not a string, a subclass of ``float``) is encoded by the standard
     library as before. The schema has no ``Float`` field and graphql-core
