@@ -213,7 +213,7 @@ def parse_eligible(rows: Sequence[Sequence[Any]]) -> dict[str, EligibleEvidence]
     The frozen dataclass's generated ``__init__`` sets each field through
     ``object.__setattr__`` by name, about 3.5 us a row on a loaded machine and
     a recall hydrates up to 120; its slots are set here directly, the same
-    objects (equal, hashable, frozen) in about 40 % of the time
+    objects (equal, hashable, frozen) in about half the time
     (docs/benchmarks.md, "Worker CPU per recall at 100k")."""
     found: dict[str, EligibleEvidence] = {}
     for r in rows:
