@@ -58,3 +58,12 @@ def test_rows_skip_the_generated_init(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(recall.EligibleEvidence, "__init__", counting)
     assert len(parse_eligible(_rows())) == 7
     assert calls == 0
+
+
+def test_every_field_is_set() -> None:
+    """A field added to EligibleEvidence must be set by parse_eligible too: the
+    module checks its list against the dataclass's fields when it loads."""
+    assert recall._ELIGIBLE_FIELDS == tuple(f.name for f in dataclasses.fields(EligibleEvidence))
+    (value,) = parse_eligible(_rows()[:1]).values()
+    for f in dataclasses.fields(EligibleEvidence):
+        getattr(value, f.name)  # an unset slot raises AttributeError

@@ -10,7 +10,7 @@ its own short transaction. State at ``t_sys`` is the latest event with
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -189,20 +189,22 @@ def _slot_setters(cls: type, names: Sequence[str]) -> tuple[Callable[[Any, Any],
     return tuple(getattr(cls, name).__set__ for name in names)
 
 
+_ELIGIBLE_FIELDS = (
+    "id",
+    "space_id",
+    "source_id",
+    "content",
+    "observed_at",
+    "recorded_at",
+    "relationship_ids",
+)
+# parse_eligible sets exactly these slots: a field added to EligibleEvidence
+# without a setter below would stay unset, so the module refuses to load instead.
+if tuple(f.name for f in fields(EligibleEvidence)) != _ELIGIBLE_FIELDS:
+    raise RuntimeError("parse_eligible must set every field of EligibleEvidence")
 _NEW = object.__new__
 (_SET_ID, _SET_SPACE, _SET_SOURCE, _SET_CONTENT, _SET_OBSERVED, _SET_RECORDED, _SET_RELS) = (
-    _slot_setters(
-        EligibleEvidence,
-        (
-            "id",
-            "space_id",
-            "source_id",
-            "content",
-            "observed_at",
-            "recorded_at",
-            "relationship_ids",
-        ),
-    )
+    _slot_setters(EligibleEvidence, _ELIGIBLE_FIELDS)
 )
 
 
