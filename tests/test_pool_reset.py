@@ -9,6 +9,7 @@ check what that session holds between requests; other uses keep the reset."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -67,8 +68,18 @@ async def _session_state(app: Any) -> dict[str, Any]:
     return dict(row)
 
 
-async def _ask(client: httpx.AsyncClient, tok: str) -> list[str]:
-    result = await recall(client, tok, q="billing service owned", limit=10)
+# recall shapes: the current view, a knownAt view, entity expansion with known IDs
+SHAPES: list[dict[str, Any]] = [
+    {},
+    {"knownAt": "now"},  # the instant of the request
+    {"entities": ["billing"], "known": ["ev-owner"]},
+]
+
+
+async def _ask(client: httpx.AsyncClient, tok: str, **shape: Any) -> list[str]:
+    if shape.get("knownAt") == "now":
+        shape = {**shape, "knownAt": datetime.now(UTC).isoformat()}
+    result = await recall(client, tok, q="billing service owned", limit=10, **shape)
     return [r["context"] for r in result["results"]]
 
 
@@ -96,13 +107,15 @@ async def test_one_teams_settings_never_reach_the_next_request(
     assert fresh["team"] == "" and fresh["own_role"]
     transport = httpx.ASGITransport(app=one_connection_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-        for tok, mine, other in ((tok_a, a, b), (tok_b, b, a), (tok_a, a, b), (tok_b, b, a)):
-            contexts = await _ask(client, tok)
-            assert any(mine in c for c in contexts), contexts
-            assert not any(other in c for c in contexts), contexts
-            after = await _session_state(one_connection_app)
-            # the same session as before the requests, with nothing of theirs
-            assert after == fresh, (after, fresh)
+        for shape in SHAPES:
+            for tok, mine, other in ((tok_a, a, b), (tok_b, b, a)):
+                contexts = await _ask(client, tok, **shape)
+                assert not any(other in c for c in contexts), (shape, contexts)
+                if "known" not in shape:  # known evidence is left out of the results
+                    assert any(mine in c for c in contexts), (shape, contexts)
+                after = await _session_state(one_connection_app)
+                # the same session as before the requests, with nothing of theirs
+                assert after == fresh, (shape, after, fresh)
 
 
 async def test_other_uses_of_a_connection_keep_the_reset(
