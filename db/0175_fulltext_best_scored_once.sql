@@ -4,7 +4,7 @@
 -- evidence; server CPU of the function cut after each of its steps, 40
 -- questions interleaved): of about 8.8 ms, the grouping of the postings and
 -- everything before it 4.0 ms, the exact scores of best (theta) 1.7 ms, the
--- exact scores of whole and the final order 2.7 ms. An exact score costs a
+-- exact scores of whole and the final order 2.6 ms. An exact score costs a
 -- lookup of the document's postings per query lexeme and of its length.
 --
 -- best (the 2 k documents of highest essential bound) was scored for theta,
