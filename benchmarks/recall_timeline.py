@@ -120,7 +120,9 @@ async def timeline(gw: ab.Gateway, questions: list[str]) -> list[dict[str, tuple
         started = time.perf_counter()
         with stage_tracer(tracer):  # type: ignore[arg-type]
             r = await gw.client.post(
-                "/graphql", json={"query": rb.FULL, "variables": {"q": question}}, headers=gw.headers
+                "/graphql",
+                json={"query": rb.FULL, "variables": {"q": question}},
+                headers=gw.headers,
             )
         ended = time.perf_counter()
         await asyncio.sleep(0)
@@ -153,7 +155,8 @@ def report_timeline(recalls: list[dict[str, tuple[float, float]]]) -> None:
         length = statistics.median(e - s for s, e in got)
         print(f"  {name:34}{start:8.2f}{end:8.2f}{length:8.2f}   ({len(got)} recalls)")
     gaps = [
-        r["sql first round"][0] - max(e for n, (_, e) in r.items() if n.startswith("sql ") and e < r["sql first round"][0])
+        r["sql first round"][0]
+        - max(e for n, (_, e) in r.items() if n.startswith("sql ") and e < r["sql first round"][0])
         for r in recalls
         if "sql first round" in r
     ]
@@ -187,8 +190,18 @@ async def contention(gw: ab.Gateway, questions: list[str]) -> None:
                 q = search.CandidateQuery(gw.team, branch, question, None, (), (), per_list, None)
                 await conn.fetch(*_flat(search.build_statement(q, ["fulltext"])))
                 d = related.DiscoveryQuery(
-                    gw.team, gw.space, gw.generation, [gw.space], now, now, question, None,
-                    per_discovery, (), (), (),
+                    gw.team,
+                    gw.space,
+                    gw.generation,
+                    [gw.space],
+                    now,
+                    now,
+                    question,
+                    None,
+                    per_discovery,
+                    (),
+                    (),
+                    (),
                 )
                 await conn.fetch(*_flat(related.build_discovery(d)))
                 return (time.perf_counter() - started) * 1000
