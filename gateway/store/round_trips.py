@@ -347,10 +347,10 @@ def merge_rounds(
     would have returned them for ``candidates`` and ``discovery`` (the whole
     queries): the lists in the same order (fusion adds in that order), each
     candidate hydrated once, discovery's lists and covered groups together."""
-    lists = {}
+    lists: dict[tuple[str, str], list[str]] = {}
     for b in candidates.branches:
-        for name in search.wanted_lists(candidates):
-            key = (b.branch, name)
+        for list_name in search.wanted_lists(candidates):
+            key = (b.branch, str(list_name))
             if key in early.lists:
                 lists[key] = early.lists[key]
             elif late is not None and key in late.lists:
