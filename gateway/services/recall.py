@@ -288,7 +288,9 @@ class RecallService:
                 discovered = replace(
                     first.discovery, covered_groups=first.discovery.covered_groups | covered
                 )
-            related = await self._related(unit, view, shared, request, vector, returned, discovered)
+            related = await self._related(
+                unit, view, shared, request, vector, returned, discovered
+            )
             degradations += related.degradations
             if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
                 "relationships"
@@ -422,9 +424,7 @@ class RecallService:
                 async with unit.step() as conn:
                     got = await round_trips.answer_round(
                         conn,
-                        None
-                        if isinstance(query, hypothesis_frontier.HypothesisFrontier)
-                        else query,
+                        None if isinstance(query, hypothesis_frontier.HypothesisFrontier) else query,
                         conflict_query,
                     )
             except STORE_FAILURES as exc:
