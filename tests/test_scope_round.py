@@ -44,6 +44,7 @@ def _queries(
     t_sys: datetime,
     t_valid: datetime,
     as_of: datetime | None,
+    known: tuple[list[str], list[str]] = ([], []),
 ) -> tuple[search.CandidateQuery, related.DiscoveryQuery]:
     spaces = [b.space_id for b in branches]
     shared = branches[0]
@@ -61,8 +62,8 @@ def _queries(
         vector,
         overfetch(5),
         [],
-        [],
-        [],
+        known[0],
+        known[1],
         as_of,
     )
     return cq, dq
@@ -77,6 +78,12 @@ async def test_scope_and_vector_rounds_answer_the_first_round(
     spaces = [b.space_id for b in branches]
     async with db.tenant(team, spaces) as conn:
         now: datetime = await conn.fetchval("SELECT now()")
+        # Known IDs, whose groups discovery covers: the scope round reads those
+        # (the vector round is sent without them, as the recall sends it).
+        known = (
+            [await conn.fetchval("SELECT min(id) FROM evidence WHERE team_id = $1", team)],
+            [await conn.fetchval("SELECT max(id) FROM relationships WHERE team_id = $1", team)],
+        )
         known_at = now - timedelta(milliseconds=1) if view == "knownAt" else None
         valid_at = now - timedelta(days=3650) if view == "validAt" else None
         t_sys = known_at or now
@@ -88,7 +95,7 @@ async def test_scope_and_vector_rounds_answer_the_first_round(
         early_branches = [search.BranchSearch(b.branch, b.space_id, 0) for b in branches]
         ready = vector if view == "vector known" else None
         early_cq, early_dq = _queries(
-            team, early_branches, QUERY, ready, early_t, valid_at or early_t, known_at
+            team, early_branches, QUERY, ready, early_t, valid_at or early_t, known_at, known
         )
         got = await round_trips.scope_round(
             conn,
@@ -98,7 +105,7 @@ async def test_scope_and_vector_rounds_answer_the_first_round(
         )
         # What the view statement and the one first round answer.
         view_now, view_spaces = await view_store.resolve_view(conn, team, spaces, known_at)
-        cq, dq = _queries(team, branches, QUERY, vector, t_sys, t_valid, known_at)
+        cq, dq = _queries(team, branches, QUERY, vector, t_sys, t_valid, known_at, known)
         whole = await round_trips.first_round(conn, cq, t_valid, dq)
         late = None
         assert got.first is not None
@@ -143,6 +150,7 @@ async def test_scope_and_vector_rounds_answer_the_first_round(
     }
     assert merged.eligible == whole.eligible and whole.eligible
     assert merged.discovery == whole.discovery and whole.discovery.lists["fulltext"]
+    assert whole.discovery.covered_groups
     assert list(merged.discovery.lists) == list(whole.discovery.lists)
     assert merged.path_groups == whole.path_groups and whole.path_groups
 

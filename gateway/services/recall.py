@@ -378,7 +378,10 @@ class RecallService:
             unit,
             replace(candidates, text=None, entity_ids=()),
             view.t_valid,
-            replace(discovery, text=None) if discovery is not None else None,
+            # The groups the known IDs cover came with the scope round's discovery.
+            replace(discovery, text=None, known_evidence_ids=(), known_relationship_ids=())
+            if discovery is not None
+            else None,
             checked=sorted({i for ids in early.lists.values() for i in ids}),
         )
         if late is None:
