@@ -19,8 +19,11 @@ a shared machine falls on all arms alike. Kinds of recall:
 - ``knownAt``: a full recall of a fresh question as a knownAt view.
 
 Prints per kind and arm p50 and p95 end to end (the first five questions warm
-up and are not counted), each arm's p50 against the first arm's, the load
-average, and the number of questions whose ranked results and related
+up and are not counted), each arm's p50 against the first arm's, the median of
+the paired differences (each question's latency on the arm less its latency on
+the first arm, asked back to back: steadier than the difference of the p50s
+on a loaded machine) and the share of questions the arm answered faster; the
+load average; and the number of questions whose ranked results and related
 relationships differ between arms (exit 1 if any).
 """
 
@@ -139,11 +142,19 @@ def main() -> None:
         f"between arms: {differ}"
     )
     for kind in dict.fromkeys(k for k, _ in times):
-        base = p50_p95(times[(kind, names[0])])[0]
+        first = times[(kind, names[0])]
+        base = p50_p95(first)[0]
         for name in names:
             p50, p95 = p50_p95(times[(kind, name)])
-            ratio = "" if name == names[0] else f"   p50 {p50 / base:.2f}x {names[0]}'s"
-            print(f"  {kind:9} {name:10} p50 {p50:6.1f} ms   p95 {p95:6.1f} ms{ratio}")
+            paired = ""
+            if name != names[0]:
+                diffs = [b - a for a, b in zip(first, times[(kind, name)], strict=True)]
+                faster = sum(d < 0 for d in diffs) / len(diffs)
+                paired = (
+                    f"   p50 {p50 / base:.2f}x {names[0]}'s; paired difference median "
+                    f"{statistics.median(diffs):+.1f} ms, faster on {faster:.0%}"
+                )
+            print(f"  {kind:9} {name:10} p50 {p50:6.1f} ms   p95 {p95:6.1f} ms{paired}")
     if differ:
         sys.exit(1)
 
