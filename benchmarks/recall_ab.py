@@ -56,7 +56,7 @@ ratio printed is each arm's p50 over the first arm's. Each arm asks as its own
 dataset's token, at its own team's ``knownAt`` instant. Answers are not
 compared (the datasets differ). Per arm and kind it also prints where the
 statements' time went: each statement of a recall named by its step
-(:data:`STEPS`: the token lookup, the view, the first round, ...; the time
+(:data:`STEPS`: the token lookup, the scope round, the first round, ...; the time
 from sending it to its answer, medians over the recalls) and each step's
 ratio to the first arm's. ``--parts`` then times the first round's parts,
 which the recall sends as one statement, one by one on each arm (same
@@ -97,8 +97,10 @@ WARM = 5
 
 # A recall's statements by the start of their text (whitespace collapsed), in
 # the order a full recall sends them (gateway/store/: the token lookup of
-# auth.py, the unit of database.py, recall.py's view, the three rounds of
-# round_trips.py with the community snapshot and related handles between
+# auth.py, the unit of database.py, the scope round of round_trips.py (the view
+# with the lists that need no query embedding; the view alone only when that
+# round failed), the first round (the vector parts after the scope round), the
+# answer and last rounds with the community snapshot and related handles between
 # them). A statement matching none is "other": a separate statement of a
 # degraded recall, or a step renamed in the store (then this table is behind).
 STEPS: tuple[tuple[str, str], ...] = (
@@ -106,6 +108,7 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("BEGIN", "begin"),
     ("SELECT set_config('role'", "tenant settings"),
     ("SELECT now() AS now, s.id, s.kind", "view"),
+    ("WITH scope AS MATERIALIZED", "scope round"),
     ("WITH cands AS MATERIALIZED", "first round"),
     ("WITH run AS MATERIALIZED", "community snapshot"),
     ("SELECT o.id, o.space_id, o.subject_entity_id", "related handles"),

@@ -36,7 +36,9 @@ call them unqualified); ``--functions SCHEMA=FILE`` makes it anew from a file of
         --functions old=db/0105_fulltext_top_k_without_arrays.sql \\
         --arm old=main.pickle@old --arm new=main.pickle
 
-``capture --prune-from N`` captures with the full-text lists'
+``capture --fresh`` captures the recall of a question new to the query
+embedding LRU (a repeated question's recall sends its vector lists with the
+view, one statement fewer). ``capture --prune-from N`` captures with the full-text lists'
 ``PRUNE_FROM_POSTINGS`` at ``N`` (0: the pruned path of large spaces, see
 ``recall_ab.py --prune-from``).
 """
@@ -73,8 +75,11 @@ def _cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-async def capture(dsn: str, seed: int) -> list[Statement]:
-    """The statements (and arguments) of one full recall, after two warm-up recalls."""
+async def capture(dsn: str, seed: int, fresh: bool = False) -> list[Statement]:
+    """The statements (and arguments) of one full recall, after two warm-up recalls.
+    ``fresh``: the query embedding LRU emptied before each, so the recall is that
+    of a new question (since the scope round, one statement more than a repeated
+    one's)."""
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -97,6 +102,8 @@ async def capture(dsn: str, seed: int) -> list[Statement]:
     ):
         for _ in range(3):
             seen.clear()
+            if fresh:
+                app.state.services.recall.embeddings._cache.clear()
             r = await client.post(
                 "/graphql",
                 json={"query": rb.FULL, "variables": {"q": question}},
@@ -272,6 +279,9 @@ def main() -> None:
     cap.add_argument("--out", type=Path, required=True)
     cap.add_argument("--seed", type=int, default=7)
     cap.add_argument("--prune-from", type=int, metavar="N")
+    cap.add_argument(
+        "--fresh", action="store_true", help="a new question's recall (the LRU emptied first)"
+    )
     snap = sub.add_parser("snapshot-role")
     snap.add_argument("--data-dir", type=Path, required=True)
     snap.add_argument("--role", required=True)
@@ -290,7 +300,7 @@ def main() -> None:
 
                 bm25.PRUNE_FROM_POSTINGS = args.prune_from
             asyncio.run(database_module.prepare(dsn, migrate=True))
-            statements = asyncio.run(capture(dsn, args.seed))
+            statements = asyncio.run(capture(dsn, args.seed, args.fresh))
             args.out.write_bytes(pickle.dumps(statements))
             print(f"{len(statements)} statements written to {args.out}")
         elif args.command == "snapshot-role":

@@ -368,6 +368,9 @@ async def test_statements_do_not_grow_with_related_limits(client, gateway_app, w
     tok = await token(writes, team, "bob")
     counter = gateway_app.state.services.db.counter
     counts = {}
+    # the question's embedding in the LRU first: every recall below reads it
+    # there alike (a fresh question costs one statement more, whatever the limits)
+    await related(client, tok, q="billing ledger invoices")
     # a small evidence limit leaves groups uncovered for the related frontiers
     for limits in ((1, 1, 1, 1), (3, 20, 10, 20), (2, 5, 3, 5)):
         limit, rel_limit, com, com_rel = limits

@@ -533,6 +533,9 @@ async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
     alice = await token(writes, team, "alice", "shared_only")
     counter = gateway_app.state.services.db.counter
     counts = {}
+    # the question's embedding in the LRU first: every recall below reads it
+    # there alike (a fresh question costs one statement more, whatever the limit)
+    await recall(client, alice, q="note invoices batch number ran", rels=0, communities=0)
     for limit in (1, 10, n):
         before = counter.count
         # Evidence reach only: the related frontiers (off here) would reach more cases.

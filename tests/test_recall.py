@@ -489,16 +489,26 @@ async def test_statements_do_not_grow_with_limit(client, gateway_app, writes) ->
     counts = {}
     for limit in (1, 10, 40):
         before = counter.count
-        result = await recall(client, tok, q="billing note invoices batch", limit=limit)
+        # A question of its own per limit: none is in the query embedding LRU.
+        result = await recall(client, tok, q=f"billing note invoices batch {limit}", limit=limit)
         counts[limit] = counter.count - before
         assert len(result["results"]) == limit
     assert counts[1] == counts[10] == counts[40], counts
     # A full recall (every frontier at its default limits, feedback on) sends 10:
-    # the token lookup, BEGIN, the tenant settings, the view, the candidate lists
-    # with their hydration and relationship discovery, the community snapshot,
-    # the handles, the hypotheses with the conflicts, the nested rows with the
-    # recall event, and COMMIT (gateway/store/round_trips.py).
+    # the token lookup, BEGIN, the tenant settings, the view with the full-text
+    # lists, their hydration and discovery by full text (sent while the question
+    # is embedded), the vector lists with theirs, the community snapshot, the
+    # handles, the hypotheses with the conflicts, the nested rows with the recall
+    # event, and COMMIT (gateway/store/round_trips.py).
     assert counts[10] == 10, counts
+    # A question asked before has its embedding at once (the LRU): every list
+    # goes with the view, one statement fewer, whatever the limit.
+    repeated = {}
+    for limit in (1, 10, 40):
+        before = counter.count
+        await recall(client, tok, q="billing note invoices batch 10", limit=limit)
+        repeated[limit] = counter.count - before
+    assert repeated == {1: 9, 10: 9, 40: 9}, repeated
 
 
 BARE = """query Bare($q: String) { recallMemory(query: $q) {
@@ -522,8 +532,12 @@ async def test_nested_fields_cost_no_statement_of_their_own(client, gateway_app,
     headers = {"Authorization": f"Bearer {tok}"}
     counts, bodies = {}, {}
     for name, document in (("bare", BARE), ("nested", NESTED)):
-        await client.post(  # warm: type introspection of new statements
-            "/graphql", json={"query": document, "variables": {"q": "billing"}}, headers=headers
+        # warm: type introspection of new statements, and the question's embedding
+        # (so that both documents' recalls read it from the LRU alike)
+        await client.post(
+            "/graphql",
+            json={"query": document, "variables": {"q": "billing service owner"}},
+            headers=headers,
         )
         before = counter.count
         r = await client.post(

@@ -106,7 +106,7 @@ async def test_every_statement_of_a_real_recall_has_its_step(dsn, writes: WriteS
     assert "other" not in steps, [sql[:80] for sql, _ in records]
     order = [name for _, name in ab.STEPS]
     assert steps == sorted(steps, key=order.index)
-    for step in ("token", "view", "first round", "hypotheses, conflicts", "commit"):
+    for step in ("token", "scope round", "first round", "hypotheses, conflicts", "commit"):
         assert step in steps
     # Exactly the statements the counter counts (not the driver's own).
     assert len(records) == counted

@@ -13,6 +13,7 @@ import uuid
 from typing import Any
 
 import numpy as np
+import pytest
 
 from gateway.embeddings import EmbeddingProvider, embed_queries
 from gateway.services.recall_types import overfetch
@@ -147,11 +148,23 @@ async def test_answer_and_last_rounds_are_their_statements(writes: Any, db: Data
         assert [tuple(r) for r in items] == [("evidence", evidence[0]["id"], 1)]
 
 
+@pytest.mark.parametrize(
+    "failing",
+    [
+        ("scope_round", "first_round", "answer_round", "last_round"),
+        ("scope_round",),
+        ("first_round",),
+    ],
+)
 async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
-    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any, failing: tuple[str, ...]
 ) -> None:
     """When a combined statement fails, its parts run one by one (each with its
-    own fallbacks): the answer is the same, it only costs more statements."""
+    own fallbacks): the answer is the same, it only costs more statements. The
+    scope round failing leaves the view alone, then the whole first round; the
+    first round failing after the scope round (the vector parts) leaves every
+    list to the frontiers' own statements. Each question is a fresh one for
+    the query embedding (the LRU emptied), so that both rounds run."""
     import asyncpg
 
     from .test_recall import recall, token
@@ -162,7 +175,10 @@ async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
     counter = gateway_app.state.services.db.counter
     q = "who owns the billing service"
 
+    embeddings = gateway_app.state.services.recall.embeddings
+
     async def asked() -> tuple[dict[str, Any], int]:
+        embeddings._cache.clear()
         before = counter.count
         answer = await recall(client, tok, q=q, limit=5)
         answer.pop("recallId", None)
@@ -176,7 +192,7 @@ async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
     async def fails(*args: Any, **kwargs: Any) -> Any:
         raise asyncpg.PostgresError("injected")
 
-    for name in ("first_round", "answer_round", "last_round"):
+    for name in failing:
         monkeypatch.setattr(round_trips, name, fails)
     alone, alone_count = await asked()
     assert alone == combined and combined["results"]

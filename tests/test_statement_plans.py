@@ -30,6 +30,11 @@ from .factories import jsonl, team_records
 from .test_recall import ids, more_evidence, recall, token
 
 FIRST_ROUND = "WITH cands AS MATERIALIZED%"
+SCOPE_ROUND = "WITH scope AS MATERIALIZED%"
+# Questions new to a gateway's query embedding LRU, so each recall sends both
+# rounds: the scope round (the view with the full-text lists) while the question
+# is embedded, the first round (the vector lists) after it.
+FRESH = ("billing note invoices", "billing service owner", "invoice batch")
 
 
 async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writes) -> None:
@@ -50,17 +55,26 @@ async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writ
                     "WHERE statement LIKE $1",
                     FIRST_ROUND,
                 )
+                scopes = await conn.fetch(
+                    "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+                    "WHERE statement LIKE $1 ORDER BY generic_plans DESC",
+                    SCOPE_ROUND,
+                )
                 # Outside a recall's transaction the server's own mode is back.
                 mode = await conn.fetchval("SELECT current_setting('plan_cache_mode')")
     assert ids(again) == ids(first)
-    # One prepared text for the five recalls of one shape (shared and private
-    # branch, full text and vector lists, discovery): about 20 KB, longer than
-    # asyncpg's default limit, until db/0085 moved the full-text lists' top-k
-    # into functions; about 14 KB since.
+    # One prepared text per round for the recalls of one shape (shared and private
+    # branch, full text and vector lists, discovery). The four fresh questions
+    # send the scope round with the full-text lists, then the vector round; the
+    # repeated one has its embedding at once (the LRU): a scope round with every
+    # list, and no first round. The scope round with the full-text lists and
+    # hydration is longer than asyncpg's default limit for prepared statements.
     assert len(rows) == 1, [r["statement"][:200] for r in rows]
-    assert len(rows[0]["statement"]) > 10 * 1024
-    # Planned once, generically, and that plan reused by the four recalls after it.
-    assert (rows[0]["generic_plans"], rows[0]["custom_plans"]) == (5, 0)
+    assert len(scopes) == 2, [r["statement"][:200] for r in scopes]
+    assert max(len(r["statement"]) for r in scopes) > 15 * 1024
+    # Each planned once, generically, and that plan reused by the recalls after it.
+    assert (rows[0]["generic_plans"], rows[0]["custom_plans"]) == (4, 0)
+    assert [(r["generic_plans"], r["custom_plans"]) for r in scopes] == [(4, 0), (1, 0)]
     assert mode == "auto"
 
 
@@ -93,18 +107,18 @@ async def test_the_setting_chooses_how_recalls_are_planned(dsn, writes) -> None:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-                for _ in range(3):
-                    answers.setdefault(mode, []).append(
-                        ids(await recall(client, tok, q="billing note invoices"))
-                    )
+                for q in FRESH:
+                    answers.setdefault(mode, []).append(ids(await recall(client, tok, q=q)))
                 async with app.state.services.db.pool.acquire() as conn:
-                    row = await conn.fetchrow(
+                    rows = await conn.fetch(
                         "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                        "WHERE statement LIKE $1",
+                        "WHERE statement LIKE $1 OR statement LIKE $2",
                         FIRST_ROUND,
+                        SCOPE_ROUND,
                     )
-        counts[mode] = (row["generic_plans"], row["custom_plans"])
-    assert counts == {"force_custom_plan": (0, 3), "force_generic_plan": (3, 0)}
+        counts[mode] = {(r["generic_plans"], r["custom_plans"]) for r in rows}
+        assert len(rows) == 2
+    assert counts == {"force_custom_plan": {(0, 3)}, "force_generic_plan": {(3, 0)}}
     assert answers["force_custom_plan"] == answers["force_generic_plan"]
     assert answers["force_custom_plan"][0]
 
@@ -153,15 +167,16 @@ async def test_server_mode_leaves_the_databases_own_setting(
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-            for _ in range(3):
-                assert ids(await recall(client, tok, q="billing note invoices"))
+            for q in FRESH:
+                assert ids(await recall(client, tok, q=q))
         async with app.state.services.db.pool.acquire() as conn:
-            row = await conn.fetchrow(
+            rows = await conn.fetch(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                "WHERE statement LIKE $1",
+                "WHERE statement LIKE $1 OR statement LIKE $2",
                 FIRST_ROUND,
+                SCOPE_ROUND,
             )
-    assert (row["generic_plans"], row["custom_plans"]) == (0, 3)
+    assert [(r["generic_plans"], r["custom_plans"]) for r in rows] == [(0, 3), (0, 3)]
 
 
 async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -> None:

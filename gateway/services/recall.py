@@ -31,6 +31,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Final
 
 import numpy as np
@@ -127,6 +128,17 @@ class QueryEmbeddings:
         self.size = size
         self.store_model = store_model
         self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
+
+    def known(self, query: str | None) -> tuple[bool, np.ndarray | None]:
+        """``(True, vector)`` when :meth:`vector` would answer without running the
+        model and without a degradation (no query; a query in the LRU), else
+        ``(False, None)``: what a recall may send before the embedding is done."""
+        if query is None:
+            return True, None
+        if self.store_model is not None and self.store_model.mismatch() is not None:
+            return False, None
+        cached = self._cache.get((embedding_epoch(self.embedder), query))
+        return (True, cached) if cached is not None else (False, None)
 
     @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
@@ -230,10 +242,17 @@ class RecallService:
             readonly=not snapshot,
             plan_cache_mode=self.plan_cache_mode,
         ) as unit:
-            # 1. Scope, while the query is embedded (in the provider's thread or remotely).
+            # 1. Scope, while the query is embedded (in the provider's thread or
+            # remotely): the view, and with it every list whose input is known
+            # already (full text and entities; the vector lists too when the
+            # embedding is, from the LRU), so that their work runs on the server
+            # during the model run instead of after it.
+            ready, known = self.embeddings.known(request.query)
             embedding = asyncio.ensure_future(self.embeddings.vector(request.query, degradations))
             try:
-                view, branches = await self._scope(unit, principal, request)
+                view, branches, early = await self._scope_round(
+                    unit, principal, request, known if ready else None
+                )
             except BaseException:
                 embedding.cancel()
                 raise
@@ -245,8 +264,11 @@ class RecallService:
             pending = _vectors_pending(view, branches)
             if pending is not None and vector is not None:
                 degradations.append(Degradation("evidence", VECTOR_INDEX_PENDING, pending))
-            # 2. Evidence, with relationship discovery beside it (one round trip).
-            first = await self._first_round(unit, view, branches, request, vector, shared)
+            # 2. Evidence, with relationship discovery beside it: what the scope
+            # round did not read (the vector parts), in one more round trip.
+            first = await self._first_round(
+                unit, view, branches, request, vector, shared, early, ready
+            )
             evidence = await search_evidence(
                 unit,
                 view,
@@ -330,7 +352,6 @@ class RecallService:
         return outcome
 
     @staticmethod
-    @stage("search")
     async def _first_round(
         unit: Unit,
         view: ReadView,
@@ -338,17 +359,50 @@ class RecallService:
         request: RecallRequest,
         vector: np.ndarray | None,
         shared: SharedBranch | None,
+        early: round_trips.FirstRound | None,
+        ready: bool,
     ) -> round_trips.FirstRound | None:
-        """Candidates, hydration and discovery in one statement. None when it fails
-        (the frontiers then read their own statements, each with its fallbacks and
-        degradations) or when there is nothing to search."""
+        """The candidate lists, their hydration and discovery: those the scope round
+        read (``early``; ``ready``: with the query's vector, so all of them), and
+        the vector parts after it. None when nothing is to be searched, or when a
+        combined statement failed: the frontiers then read their own statements,
+        each with its fallbacks and degradations."""
+        candidates = candidate_query(view.team_id, branches, request, vector, view.t_sys)
+        discovery = discovery_query(view, shared, request, vector)
+        if early is None or not candidates.branches:
+            # No scope round's lists (it failed, or the view disagreed): all at once.
+            return await RecallService._search_round(unit, candidates, view.t_valid, discovery)
+        if ready or vector is None:
+            return round_trips.merge_rounds(candidates, discovery, early, None)
+        late = await RecallService._search_round(
+            unit,
+            replace(candidates, text=None, entity_ids=()),
+            view.t_valid,
+            # The groups the known IDs cover came with the scope round's discovery.
+            replace(discovery, text=None, known_evidence_ids=(), known_relationship_ids=())
+            if discovery is not None
+            else None,
+            checked=sorted({i for ids in early.lists.values() for i in ids}),
+        )
+        if late is None:
+            return None
+        return round_trips.merge_rounds(candidates, discovery, early, late)
+
+    @staticmethod
+    @stage("search")
+    async def _search_round(
+        unit: Unit,
+        candidates: search.CandidateQuery,
+        t_valid: datetime,
+        discovery: related_store.DiscoveryQuery | None,
+        checked: Sequence[str] = (),
+    ) -> round_trips.FirstRound | None:
+        """Candidates, hydration and discovery in one statement (``checked``: already
+        hydrated); None when it fails or when there is nothing to search."""
         try:
             async with unit.step() as conn:
                 return await round_trips.first_round(
-                    conn,
-                    candidate_query(view.team_id, branches, request, vector, view.t_sys),
-                    view.t_valid,
-                    discovery_query(view, shared, request, vector),
+                    conn, candidates, t_valid, discovery, checked=checked
                 )
         except STORE_FAILURES as exc:
             log.warning("combined evidence search failed (%s); searching step by step", exc)
@@ -389,15 +443,82 @@ class RecallService:
         return hyps, conflicts
 
     @stage("scope")
+    async def _scope_round(
+        self,
+        unit: Unit,
+        principal: Principal,
+        request: RecallRequest,
+        vector: np.ndarray | None,
+    ) -> tuple[ReadView, list[search.BranchSearch], round_trips.FirstRound | None]:
+        """The view, the branches to search in it, and the first round's parts sent
+        with it (``vector``: the query's, when already known): one statement
+        (round_trips.scope_round). If it fails, the view alone, and no parts (the
+        first round then reads them all)."""
+        spaces = principal.readable_space_ids
+        # The queries as the view will make them: a branch per readable space (the
+        # statement takes their generations from the view), the view's instants
+        # where the request gives them (else the statement's now()).
+        t_sys = request.known_at or _UNTIL_THE_VIEW
+        provisional = ReadView(
+            team_id=principal.team_id,
+            space_kinds=dict(zip(spaces, principal.space_kinds, strict=True)),
+            t_sys=t_sys,
+            t_valid=request.valid_at or t_sys,
+        )
+        candidates = candidate_query(
+            principal.team_id,
+            [search.BranchSearch(k, s, 0) for s, k in provisional.space_kinds.items()],
+            request,
+            vector,
+            t_sys,
+        )
+        discovery = discovery_query(
+            provisional, SharedBranch(principal.shared_space_id, 0), request, vector
+        )
+        scope = round_trips.ScopeQuery(
+            principal.team_id, spaces, request.known_at, request.valid_at
+        )
+        try:
+            async with unit.step() as conn:
+                got = await round_trips.scope_round(conn, scope, candidates, discovery)
+        except STORE_FAILURES as exc:
+            log.warning("view with the first lists failed (%s); the view alone", exc)
+            view, branches = await self._scope(unit, principal, request)
+            return view, branches, None
+        view, branches = self._view(principal, request, got.now, got.spaces)
+        first = got.first
+        if first is not None:
+            # The lists of the branches the view has (a space without a generation
+            # then has none); any other disagreement: read the lists again.
+            assumed = {(b.branch, b.space_id) for b in candidates.branches}
+            if not {(b.branch, b.space_id) for b in branches} <= assumed:
+                first = None
+            else:
+                names = {b.branch for b in branches}
+                first = replace(
+                    first, lists={k: v for k, v in first.lists.items() if k[0] in names}
+                )
+        return view, branches, first
+
     async def _scope(
         self, unit: Unit, principal: Principal, request: RecallRequest
     ) -> tuple[ReadView, list[search.BranchSearch]]:
-        """The view (instants, readable spaces) and the branches to search in it."""
-        team = principal.team_id
+        """The view (instants, readable spaces) and the branches to search in it,
+        from the view statement alone."""
         async with unit.step() as conn:
             now, spaces = await store.resolve_view(
-                conn, team, principal.readable_space_ids, request.known_at
+                conn, principal.team_id, principal.readable_space_ids, request.known_at
             )
+        return self._view(principal, request, now, spaces)
+
+    @staticmethod
+    def _view(
+        principal: Principal,
+        request: RecallRequest,
+        now: datetime,
+        spaces: Sequence[store.SpaceView],
+    ) -> tuple[ReadView, list[search.BranchSearch]]:
+        team = principal.team_id
         t_sys = request.known_at or now
         view = ReadView(
             team_id=team,
@@ -504,6 +625,11 @@ class RecallService:
             await unit.commit()
         except STORE_FAILURES as exc:
             feedback.lost(outcome, exc)
+
+
+_UNTIL_THE_VIEW: Final = datetime(1, 1, 1, tzinfo=UTC)
+"""A current view's instant before the view is read: a placeholder that the scope
+round never sends (the statement's now() stands in its place)."""
 
 
 def _vectors_pending(view: ReadView, branches: Sequence[search.BranchSearch]) -> str | None:

@@ -25,6 +25,11 @@ class Params:
     def __getitem__(self, key: str) -> str:
         return self._refs[key]
 
+    def numbers(self) -> dict[str, int]:
+        """Each key's parameter number (``$n``): a combined statement that computes a
+        value in SQL puts its expression there (gateway/store/round_trips.py)."""
+        return {key: int(ref[1:].split("::", 1)[0]) for key, ref in self._refs.items()}
+
 
 def float_literal(value: float) -> str:
     """A float8 literal for a module constant (never user input)."""

@@ -28,7 +28,7 @@ class SpaceView:
     vectors_pending: bool = False
 
 
-_VIEW = """
+VIEW_SQL = """
 SELECT now() AS now, s.id, s.kind,
        (SELECT max(g.generation) FROM space_generations g
          WHERE g.team_id = s.team_id AND g.space_id = s.id
@@ -44,13 +44,17 @@ async def resolve_view(
     conn: Conn, team: str, space_ids: Sequence[UUID], known_at: datetime | None
 ) -> tuple[datetime, list[SpaceView]]:
     """The database's current time and each space's generation at the view's time."""
-    rows = await conn.fetch(_VIEW, team, list(space_ids), known_at)
+    rows = await conn.fetch(VIEW_SQL, team, list(space_ids), known_at)
     if not rows:
         now = await conn.fetchval("SELECT now()")
         return now, []
-    return rows[0]["now"], [
-        SpaceView(r["id"], r["kind"], r["generation"], r["vectors_pending"]) for r in rows
-    ]
+    return rows[0]["now"], parse_view(rows)
+
+
+def parse_view(rows: Sequence[Sequence[Any]]) -> list[SpaceView]:
+    """Rows of :data:`VIEW_SQL` by position (plain rows or the records of the
+    combined scope round, gateway/store/round_trips.py)."""
+    return [SpaceView(r[1], r[2], r[3], r[4]) for r in rows]
 
 
 def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:

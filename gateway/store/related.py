@@ -268,8 +268,12 @@ def _query_idf_as_of(p: Params, as_of: datetime) -> str:
 )"""
 
 
-def build_discovery(q: DiscoveryQuery) -> tuple[str, list[Any]]:
-    """The one discovery statement and its parameters (public for tests and plans)."""
+def build_discovery(
+    q: DiscoveryQuery, *, numbers: dict[str, int] | None = None
+) -> tuple[str, list[Any]]:
+    """The one discovery statement and its parameters (public for tests and plans).
+    ``numbers`` (if given) receives each named parameter's number, as for
+    :func:`gateway.store.search.build_statement`."""
     p = Params()
     p.bind("team", q.team_id, "text")
     p.bind("space", q.space_id, "uuid")
@@ -350,6 +354,8 @@ SELECT 'projection', 0, NULL,
          ORDER BY (pr.status = 'active') DESC, pr.generation DESC LIMIT 1)
 """
     )
+    if numbers is not None:
+        numbers.update(p.numbers())
     return sql, p.values
 
 

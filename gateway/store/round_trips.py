@@ -5,14 +5,23 @@ the candidate lists, then fusion in Python, ...). Statements that do not
 depend on each other's answers in Python are sent together here, each keeping
 its own SQL text (the modules that own them stay the one place of their
 rules): every part's parameters are renumbered after the previous parts', and
-each part's rows come back as one array of records in one row. Three rounds:
+each part's rows come back as one array of records in one row. The rounds:
 
+- :func:`scope_round`: the view (the readable spaces' generations at the
+  view's instant, the database's ``now()``) and, computed from it in SQL, the
+  first round's parts whose inputs are known when it is sent: the full-text
+  and entity lists, the hydration of their candidates, discovery by full text
+  (and the vector parts too when the query's embedding is already known).
+  A recall sends it while its question is embedded, so the lexical work runs
+  on the server during the model run instead of after it;
 - :func:`first_round`: the candidate lists of every branch, the canonical
   hydration of all their candidates (fed in SQL from the lists, so it needs
   no round trip of its own), relationship discovery beside them (its coverage
   by the *returned* evidence is applied later, by the caller, from the
   semantic groups of the hydrated support paths returned here), and those
-  groups;
+  groups; after a scope round, only the vector parts, hydrating only the
+  candidates the scope round did not (``checked``), merged with
+  :func:`merge_rounds`;
 - :func:`answer_round`: the related hypotheses and both kinds of conflicts;
 - :func:`last_round`: the rows of the answer's nested fields and the recall
   event for feedback (a data-modifying statement, so its CTEs lead).
@@ -32,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from gateway.store import conflicts, feedback, hypotheses, recall, related, search
 from gateway.store.connection import Conn
@@ -39,9 +49,13 @@ from gateway.store.connection import Conn
 __all__ = [
     "AnswerRound",
     "FirstRound",
+    "ScopeQuery",
+    "ScopeRound",
     "answer_round",
     "first_round",
     "last_round",
+    "merge_rounds",
+    "scope_round",
 ]
 
 _PARAM = re.compile(r"\$(\d+)")
@@ -143,50 +157,92 @@ class FirstRound:
     path_groups: dict[str, str]
 
 
-async def first_round(
-    conn: Conn,
+@dataclass(frozen=True, slots=True)
+class _ViewExprs:
+    """SQL expressions of the view's values, for parts sent with the view itself:
+    ``None`` keeps a part's own parameter (a value known before the view)."""
+
+    generations: str | None = None  # the branches' generations, an integer[]
+    shared_generation: str | None = None  # discovery's space's generation
+    t_sys: str | None = None
+    t_valid: str | None = None
+
+
+def _search_parts(
+    placer: _Placer,
     candidates: search.CandidateQuery,
     t_valid: datetime,
     discovery: related.DiscoveryQuery | None,
-) -> FirstRound | None:
-    """Candidates, hydration and discovery in one statement; None when there is no
-    candidate list to search (the caller's separate path answers that case)."""
+    view: _ViewExprs,
+    checked: Sequence[str],
+) -> tuple[list[str], list[str], list[search.ListName], list[str] | None]:
+    """The CTEs and selections of the candidate lists, their hydration, discovery and
+    the support paths' groups; and what they ask: the lists, and discovery's lists
+    (None: discovery not asked for)."""
     wanted = search.wanted_lists(candidates)
-    if not wanted or not candidates.branches:
-        return None
     search.check(candidates)
-    placer = _Placer()
-    cand_sql, cand_args = search.build_statement(candidates, wanted)
-    ctes = [f"cands AS MATERIALIZED (\n{placer.part(cand_args)(cand_sql)}\n)"]
+    numbers: dict[int, str] = {}
+    cand_numbers: dict[str, int] = {}
+    cand_sql, cand_args = search.build_statement(candidates, wanted, numbers=cand_numbers)
+    if view.generations is not None:
+        numbers[cand_numbers["generations"]] = view.generations
+    if view.t_sys is not None:
+        numbers[cand_numbers["known_at"]] = view.t_sys
+    ctes = [f"cands AS MATERIALIZED (\n{placer.part(cand_args, numbers)(cand_sql)}\n)"]
     team = candidates.team_id
     spaces = [b.space_id for b in candidates.branches]
     t_sys = candidates.known_at
-    hydrate = placer.part(
-        [team, None, spaces, t_sys, t_valid],
-        {2: "ARRAY(SELECT DISTINCT c.evidence_id FROM cands c)"},
-    )
+    # Candidates the caller has hydrated already (a scope round's) are not again.
+    fresh = ""
+    if checked:
+        fresh = " WHERE c.evidence_id <> ALL (" + placer.part([list(checked)])("$1::text[]") + ")"
+    hyd_exprs = {2: f"ARRAY(SELECT DISTINCT c.evidence_id FROM cands c{fresh})"}
+    if view.t_sys is not None:
+        hyd_exprs[4] = view.t_sys
+    if view.t_valid is not None:
+        hyd_exprs[5] = view.t_valid
+    hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
     ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
     selects = [
         "(SELECT array_agg(ROW(c.branch, c.list_name, c.rank, c.evidence_id)) FROM cands c)",
         "(SELECT array_agg(ROW(h.*)) FROM hyd h)",
     ]
-    disc_wanted: list[str] = []
+    disc_wanted: list[str] | None = None
     if discovery is not None:
         disc_wanted = related.wanted_lists(discovery)
     if disc_wanted and discovery is not None:
         related.check(discovery)
-        disc_sql, disc_args = related.build_discovery(discovery)
+        disc_numbers: dict[str, int] = {}
+        disc_sql, disc_args = related.build_discovery(discovery, numbers=disc_numbers)
+        exprs: dict[int, str] = {}
+        for key, expr in (
+            ("generation", view.shared_generation),
+            ("t_sys", view.t_sys),
+            ("t_valid", view.t_valid),
+        ):
+            if expr is not None:
+                exprs[disc_numbers[key]] = expr
         selects.append(
-            f"(SELECT array_agg(ROW(d.*)) FROM (\n{placer.part(disc_args)(disc_sql)}\n) d)"
+            f"(SELECT array_agg(ROW(d.*)) FROM (\n{placer.part(disc_args, exprs)(disc_sql)}\n) d)"
         )
-        groups = placer.part([team, list(discovery.readable_space_ids), discovery.t_sys])
+        groups = placer.part(
+            [team, list(discovery.readable_space_ids), discovery.t_sys],
+            {3: view.t_sys} if view.t_sys is not None else None,
+        )
         selects.append(f"(SELECT array_agg(ROW(g.*)) FROM (\n{groups(_PATH_GROUPS)}\n) g)")
-    sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
-    row = await conn.fetchrow(sql, *placer.args)
-    assert row is not None
+    return ctes, selects, wanted, disc_wanted
+
+
+def _parse_search(
+    candidates: search.CandidateQuery,
+    wanted: Sequence[search.ListName],
+    disc_wanted: Sequence[str] | None,
+    row: Sequence[Any],
+) -> FirstRound:
+    """A round's lists, hydration and discovery from its selections ``row``."""
     found: related.Discovery | None = None
     path_groups: dict[str, str] = {}
-    if discovery is not None:
+    if disc_wanted is not None:
         if disc_wanted:
             found = related.parse_discovery(disc_wanted, _rows(row[2]))
             path_groups = {r[0]: r[1] for r in _rows(row[3])}
@@ -197,6 +253,166 @@ async def first_round(
         eligible=recall.parse_eligible(_rows(row[1])),
         discovery=found,
         path_groups=path_groups,
+    )
+
+
+async def first_round(
+    conn: Conn,
+    candidates: search.CandidateQuery,
+    t_valid: datetime,
+    discovery: related.DiscoveryQuery | None,
+    *,
+    checked: Sequence[str] = (),
+) -> FirstRound | None:
+    """Candidates, hydration and discovery in one statement; None when there is no
+    candidate list to search (the caller's separate path answers that case).
+    ``checked``: candidates already hydrated (by a scope round), not hydrated
+    again; ``eligible`` then holds only the others."""
+    if not search.wanted_lists(candidates) or not candidates.branches:
+        return None
+    placer = _Placer()
+    ctes, selects, wanted, disc_wanted = _search_parts(
+        placer, candidates, t_valid, discovery, _ViewExprs(), checked
+    )
+    sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
+    row = await conn.fetchrow(sql, *placer.args)
+    assert row is not None
+    return _parse_search(candidates, wanted, disc_wanted, row)
+
+
+# --- the view, with the parts of the first round that need no query embedding ------------
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeQuery:
+    """The view a recall asks for: its readable spaces (shared first) and instants."""
+
+    team_id: str
+    space_ids: Sequence[UUID]
+    known_at: datetime | None  # None: the transaction's now()
+    valid_at: datetime | None  # None: the view's t_sys
+
+
+@dataclass(frozen=True, slots=True)
+class ScopeRound:
+    now: datetime
+    spaces: list[recall.SpaceView]
+    # The lists read with the view (their branches are every readable space:
+    # a space without a generation in the view has empty lists), their
+    # hydration and discovery; None when none was asked.
+    first: FirstRound | None
+
+
+async def scope_round(
+    conn: Conn,
+    scope: ScopeQuery,
+    candidates: search.CandidateQuery | None,
+    discovery: related.DiscoveryQuery | None,
+) -> ScopeRound:
+    """The view and, in the same statement, the lists of ``candidates`` with their
+    hydration and ``discovery``, fed in SQL from the view's values.
+
+    ``candidates`` has a branch per readable space (``scope.space_ids``, in that
+    order) and ``discovery`` is of one of them; the values they take from the
+    view (the generations, and ``t_sys`` and ``t_valid`` when they default to
+    ``now()``) are the view's own expressions here, whatever the queries hold
+    for them. A space with no generation at the view's instant gets NULL, which
+    no row matches: its lists come back empty, and its branch is not searched.
+    The statement reads what the view statement and :func:`first_round` would
+    read in one transaction (``now()`` is the transaction's instant)."""
+    placer = _Placer()
+    view = placer.part([scope.team_id, list(scope.space_ids), scope.known_at])
+    ctes = [
+        f"scope AS MATERIALIZED (\n{view(recall.VIEW_SQL)}\n)",
+        # The generations in the order of the branches (NULL: not in the view).
+        "scope_generations AS MATERIALIZED (\n"
+        "SELECT array_agg(v.generation ORDER BY w.n) AS generations\n"
+        f"FROM unnest({view('$2::uuid[]')}) WITH ORDINALITY AS w (id, n)\n"
+        "LEFT JOIN scope v ON v.id = w.id\n)",
+    ]
+    selects = ["(SELECT array_agg(ROW(v.*)) FROM scope v)", "now()"]
+    t_sys = "now()" if scope.known_at is None else None
+    t_valid = "now()" if scope.known_at is None and scope.valid_at is None else None
+    parsed: tuple[search.CandidateQuery, list[search.ListName], list[str] | None] | None = None
+    if candidates is not None and search.wanted_lists(candidates):
+        if [b.space_id for b in candidates.branches] != list(scope.space_ids):
+            raise ValueError("the candidate branches must be the scope's spaces, in order")
+        shared = None
+        if discovery is not None:
+            shared = list(scope.space_ids).index(discovery.space_id) + 1
+        exprs = _ViewExprs(
+            generations="(SELECT sg.generations FROM scope_generations sg)",
+            shared_generation=(
+                f"(SELECT sg.generations[{shared}] FROM scope_generations sg)"
+                if shared is not None
+                else None
+            ),
+            t_sys=t_sys,
+            t_valid=t_valid,
+        )
+        more_ctes, more, wanted, disc_wanted = _search_parts(
+            placer,
+            candidates,
+            # A placeholder when t_valid is now(): its expression replaces it.
+            scope.valid_at or scope.known_at or candidates.known_at or datetime.min,
+            discovery,
+            exprs,
+            (),
+        )
+        ctes += more_ctes
+        selects += more
+        parsed = (candidates, wanted, disc_wanted)
+    sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
+    row = await conn.fetchrow(sql, *placer.args)
+    assert row is not None
+    first = None
+    if parsed is not None:
+        first = _parse_search(parsed[0], parsed[1], parsed[2], tuple(row)[2:])
+    return ScopeRound(row[1], recall.parse_view(_rows(row[0])), first)
+
+
+def merge_rounds(
+    candidates: search.CandidateQuery,
+    discovery: related.DiscoveryQuery | None,
+    early: FirstRound,
+    late: FirstRound | None,
+) -> FirstRound:
+    """One first round from a scope round's parts and a later round's (the vector
+    parts, hydrating only what the scope round did not), as :func:`first_round`
+    would have returned them for ``candidates`` and ``discovery`` (the whole
+    queries): the lists in the same order (fusion adds in that order), each
+    candidate hydrated once, discovery's lists and covered groups together."""
+    lists: dict[tuple[str, str], list[str]] = {}
+    for b in candidates.branches:
+        for list_name in search.wanted_lists(candidates):
+            key = (b.branch, str(list_name))
+            if key in early.lists:
+                lists[key] = early.lists[key]
+            elif late is not None and key in late.lists:
+                lists[key] = late.lists[key]
+            else:
+                raise ValueError(f"no round read the list {key}")
+    found = early.discovery if discovery is not None else None
+    if discovery is not None and late is not None and late.discovery is not None:
+        parts = [early.discovery, late.discovery] if early.discovery else [late.discovery]
+        named: dict[str, list[tuple[str, str]]] = {}
+        for name in related.wanted_lists(discovery):
+            for part in parts:
+                if name in part.lists:
+                    named[name] = part.lists[name]
+                    break
+            else:
+                raise ValueError(f"no round read the discovery list {name}")
+        found = related.Discovery(
+            named,
+            frozenset().union(*(p.covered_groups for p in parts)),
+            late.discovery.projection_status,
+        )
+    return FirstRound(
+        lists=lists,
+        eligible={**early.eligible, **(late.eligible if late is not None else {})},
+        discovery=found,
+        path_groups={**early.path_groups, **(late.path_groups if late is not None else {})},
     )
 
 

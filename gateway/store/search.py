@@ -345,12 +345,16 @@ def wanted_lists(q: CandidateQuery) -> list[ListName]:
     return wanted
 
 
-def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str, list[Any]]:
+def build_statement(
+    q: CandidateQuery, wanted: Sequence[ListName], *, numbers: dict[str, int] | None = None
+) -> tuple[str, list[Any]]:
     """The one statement and its parameters (public for tests and plan inspection).
 
     Branches are bound as arrays (space IDs, generations, names) and each
     branch's subqueries take element ``i``; the text varies only with the
-    number of branches and the set of lists.
+    number of branches and the set of lists. ``numbers`` (if given) receives
+    each named parameter's number (``generations``, ``known_at``, ...), for a
+    combined statement that computes some of them in SQL (round_trips).
     """
     p = Params()
     p.bind("team", q.team_id, "text")
@@ -386,6 +390,8 @@ def build_statement(q: CandidateQuery, wanted: Sequence[ListName]) -> tuple[str,
             parts.append(builders[name](p, branch, space, generation))
     union = "\nUNION ALL\n".join(f"({part}\n)" for part in parts)
     sql = f"{prelude}SELECT c.branch, c.list_name, c.rank, c.evidence_id FROM (\n{union}\n) c"
+    if numbers is not None:
+        numbers.update(p.numbers())
     return sql, p.values
 
 
