@@ -97,25 +97,31 @@ asked AS (
     SELECT a.relationship_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (relationship_id, reach)
 ),
 -- Driven from the asked relationships: each is looked up by the positions'
--- relationship index, in a subquery that OFFSET 0 keeps apart (never pulled up
--- into the join), so that the cost follows the answer's relationships, not the
--- number of cases in the space. As a plain join, the generic plan (every case
--- of a space estimated at one row) read every case of the space and each
--- case's positions, then compared them with every asked ID.
+-- relationship index, and each case found by its key, in subqueries that
+-- OFFSET 0 keeps apart (never pulled up into a join the planner may turn
+-- around), so that the cost follows the answer's relationships, not the number
+-- of cases in the space. As a plain join, the recall's generic plan (a space's
+-- cases estimated at a row or so) read every case of the space and each case's
+-- positions, then compared them with every asked ID.
 cases AS MATERIALIZED (
-    SELECT x.id, x.space_id, x.question, min(a.reach) AS reach
+    SELECT cc.id, cc.space_id, cc.question, min(a.reach) AS reach
     FROM asked a
     CROSS JOIN LATERAL (
-        SELECT cc.id, cc.space_id, cc.question, cc.generation
+        SELECT cpr.case_id
         FROM conflict_position_relationships cpr
-        JOIN conflict_cases cc
-          ON cc.team_id = $1 AND cc.space_id = ANY($2::uuid[]) AND cc.id = cpr.case_id
         WHERE cpr.team_id = $1 AND cpr.space_id = ANY($2::uuid[])
-          AND cpr.relationship_id = a.relationship_id AND cc.recorded_at <= $5
+          AND cpr.relationship_id = a.relationship_id
         OFFSET 0
-    ) x
-    JOIN gen ON gen.space_id = x.space_id AND gen.generation = x.generation
-    GROUP BY x.id, x.space_id, x.question
+    ) cpr
+    CROSS JOIN LATERAL (
+        SELECT cc.id, cc.space_id, cc.question, cc.generation
+        FROM conflict_cases cc
+        WHERE cc.team_id = $1 AND cc.space_id = ANY($2::uuid[]) AND cc.id = cpr.case_id
+          AND cc.recorded_at <= $5
+        OFFSET 0
+    ) cc
+    JOIN gen ON gen.space_id = cc.space_id AND gen.generation = cc.generation
+    GROUP BY cc.id, cc.space_id, cc.question
 ),
 stated AS MATERIALIZED (
     SELECT c.id, c.space_id, c.question, c.reach, last.event, last.preferred_position_id,
@@ -323,22 +329,27 @@ WITH {_GEN},
 asked AS (
     SELECT a.evidence_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (evidence_id, reach)
 ),
--- Driven from the asked evidence by the positions' evidence index, in a
--- subquery kept apart by OFFSET 0 (as for the relationship cases above).
+-- Driven from the asked evidence by the positions' evidence index, each conflict
+-- found by its key, in subqueries kept apart by OFFSET 0 (as for the cases above).
 reached AS MATERIALIZED (
-    SELECT x.id, x.space_id, x.question, min(a.reach) AS reach
+    SELECT ec.id, ec.space_id, ec.question, min(a.reach) AS reach
     FROM asked a
     CROSS JOIN LATERAL (
-        SELECT ec.id, ec.space_id, ec.question, ec.generation
+        SELECT p.space_id, p.conflict_id
         FROM evidence_conflict_positions p
-        JOIN evidence_conflicts ec
-          ON ec.team_id = $1 AND ec.space_id = p.space_id AND ec.id = p.conflict_id
         WHERE p.team_id = $1 AND p.space_id = ANY($2::uuid[]) AND p.evidence_id = a.evidence_id
-          AND p.recorded_at <= $5 AND ec.recorded_at <= $5
+          AND p.recorded_at <= $5
         OFFSET 0
-    ) x
-    JOIN gen ON gen.space_id = x.space_id AND gen.generation = x.generation
-    GROUP BY x.id, x.space_id, x.question
+    ) p
+    CROSS JOIN LATERAL (
+        SELECT ec.id, ec.space_id, ec.question, ec.generation
+        FROM evidence_conflicts ec
+        WHERE ec.team_id = $1 AND ec.space_id = p.space_id AND ec.id = p.conflict_id
+          AND ec.recorded_at <= $5
+        OFFSET 0
+    ) ec
+    JOIN gen ON gen.space_id = ec.space_id AND gen.generation = ec.generation
+    GROUP BY ec.id, ec.space_id, ec.question
 ),
 -- Driven from the reached conflicts' positions, so that the cost follows the
 -- conflicts, not the size of the space.
