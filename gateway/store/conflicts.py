@@ -83,6 +83,7 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 
 # $1 team, $2 readable spaces, $3 relationship IDs, $4 their reach, $5 t_sys,
 # $6 cap of cases, $7 cap of supporters per position.
+_ASKED_CASES = "SELECT a.relationship_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (relationship_id, reach)"
 _GEN = """
 gen AS MATERIALIZED (
     SELECT g.space_id, max(g.generation) AS generation
@@ -94,7 +95,7 @@ gen AS MATERIALIZED (
 _CASES = f"""
 WITH {_GEN},
 asked AS (
-    SELECT a.relationship_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (relationship_id, reach)
+    {_ASKED_CASES}
 ),
 -- Driven from the asked relationships: each is looked up by the positions'
 -- relationship index, and each case found by its key, in subqueries that
@@ -248,12 +249,25 @@ class ConflictQuery:
     supporter_cap: int
 
 
-def cases_statement(q: ConflictQuery) -> tuple[str, list[Any]] | None:
-    """The relationship cases' statement and parameters; None when nothing can reach one."""
-    if not q.relationship_reach or q.cap <= 0:
+def cases_statement(q: ConflictQuery, more: str | None = None) -> tuple[str, list[Any]] | None:
+    """The relationship cases' statement and parameters; None when nothing can reach one.
+
+    ``more``: the name of a relation of an enclosing statement, with columns
+    ``relationship_id`` and ``reach``: relationships that reach as given besides
+    ``q.relationship_reach`` (the related frontiers' handles, read in the same
+    statement: gateway/store/round_trips.py). A relationship in both reaches at
+    the smaller rank, as :func:`gateway.services.recall_types.answer_reach` ranks it.
+    """
+    if q.cap <= 0 or (not q.relationship_reach and more is None):
         return None
+    sql = _CASES
+    if more is not None:
+        sql = sql.replace(
+            _ASKED_CASES,
+            f"{_ASKED_CASES}\n    UNION ALL\n    SELECT m.relationship_id, m.reach FROM {more} m",
+        )
     rel_ids = list(q.relationship_reach)
-    return _CASES, [
+    return sql, [
         q.team,
         list(q.space_ids),
         rel_ids,
