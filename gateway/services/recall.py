@@ -10,7 +10,9 @@
    community frontier, the direct fallback.
 4. **Hypotheses** (:mod:`gateway.services.hypotheses`, shared only).
 5. **Conflicts** (:mod:`gateway.services.conflicts`) reachable from every
-   relationship the answer returns.
+   relationship the answer returns. The related frontiers' handles, the
+   hypotheses and the conflicts are read in one statement (the handles reach
+   relationship cases, numbered in SQL; see ``load_handles`` below).
 6. **Feedback snapshot** (:mod:`gateway.services.feedback`), when enabled.
 
 Every statement of every stage runs in one unit of work: one pooled
