@@ -14,10 +14,12 @@
 --    in the view (the usual case) the filtered walk would have taken exactly
 --    those rows: the filter removes none, so the first ef rows the index hands
 --    over are the same, in the same order, with the same distances. When any
---    is not, the filtered walk of db/0075 runs as before and answers. The
---    check and the list's unnest are planned generically (the walk and the
---    exact scan, which read the partitioned table, stay planned per call:
---    force_custom_plan, as before).
+--    is not, the filtered walk of db/0075 runs as before and answers. Only
+--    the walks and the exact scan, which read the partitioned table, are
+--    planned per call (force_custom_plan, as before: pruned to the space's
+--    partition); the space's size, the check and the list's unnest keep
+--    generic plans (set_config inside the function, undone at its exit by its
+--    own SET clause).
 -- 2. relationship_fulltext_top_k (db/0150): the documents of `whole` that the
 --    floor's step `best_scores` already scored keep that score (the same
 --    expression over the same terms and length); only the others are looked
@@ -49,6 +51,7 @@ DECLARE
     approx_ids text[];
     approx_distances double precision[];
 BEGIN
+    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
     SELECT coalesce(sum(s.doc_count), 0) INTO space_size
     FROM relationship_search_stats s
     WHERE s.team_id = p_team AND s.space_id = p_space;
@@ -57,6 +60,7 @@ BEGIN
         ef := evidence_vector_ef(space_size, p_limit);
         PERFORM set_config('hnsw.ef_search', ef::text, true);
         PERFORM set_config('hnsw.max_scan_tuples', greatest(ef * 4, space_size / 10)::text, true);
+        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
         SELECT array_agg(w.relationship_id ORDER BY w.distance, w.relationship_id COLLATE "C"),
                array_agg(w.distance ORDER BY w.distance, w.relationship_id COLLATE "C")
         INTO approx_ids, approx_distances
