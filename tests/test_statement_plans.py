@@ -225,7 +225,8 @@ async def _function_body_plan(
     """The generic plan of a ``RETURN QUERY`` function's query, as the function keeps
     it (its body prepared with the arguments as parameters; the function's plan is
     not in EXPLAIN of a call). ``args``: SQL literals, one per argument; ``which``:
-    the function's ``which``-th ``RETURN QUERY`` (from 0), to its semicolon."""
+    the function's ``which``-th ``RETURN QUERY`` (from 0), to the semicolon that
+    ends it (the one before ``END`` or ``RETURN``)."""
     src, names, types, settings = await conn.fetchrow(
         "SELECT prosrc, proargnames, "
         "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
@@ -235,11 +236,13 @@ async def _function_body_plan(
     for setting in settings or ():  # the function's own SET clauses
         name, _, value = setting.partition("=")
         await conn.execute("SELECT set_config($1, $2, true)", name, value)
-    starts = [m.end() for m in re.finditer("RETURN QUERY", src)]
-    body = src[starts[which] : src.index(";", starts[which])]
+    start = [m.end() for m in re.finditer("RETURN QUERY", src)][which]
+    end = re.compile(r";\s*(?:END|RETURN)\b").search(src, start)
+    assert end is not None, src
+    body = src[start : end.start()]
     for i, (name, type_) in enumerate(zip(names[: len(types)], types, strict=True), 1):
         body = re.sub(rf"\b{name}\b", f"${i}::{type_}", body)
-    await conn.execute(f"PREPARE body_plan AS {body}")
+    await conn.execute(f"PREPARE body_plan ({', '.join(types)}) AS {body}")
     try:
         rows = await conn.fetch(f"EXPLAIN EXECUTE body_plan({', '.join(args)})")
     finally:
