@@ -59,7 +59,8 @@ async def authenticate(db: Database, raw: str) -> Principal:
     parsed = tokens.parse_token(raw)
     if parsed is None:
         raise Unauthenticated(_REFUSED)
-    async with db.acquire() as conn:
+    # one read outside any transaction, no session state: no reset statement after it
+    async with db.acquire(stateless=True) as conn:
         row = await store.find_token(conn, parsed.token_id)
     if row is None or not tokens.secret_matches(row.secret_sha256, parsed):
         raise Unauthenticated(_REFUSED)

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from typing import Any
 from uuid import UUID
 
 import asyncpg
@@ -98,6 +99,15 @@ def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, _UNAVAILABLE):
         return DatabaseUnavailable("the database is unavailable; retry later")
     return exc
+
+
+def _skip_reset(conn: Conn) -> None:
+    """Let this release skip the reset statement, if the connection is the pool's
+    and is not left inside a transaction (asyncpg would roll that back anyway)."""
+    if not conn.is_in_transaction():
+        skip = getattr(conn, "skip_reset", None)  # a PooledConnection, through the proxy
+        if skip is not None:
+            skip()
 
 
 def _space_literal(space_ids: Sequence[UUID]) -> str:
@@ -197,6 +207,49 @@ async def _learn_domains(conn: asyncpg.Connection) -> None:
         pass  # not migrated yet: no domain, nothing to decode
 
 
+class PooledConnection(asyncpg.Connection):
+    """A pooled connection that can skip asyncpg's reset statement on release.
+
+    asyncpg resets every connection it takes back (``pg_advisory_unlock_all();
+    CLOSE ALL; UNLISTEN *; RESET ALL``): one more statement and round trip per
+    release, two per recall (the token lookup's connection and the recall's
+    unit), for session state the read path never creates. Its tenant settings,
+    role and plan mode are transaction-local (``set_config(..., true)``), gone
+    at COMMIT or ROLLBACK; its statements set no session setting, take no
+    session lock, listen to nothing and open no cursor.
+
+    So a use that knows it left no session state says so (:meth:`skip_reset`)
+    after it has closed its transaction, and that one release skips the reset
+    statement. Every other release (admin work, writes, the loader, a failed or
+    cancelled use) keeps asyncpg's full reset, and asyncpg still rolls back a
+    transaction left open, whatever was said. ``tests/test_pool_reset.py``
+    checks the session of a connection after recalls of two teams."""
+
+    __slots__ = ("_skip_reset",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._skip_reset = False
+
+    def skip_reset(self) -> None:
+        """This use left no session state: its release sends no reset statement."""
+        self._skip_reset = True
+
+    def take_skip_reset(self) -> bool:
+        skip, self._skip_reset = self._skip_reset, False
+        return skip
+
+
+async def _reset(conn: asyncpg.Connection) -> None:
+    """The pool's reset (after asyncpg has rolled back any open transaction):
+    asyncpg's own reset statement, unless the use said it left no session state."""
+    if isinstance(conn, PooledConnection) and conn.take_skip_reset():
+        return
+    query = conn.get_reset_query()
+    if query:
+        await conn.execute(query)
+
+
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
@@ -239,6 +292,8 @@ class Database:
                 min_size=min_size,
                 max_size=max_size,
                 init=init,
+                reset=_reset,
+                connection_class=PooledConnection,
                 max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
                 server_settings={
                     "application_name": "recall-gateway",
@@ -259,12 +314,17 @@ class Database:
             self.pool.terminate()
 
     @asynccontextmanager
-    async def acquire(self) -> AsyncIterator[Conn]:
+    async def acquire(self, *, stateless: bool = False) -> AsyncIterator[Conn]:
         """A pooled connection, waited for within the request's deadline (a full pool
-        queues the request instead of failing it); driver failures are translated."""
+        queues the request instead of failing it); driver failures are translated.
+        ``stateless``: the caller only reads, outside any transaction, and sets
+        nothing (the token lookup), so a release after it returned normally skips
+        the pool's reset statement (see :class:`PooledConnection`)."""
         try:
             async with self.pool.acquire(timeout=deadline.remaining()) as conn:
                 yield conn
+                if stateless:
+                    _skip_reset(conn)
         except TimeoutError as exc:  # before OSError: TimeoutError is one
             if deadline.remaining() is None:
                 raise DatabaseUnavailable("the database did not answer in time") from exc
@@ -341,6 +401,9 @@ class Database:
                 await unit.close(commit=False)
                 raise
             await unit.close(commit=True)
+            # Only transaction-local settings, and the transaction is closed: the
+            # release skips the reset statement (see PooledConnection).
+            _skip_reset(conn)
 
     @asynccontextmanager
     async def admin(

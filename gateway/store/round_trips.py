@@ -46,6 +46,39 @@ __all__ = [
 
 _PARAM = re.compile(r"\$(\d+)")
 
+_PLACED_MAX = 512
+_PLACED: dict[
+    tuple[str, tuple[tuple[int, str], ...], int, tuple[tuple[int, str], ...]],
+    tuple[str, tuple[int, ...], tuple[tuple[int, str], ...]],
+] = {}
+"""Placements already made: (part SQL, its expressions, parameters bound before,
+the part's numbers so far) -> (rewritten SQL, the part's parameter numbers bound
+by it in order, the part's numbers after). The rewriting depends on nothing
+else, and a recall's statements take a handful of shapes, so the regular
+expression runs once per shape and process, not about 240 times per recall
+(0.2-0.3 ms of a worker's CPU per full recall; docs/benchmarks.md, "Worker CPU
+per recall at 100k")."""
+
+
+def _place(
+    sql: str, given: Mapping[int, str], bound: int, numbers: Mapping[int, str]
+) -> tuple[str, tuple[int, ...], tuple[tuple[int, str], ...]]:
+    """One part's SQL with its ``$n`` renumbered (see ``_Placer.part``), the part's
+    parameter numbers newly bound, and the part's numbers afterwards."""
+    mine = dict(numbers)
+    added: list[int] = []
+
+    def sub(m: re.Match[str]) -> str:
+        n = int(m.group(1))
+        if n in given:
+            return given[n]
+        if n not in mine:
+            added.append(n)
+            mine[n] = f"${bound + len(added)}"
+        return mine[n]
+
+    return _PARAM.sub(sub, sql), tuple(added), tuple(mine.items())
+
 
 class _Placer:
     """Parameters of several statements, numbered for one combined statement."""
@@ -61,18 +94,20 @@ class _Placer:
         ``exprs[n]`` (a value that another part computes)."""
         numbers: dict[int, str] = {}
         given = exprs or {}
+        given_key = tuple(given.items())
 
         def place(sql: str) -> str:
-            def sub(m: re.Match[str]) -> str:
-                n = int(m.group(1))
-                if n in given:
-                    return given[n]
-                if n not in numbers:
-                    self.args.append(args[n - 1])
-                    numbers[n] = f"${len(self.args)}"
-                return numbers[n]
-
-            return _PARAM.sub(sub, sql)
+            key = (sql, given_key, len(self.args), tuple(numbers.items()))
+            placed = _PLACED.get(key)
+            if placed is None:
+                placed = _place(sql, given, len(self.args), numbers)
+                if len(_PLACED) >= _PLACED_MAX:
+                    _PLACED.clear()
+                _PLACED[key] = placed
+            text, added, after = placed
+            self.args.extend(args[n - 1] for n in added)
+            numbers.update(after)
+            return text
 
         return place
 
