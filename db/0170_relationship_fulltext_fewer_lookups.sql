@@ -1,157 +1,24 @@
--- Relationship discovery's two lists, the same rows for less work.
+-- Relationship discovery's full-text list, the same rows for less work.
 --
--- Profile (docs/benchmarks.md, "Relationship discovery's server CPU"): on the
--- recall benchmark's 100,000-evidence dataset (spaces of 10,000 relationships),
--- discovery alone costs about 6-7 ms of server CPU per recall: the vector list
--- about 2.3 ms, the full-text list about 2 ms, the eligibility of the ~80
--- candidates about 2.2 ms (most of it their support paths: five lookups each).
+-- Profile (docs/benchmarks.md, "Relationship discovery's server CPU at 100k"):
+-- on the recall benchmark's 100,000-evidence dataset (spaces of 10,000
+-- relationships), discovery alone costs about 6-7 ms of server CPU per recall:
+-- the vector list about 2.3 ms, the full-text list about 2 ms, the eligibility
+-- of the ~80 candidates about 2.2 ms (most of it their support paths).
 --
--- 1. relationship_vector_candidates (db/0075): the walk looked each walked row
---    up in relationships (view: generation, system time) in a subquery per
---    row, about 150 index lookups per call and a quarter of the list's CPU.
---    Now the walk takes its ef rows without that filter, and one statement
---    checks them all (r.id = ANY of the walked IDs). When every walked row is
---    in the view (the usual case) the filtered walk would have taken exactly
---    those rows: the filter removes none, so the first ef rows the index hands
---    over are the same, in the same order, with the same distances. When any
---    is not, the filtered walk of db/0075 runs as before and answers. Only
---    the walks and the exact scan, which read the partitioned table, are
---    planned per call (force_custom_plan, as before: pruned to the space's
---    partition); the space's size, the check and the list's unnest keep
---    generic plans (set_config inside the function, undone at its exit by its
---    own SET clause).
--- 2. relationship_fulltext_top_k (db/0150): the documents of `whole` that the
---    floor's step `best_scores` already scored keep that score (the same
---    expression over the same terms and length); only the others are looked
---    up and scored again. And below PRUNE_FROM_POSTINGS postings of the
---    query's lexemes (every question of a space of 10,000 relationships: about
---    1,000 postings), where theta0 is minus infinity, the function runs the
---    same steps without the first floor, the lexeme bounds and the minor
---    lexemes (which decide nothing there: no lexeme is minor, the rest is 0,
---    grp keeps every document, `whole` is the survivors): a plan about half
---    the size, started at every call. Exact either way, by the argument of
---    gateway/store/bm25.py (any theta at most the k-th best score, every
---    document whose bound reaches it scored); tests/test_bm25_top_k.py checks
---    both paths against BM25 over every document.
---
--- Signatures, settings and every other step are restated unchanged.
-
-CREATE OR REPLACE FUNCTION relationship_vector_candidates(
-    p_team text,
-    p_space uuid,
-    p_generation integer,
-    p_projection integer,
-    p_query vector,
-    p_limit integer,
-    p_known_at timestamptz,
-    p_exact_below bigint
-) RETURNS TABLE (relationship_id text, distance double precision)
-    LANGUAGE plpgsql VOLATILE
-    SET search_path = public, pg_temp
-    SET plan_cache_mode = force_custom_plan
-    SET hnsw.iterative_scan = relaxed_order
-    SET hnsw.ef_search = 100
-    SET hnsw.max_scan_tuples = 20000
-    SET enable_incremental_sort = off
-AS $$
-DECLARE
-    space_size bigint;
-    ef integer;
-    approx_ids text[];
-    approx_distances double precision[];
-BEGIN
-    PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-    SELECT coalesce(sum(s.doc_count), 0) INTO space_size
-    FROM relationship_search_stats s
-    WHERE s.team_id = p_team AND s.space_id = p_space;
-
-    IF space_size >= p_exact_below THEN
-        ef := evidence_vector_ef(space_size, p_limit);
-        PERFORM set_config('hnsw.ef_search', ef::text, true);
-        PERFORM set_config('hnsw.max_scan_tuples', greatest(ef * 4, space_size / 10)::text, true);
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
-        SELECT array_agg(w.relationship_id ORDER BY w.distance, w.relationship_id COLLATE "C"),
-               array_agg(w.distance ORDER BY w.distance, w.relationship_id COLLATE "C")
-        INTO approx_ids, approx_distances
-        FROM (
-            SELECT re.relationship_id::text AS relationship_id,
-                   re.embedding <=> p_query AS distance
-            FROM relationship_embeddings re
-            WHERE re.team_id = p_team AND re.space_id = p_space
-              AND re.projection_generation = p_projection
-            ORDER BY re.embedding <=> p_query
-            -- relaxed_order returns rows only roughly by distance: take ef of
-            -- them (not just the limit), so that a near row returned a little
-            -- late is not cut off, then sort them all and keep the nearest.
-            LIMIT ef
-        ) w;
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-        IF coalesce(cardinality(approx_ids), 0) > 0
-           AND (SELECT count(*) FROM relationships r
-                WHERE r.team_id = p_team AND r.space_id = p_space
-                  AND r.id = ANY (approx_ids)
-                  AND r.generation = p_generation
-                  AND r.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz))
-               < cardinality(approx_ids) THEN
-            PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
-            SELECT array_agg(w.relationship_id ORDER BY w.distance, w.relationship_id COLLATE "C"),
-                   array_agg(w.distance ORDER BY w.distance, w.relationship_id COLLATE "C")
-            INTO approx_ids, approx_distances
-            FROM (
-                SELECT re.relationship_id::text AS relationship_id,
-                       re.embedding <=> p_query AS distance
-                FROM relationship_embeddings re
-                WHERE re.team_id = p_team AND re.space_id = p_space
-                  AND re.projection_generation = p_projection
-                  AND (SELECT r.generation = p_generation
-                              AND r.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
-                       FROM relationships r
-                       WHERE r.team_id = p_team AND r.space_id = p_space
-                         AND r.id = re.relationship_id) IS TRUE
-                ORDER BY re.embedding <=> p_query
-                -- relaxed_order returns rows only roughly by distance: take ef of
-                -- them (not just the limit), so that a near row returned a little
-                -- late is not cut off, then sort them all and keep the nearest.
-                LIMIT ef
-            ) w;
-        END IF;
-        IF coalesce(cardinality(approx_ids), 0) >= p_limit THEN
-            RETURN QUERY
-            SELECT a.relationship_id, a.distance
-            FROM unnest(approx_ids, approx_distances)
-                 WITH ORDINALITY AS a (relationship_id, distance, n)
-            ORDER BY a.n
-            LIMIT p_limit;
-            RETURN;
-        END IF;
-        -- Short: fall through to the exact scan.
-    END IF;
-
-    -- The exact scan reads the partitioned table: planned for this call's space.
-    PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
-    RETURN QUERY
-    WITH scored AS MATERIALIZED (
-        -- Materialised: no index can stand in for this full, exact ordering.
-        SELECT re.relationship_id::text AS relationship_id,
-               re.embedding <=> p_query AS distance
-        FROM relationship_embeddings re
-        WHERE re.team_id = p_team AND re.space_id = p_space
-          AND re.projection_generation = p_projection
-    )
-    SELECT o.relationship_id, o.distance
-    FROM (
-        SELECT sc.relationship_id, sc.distance
-        FROM scored sc
-        ORDER BY sc.distance, sc.relationship_id COLLATE "C"
-        OFFSET 0  -- keeps the filter above the sort: checked in order, until the limit
-    ) o
-    WHERE (SELECT r.generation = p_generation
-                  AND r.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
-           FROM relationships r
-           WHERE r.team_id = p_team AND r.space_id = p_space
-             AND r.id = o.relationship_id) IS TRUE
-    LIMIT p_limit;
-END $$;
+-- relationship_fulltext_top_k (db/0150): the documents of `whole` that the
+-- floor's step `best_scores` already scored keep that score (the same
+-- expression over the same terms and length); only the others are looked up
+-- and scored again. And below PRUNE_FROM_POSTINGS postings of the query's
+-- lexemes (every question of a space of 10,000 relationships: about 1,000
+-- postings), where theta0 is minus infinity, the function runs the same steps
+-- without the first floor, the lexeme bounds and the minor lexemes (which
+-- decide nothing there: no lexeme is minor, the rest is 0, grp keeps every
+-- document, `whole` is the survivors): a plan about half the size, started at
+-- every call. Exact either way, by the argument of gateway/store/bm25.py (any
+-- theta at most the k-th best score, every document whose bound reaches it
+-- scored); tests/test_bm25_top_k.py checks both paths against BM25 over every
+-- document. Signature, settings and every other step are restated unchanged.
 
 CREATE OR REPLACE FUNCTION relationship_fulltext_top_k(
     p_team text,
