@@ -212,8 +212,9 @@ async def test_both_paths_write_the_same_rows(
     middle = counter.count
     new = await _load(writes, _retarget(lines, new_team), set_based=True, batch_size=9)
     if source == "generated":
-        # the runs really went set-based (a silent fallback would send more, not fewer)
-        assert counter.count - middle < (middle - start) / 3
+        # the runs really went set-based (a silent fallback would send more, not fewer:
+        # the set-based try and then every statement of the record-at-a-time path)
+        assert counter.count - middle < (middle - start) / 2
     assert old.created == new.created
     assert old.batches == new.batches
     old_rows, new_rows = await _rows(admin_conn, old_team), await _rows(admin_conn, new_team)

@@ -22,7 +22,7 @@ import pytest
 from gateway.embeddings import EmbeddingProvider
 from gateway.services import loader
 from gateway.services.auth import authenticate
-from gateway.services.mutations import MutationService, remember_items
+from gateway.services.mutations import MutationError, MutationService, remember_items
 from gateway.services.writes import Actor, RecordError, WriteService
 from gateway.store import database
 from gateway.store.database import Database
@@ -91,7 +91,11 @@ def _remember(suffix: str) -> dict[str, Any]:
                 "predicate": "runs_on",
                 "object": f"ingest-{suffix}",
                 "supports": [
-                    {"id": f"sup-{suffix}", "evidence": f"ev-{suffix}", "occurrence": f"occ-{suffix}"}
+                    {
+                        "id": f"sup-{suffix}",
+                        "evidence": f"ev-{suffix}",
+                        "occurrence": f"occ-{suffix}",
+                    }
                 ],
             }
         ],
@@ -196,3 +200,363 @@ async def test_a_reset_in_the_batch_forgets_what_the_batch_knew(writes: WriteSer
         "supports[0].evidence",
         "NOT_FOUND",
     )
+
+
+# --- round trips per call, rows, refusals (db/writes merged statements) -------------
+
+
+def _bench_like(suffix: str, **change: Any) -> dict[str, Any]:
+    """The call of benchmarks/remember_bench.py: an evidence of an existing source with
+    one occurrence and one mention of an existing entity, and a relationship between
+    two existing entities supported by that occurrence. ``change`` replaces fields of
+    the evidence (``ev_*``), the relationship (``rel_*``), its support (``sup_*``) or
+    the call."""
+    content = f"Note {suffix}: the payments team reviewed the billing service today."
+    start = content.index("payments team")
+    evidence: dict[str, Any] = {
+        "id": f"ev-{suffix}",
+        "content": content,
+        "occurrences": [{"id": f"occ-{suffix}", "start": start, "end": start + 13}],
+        "mentions": [{"entity": "payments-team", "occurrence": f"occ-{suffix}"}],
+    }
+    support: dict[str, Any] = {
+        "id": f"sup-{suffix}",
+        "evidence": f"ev-{suffix}",
+        "occurrence": f"occ-{suffix}",
+    }
+    relationship: dict[str, Any] = {
+        "id": f"rel-{suffix}",
+        "subject": "billing",
+        "predicate": "reviewed_by",
+        "object": "payments-team",
+        "supports": [support],
+    }
+    data: dict[str, Any] = {"source_id": "src-handbook", "evidence": [evidence]}
+    data["relationships"] = [relationship]
+    for key, value in change.items():
+        part, _, name = key.partition("_")
+        target = {"ev": evidence, "rel": relationship, "sup": support}.get(part)
+        if target is None:
+            data[key] = value
+        else:
+            target[name] = value
+    return data
+
+
+async def _mutations(writes: WriteService, team: str, who: str = "alice") -> Any:
+    raw = await token(writes, team, who)
+    return MutationService(writes), await authenticate(writes.db, raw)
+
+
+async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
+    dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The benchmark's call: BEGIN, the tenant settings, the evidence's claim with
+    its source and mentioned entity, the evidence with its lifecycle event, its
+    occurrence with its mention, the relationship's claim with its entities, the
+    relationship with its status event, the support with its decision, the model
+    with the projection, both vectors, COMMIT: 11 statements (21 before). The same
+    call again writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a
+    replay read the earlier claim in a statement of its own)."""
+    team = unique("rt-count")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    raw = await token(writes, team, "alice")
+    monkeypatch.setattr(database, "StatementCounter", _Recording)
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    try:
+        recorder = db.counter
+        assert isinstance(recorder, _Recording)
+        mutations = MutationService(WriteService(db, embedder))
+        principal = await authenticate(db, raw)
+        sent: list[list[str]] = []
+        for _ in range(2):
+            recorder.statements.clear()
+            receipts = await mutations.apply(principal, remember_items(principal, _bench_like("n")))
+            sent.append(list(recorder.statements))
+            assert [r.kind for r in receipts] == ["evidence", "relationship"]
+        first, again = sent
+        assert len(first) == 11, first
+        assert len(again) == 5, again
+        assert all(r.created is False for r in receipts)
+        # nothing read in a statement of its own that the claims carry
+        for table in ("sources", "entities", "memory_spaces", "write_log"):
+            alone = [s for s in first + again if s.lstrip().startswith("SELECT") and table in s]
+            assert not alone, alone
+    finally:
+        await db.close()
+
+
+def _base(team: str) -> list[dict[str, Any]]:
+    """A team, its principals, a source and two entities, without the team's ID in
+    any text (the rows of two teams are compared)."""
+    return [
+        {"kind": "team", "id": team, "name": "Rows"},
+        {"kind": "principal", "team": team, "id": "alice", "display_name": "Alice"},
+        {"kind": "principal", "team": team, "id": "bob", "display_name": "Bob"},
+        {"kind": "source", "team": team, "id": "src-handbook", "type": "document", "title": "H"},
+        {"kind": "entity", "team": team, "id": "billing", "name": "Billing service"},
+        {"kind": "entity", "team": team, "id": "payments-team", "name": "Payments team"},
+    ]
+
+
+def _call() -> dict[str, Any]:
+    """A remember of every shape the merged statements take: a new source, a new
+    entity, an evidence with two occurrences and two mentions (one without an
+    occurrence), a relationship to an entity with two supports (an occurrence, a
+    span with its quote), one to a value with none."""
+    content = "The payments team reviews the billing service and the ledger every week."
+    a, b = content.index("payments team"), content.index("billing service")
+    return {
+        "source": {"id": "src-call", "type": "conversation", "title": "Call", "authority": "low"},
+        "entities": [{"id": "ledger", "name": "Ledger", "type": "system", "aliases": ["gl"]}],
+        "evidence": [
+            {
+                "id": "ev-call",
+                "content": content,
+                "occurrences": [
+                    {"id": "occ-a", "start": a, "end": a + 13},
+                    {"id": "occ-b", "start": b, "end": b + 15},
+                ],
+                "mentions": [
+                    {"entity": "payments-team", "occurrence": "occ-a"},
+                    {"entity": "ledger"},
+                ],
+            }
+        ],
+        "relationships": [
+            {
+                "id": "rel-call",
+                "subject": "payments-team",
+                "predicate": "reviews",
+                "object": "billing",
+                "supports": [
+                    {"id": "sup-a", "evidence": "ev-call", "occurrence": "occ-a"},
+                    {
+                        "id": "sup-b",
+                        "evidence": "ev-call",
+                        "start": b,
+                        "end": b + 15,
+                        "quote": "billing service",
+                    },
+                ],
+            },
+            {
+                "id": "rel-weekly",
+                "subject": "ledger",
+                "predicate": "reviewed_every",
+                "object_value": "1",
+                "object_unit": "week",
+            },
+        ],
+    }
+
+
+def _as_loader_lines(team: str, call: dict[str, Any]) -> list[dict[str, Any]]:
+    """The same call as loader records (``owner``: the principal who remembers)."""
+    lines: list[dict[str, Any]] = [{"kind": "source", "team": team, **call["source"]}]
+    lines += [{"kind": "entity", "team": team, **e} for e in call["entities"]]
+    lines += [
+        {"kind": "evidence", "team": team, "source": call["source"]["id"], **e}
+        for e in call["evidence"]
+    ]
+    lines += [
+        {"kind": "relationship", "team": team, "owner": "alice", **r} for r in call["relationships"]
+    ]
+    return lines
+
+
+async def test_remember_writes_the_rows_the_loaders_set_based_path_writes(
+    writes: WriteService, admin_conn: Any
+) -> None:
+    """Field by field, every table: a remember by alice against the same records
+    loaded by the set-based path (gateway/services/bulk_writes.py, which shares no
+    statement with the record-at-a-time path), apart from who recorded them."""
+    from .test_load_paths import _TABLES, _rows
+
+    loaded, remembered = unique("rows-l"), unique("rows-r")
+    for team in (loaded, remembered):
+        await load_jsonl(writes, jsonl(_base(team)))
+    records = loader.parse(loader.split_lines(jsonl(_as_loader_lines(loaded, _call()))))
+    await loader.load(writes, records, batch_size=50, actor=Actor.operator(), set_based=True)
+    mutations, principal = await _mutations(writes, remembered)
+    receipts = await mutations.apply(principal, remember_items(principal, _call()))
+    assert [r.kind for r in receipts] == [
+        "source",
+        "entity",
+        "evidence",
+        "relationship",
+        "relationship",
+    ]
+    assert all(r.created for r in receipts)
+
+    by = await admin_conn.fetch(
+        "SELECT DISTINCT recorded_by FROM write_log WHERE team_id = $1 AND recorded_at = $2",
+        remembered,
+        receipts[0].recorded_at,
+    )
+    assert [r["recorded_by"] for r in by] == ["principal:alice"]
+
+    def who_aside(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+        return {
+            t: [
+                {k: v for k, v in row.items() if k != "recorded_by"}
+                for row in items
+                if row.get("kind") != "token"  # alice's token, made for the call
+            ]
+            for t, items in rows.items()
+        }
+
+    want = who_aside(await _rows(admin_conn, loaded))
+    got = who_aside(await _rows(admin_conn, remembered))
+    for table in _TABLES:
+        assert got[table] == want[table], table
+    assert len(got["support_decisions"]) == 2 and len(got["evidence_entity_mentions"]) == 2
+    assert len(got["relationship_embeddings"]) == 2
+    # every row of the call carries the call's transaction time, its events too
+    for table in (
+        "evidence",
+        "evidence_lifecycle_events",
+        "evidence_occurrences",
+        "evidence_entity_mentions",
+        "relationships",
+        "relationship_status_events",
+        "supports",
+        "support_decisions",
+        "evidence_embeddings",
+        "relationship_embeddings",
+    ):
+        times = await admin_conn.fetch(
+            f"SELECT DISTINCT recorded_at FROM {table} WHERE team_id = $1 AND recorded_at >= $2",
+            remembered,
+            receipts[0].recorded_at,
+        )
+        assert [t["recorded_at"] for t in times] == [receipts[0].recorded_at], table
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "field"),
+    [
+        ({"source_id": "src-none"}, "NOT_FOUND", "sourceId"),
+        ({"source_id": "src-theirs"}, "NOT_FOUND", "sourceId"),
+        ({"ev_mentions": [{"entity": "nobody"}]}, "NOT_FOUND", "evidence[0].mentions[0].entity"),
+        ({"ev_mentions": [{"entity": "theirs"}]}, "NOT_FOUND", "evidence[0].mentions[0].entity"),
+        ({"rel_subject": "nobody"}, "NOT_FOUND", "relationships[0].subject"),
+        ({"rel_object": "theirs"}, "NOT_FOUND", "relationships[0].object"),
+        ({"rel_object": "bobs-own"}, "NOT_FOUND", "relationships[0].object"),
+        ({"sup_evidence": "ev-theirs"}, "NOT_FOUND", "relationships[0].supports[0].evidence"),
+        ({"sup_occurrence": "occ-none"}, "NOT_FOUND", "relationships[0].supports[0].occurrence"),
+        ({"ev_id": "ev-taken"}, "IDEMPOTENCY_CONFLICT", "evidence[0].id"),
+        (
+            {
+                "ev_occurrences": [{"id": "occ-owner", "start": 0, "end": 4}],
+                "ev_mentions": [],
+                "sup_occurrence": None,
+            },
+            "BAD_USER_INPUT",
+            "evidence[0]",
+        ),
+    ],
+)
+async def test_refusals_keep_their_codes_and_write_nothing(
+    writes: WriteService, admin_conn: Any, change: dict[str, Any], code: str, field: str
+) -> None:
+    """Bad references, including IDs of another team and of bob's private space
+    (which look missing), a taken ID, a taken occurrence ID: the code and field of
+    before, and not a row written; the same call without the fault then goes in."""
+    from .test_load_paths import _rows
+
+    team, other = unique("rt-bad"), unique("rt-other")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    await load_jsonl(writes, jsonl(team_records(other)))
+    await load_jsonl(
+        writes,
+        jsonl(
+            [
+                {
+                    "kind": "source",
+                    "team": other,
+                    "id": "src-theirs",
+                    "type": "document",
+                    "title": "Theirs",
+                },
+                {"kind": "entity", "team": other, "id": "theirs", "name": "Theirs"},
+                {
+                    "kind": "evidence",
+                    "team": other,
+                    "id": "ev-theirs",
+                    "source": "src-theirs",
+                    "content": "Their text.",
+                },
+                {
+                    "kind": "entity",
+                    "team": team,
+                    "id": "bobs-own",
+                    "name": "Bob's",
+                    "space": "private:bob",
+                },
+                {
+                    "kind": "evidence",
+                    "team": team,
+                    "id": "ev-taken",
+                    "source": "src-handbook",
+                    "content": "Taken before.",
+                },
+            ]
+        ),
+    )
+    mutations, principal = await _mutations(writes, team)
+    before = await _rows(admin_conn, team)
+    with pytest.raises(MutationError) as refused:
+        await mutations.apply(principal, remember_items(principal, _bench_like("x", **change)))
+    assert (refused.value.code, refused.value.field) == (code, field), refused.value.message
+    assert await _rows(admin_conn, team) == before
+    receipts = await mutations.apply(principal, remember_items(principal, _bench_like("x")))
+    assert all(r.created for r in receipts)
+
+
+async def test_a_claim_that_waited_for_the_same_id_reads_the_earlier_write(
+    dsn: str, writes: WriteService
+) -> None:
+    """Two transactions claim one ID: the second waits for the first's row and,
+    once it commits, finds it although its statement's snapshot began before
+    (the one case where the earlier write is read in a statement of its own)."""
+    import asyncio
+
+    import asyncpg
+
+    from gateway.store import writes as store
+
+    team = unique("rt-wait")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    first, second = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    try:
+        one, two = first.transaction(), second.transaction()
+        await one.start()
+        await two.start()
+        claimed = await store.claim_write(first, team, "entity", "e-race", bytes(32), "principal:a")
+        assert claimed[0] == "new"
+        waiting = asyncio.create_task(
+            store.claim_write(
+                second,
+                team,
+                "entity",
+                "e-race",
+                bytes(32),
+                "principal:a",
+                reads=[store.ReadVisible("entity", ("billing",))],
+            )
+        )
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        await one.commit()
+        claim, recorded_at, answers = await asyncio.wait_for(waiting, 10)
+        assert (claim, recorded_at) == ("same", claimed[1])
+        assert list(answers[0]) == ["billing"]
+        other = await store.claim_write(
+            second, team, "entity", "e-race", bytes([1] * 32), "principal:a"
+        )
+        assert other[0] == "different"
+        await two.rollback()
+    finally:
+        await first.close()
+        await second.close()

@@ -374,3 +374,35 @@ async def test_relationship_fulltext_scores_the_floors_documents_once(db: Databa
     for step in ("seed", "theta0", "ranked", "rest", "surv"):
         assert f"CTE {step}" not in small, small
     assert "WindowAgg" not in small.split("CTE best")[0], small  # no lexeme bounds
+
+
+async def test_evidence_fulltext_scores_best_once(db: Database) -> None:
+    """The evidence full-text function's exact scores of best (the documents of
+    highest bound, scored for theta) are computed once, in the generic plan the
+    function keeps, and read twice: by theta and as candidates of the answer,
+    which scores only the other documents of whole. Before db/0175 the answer
+    scored most of best a second time (a lookup of every query lexeme's postings
+    and of the length per document): about an eighth of the list's server CPU
+    at 100,000 evidence (docs/benchmarks.md). The lists are unchanged
+    (tests/test_bm25_top_k.py)."""
+    args = [
+        "'t-plan'",
+        "'00000000-0000-0000-0000-000000000000'::uuid",
+        "1",
+        "NULL::timestamptz",
+        "'{}'::text[]",
+        "60",
+        "20000",
+        "'{a,b}'::text[]",
+        "'{1,2}'::float8[]",
+        "'{5,9}'::float8[]",
+        "'{1,2}'::integer[]",
+        "10.0",
+    ]
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            plan = await _function_body_plan(conn, "evidence_fulltext_top_k", args)
+    assert "CTE best_scores" in plan, plan  # computed once
+    assert plan.count("CTE Scan on best_scores") == 2, plan  # by theta and by the answer
+    # the answer's own lookups read only the documents of whole that best lacks
+    assert "Filter: (NOT in_best)" in plan, plan

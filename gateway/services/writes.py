@@ -147,6 +147,21 @@ _RELATIONSHIP_TRANSITIONS = {
     "retracted": {"active"},
 }
 _SUPPORT_TRANSITIONS = {"revoke": {"grant", "reinstate"}, "reinstate": {"revoke"}}
+# Record kinds whose checks start with their space (``space`` field), and those
+# that start with one visible row: (its kind, the record's field naming it).
+_SPACE_FIRST = frozenset(
+    {"source", "entity", "relationship", "conflict_case", "evidence_conflict", "space_reset"}
+)
+_TARGET_FIRST: dict[str, tuple[Any, str]] = {
+    "source_lifecycle": ("source", "source"),
+    "evidence_lifecycle": ("evidence", "evidence"),
+    "support": ("relationship", "relationship"),
+    "support_decision": ("support", "support"),
+    "relationship_transition": ("relationship", "relationship"),
+    "conflict_resolution": ("conflict_case", "case"),
+    "conflict_reopening": ("conflict_case", "case"),
+    "hypothesis_feedback": ("hypothesis", "hypothesis"),
+}
 _HYPOTHESIS_STATUS = {
     "confirm": "confirmed",
     "reject": "rejected",
@@ -254,6 +269,61 @@ class _Batch:
         # occurrences (ID -> quote, start, end), for supports of the same batch,
         # which then need not read them back. Emptied by a reset, like the spaces.
         self.written: dict[tuple[str, str], tuple[UUID, str, dict[str, tuple[str, int, int]]]] = {}
+        # The lookups the current record's checks start with, answered with its
+        # idempotency claim (:meth:`reads_of`), by (kind, team, IDs); emptied after
+        # each record.
+        self.ahead: dict[tuple[str, str, tuple[str, ...]], dict[str, store.Visible]] = {}
+
+    # --- lookups sent with the idempotency claim --------------------------------------
+
+    def reads_of(self, record: Any) -> list[store.Read]:
+        """The lookups ``record``'s checks start with, sent with its idempotency
+        claim in one statement (a round trip less per record, each paid for by a
+        ``remember``'s caller): its space when not known yet, the rows it names
+        first. Only what its checks would read next, in the same transaction, with
+        nothing written in between but the claim; what they find is checked by the
+        same code as before (:meth:`visible`, :meth:`space`), so refusals are those
+        of the separate statements."""
+        kind, team = record.kind, rec.record_team(record)
+        reads: list[store.Read] = []
+        space_ref = getattr(record, "space", None) if kind in _SPACE_FIRST else None
+        if kind == "hypothesis":
+            space_ref = rec.SHARED
+        if space_ref is not None:
+            owner = rec.private_owner(space_ref)
+            if (team, owner) not in self.spaces and self._space_allowed(owner):
+                reads.append(store.ReadSpace(owner))
+        if kind == "evidence":
+            reads.append(store.ReadVisible("source", (record.source,)))
+            if record.mentions:
+                reads.append(
+                    store.ReadVisible("entity", tuple(m.entity for m in record.mentions))
+                )
+        elif kind == "relationship":
+            names = [record.subject] + ([record.object] if record.object else [])
+            reads.append(store.ReadVisible("entity", tuple(names)))
+        elif kind in _TARGET_FIRST:
+            target_kind, attr = _TARGET_FIRST[kind]
+            reads.append(store.ReadVisible(target_kind, (getattr(record, attr),)))
+        return reads
+
+    def read_ahead(self, team: str, reads: Sequence[store.Read], answers: Sequence[Any]) -> None:
+        """Keep what :meth:`reads_of`'s lookups found, for the record's checks."""
+        for read, answer in zip(reads, answers, strict=True):
+            if isinstance(read, store.ReadSpace):
+                if answer is not None:
+                    self.spaces[(team, read.owner)] = answer
+            else:
+                self.ahead[(read.kind, team, read.ids)] = answer
+
+    async def _find(
+        self, kind: store.VisibleKind, team: str, ids: Sequence[str]
+    ) -> dict[str, store.Visible]:
+        """:func:`store.find_visible`, unless answered with the record's claim."""
+        found = self.ahead.pop((kind, team, tuple(ids)), None)
+        if found is None:
+            found = await store.find_visible(self.conn, kind, team, ids)
+        return found
 
     # --- checks shared by several kinds -------------------------------------------
 
@@ -289,7 +359,7 @@ class _Batch:
         """The rows of ``ids``, each visible now and readable by the actor (and in
         ``space_id`` when given); the first that is not is reported as not found.
         ``field_name`` is the field, or a function of the list index giving it."""
-        found = await store.find_visible(self.conn, kind, team, ids)
+        found = await self._find(kind, team, ids)
         for i, ident in enumerate(ids):
             row = found.get(ident)
             ok = row is not None and self._space_allowed(row.space_owner)
@@ -413,7 +483,7 @@ class _Batch:
         ):
             raise _fail("owner", NotFound(f"no principal '{owner}' in team '{r.team}'"))
         names = [r.subject] + ([r.object] if r.object else [])
-        found = await store.find_visible(self.conn, "entity", r.team, names)
+        found = await self._find("entity", r.team, names)
         for fname, ident in (("subject", r.subject), ("object", r.object)):
             if ident is not None and (ident not in found or found[ident].space_id != space.id):
                 raise _fail(fname, NotFound(f"no entity '{ident}' in this space"))
@@ -721,7 +791,14 @@ class _Batch:
                 f"the store holds {STORE_DIMENSIONS}-dimension vectors; the configured "
                 f"provider '{model}' makes {dims}: configure it for {STORE_DIMENSIONS}"
             )
-        registered = await store.store_embedding_model(self.conn)
+        # A principal's batch (one team): the model and the team's projection in one
+        # statement, read while the texts may still be embedding.
+        mine = (
+            await store.embedding_model_and_projection(self.conn, self.actor.team)
+            if self.actor.team is not None and self.deferral is None
+            else None
+        )
+        registered = mine[0] if mine is not None else await store.store_embedding_model(self.conn)
         if registered is None:
             await store.register_embedding_model(self.conn, model, dims)
         elif registered != (model, dims):
@@ -733,7 +810,7 @@ class _Batch:
             await self._defer_spaces(self.deferral)
         # read while the texts may still be embedding, not after
         generations = (
-            await self._generations()
+            await self._generations(known=mine[1] if mine is not None else None)
             if self.relationship_texts and self.deferral is None
             else {}
         )
@@ -754,16 +831,33 @@ class _Batch:
                 "'recall-gateway build-vector-indexes'"
             ) from exc
 
-    async def _generations(self) -> dict[str, int]:
+    async def _generations(self, known: int | None = None) -> dict[str, int]:
+        """Each team's active projection; ``known``: the actor's team's, already read."""
         generations: dict[str, int] = {}
         for team in {t[0] for t in self.relationship_texts}:
-            generations[team] = await store.active_projection(self.conn, team, self.embedder.model)
+            if known is not None and team == self.actor.team:
+                generations[team] = known
+            else:
+                generations[team] = await store.active_projection(
+                    self.conn, team, self.embedder.model
+                )
         return generations
 
     async def _store_vectors(
         self, vectors: np.ndarray, model: str, generations: dict[str, int]
     ) -> None:
         n = len(self.evidence_texts)
+        if not self.actor.is_operator:
+            # after the last embedding ends: one statement for every vector
+            await store.insert_embeddings(
+                self.conn,
+                [t[:3] for t in self.evidence_texts],
+                vectors[:n],
+                [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
+                vectors[n:],
+                model,
+            )
+            return
         if self.evidence_texts:
             await store.insert_evidence_embeddings(
                 self.conn,
@@ -1429,7 +1523,8 @@ class WriteService:
             raise _fail("embedding", Forbidden("only the loader supplies vectors"))
         if record.kind in _OPERATOR_ONLY and not batch.actor.is_operator:
             raise _fail("kind", Forbidden(f"only the operator writes '{record.kind}' records"))
-        claim, recorded_at = await store.claim_write(
+        reads = batch.reads_of(record)
+        claim, recorded_at, answers = await store.claim_write(
             batch.conn,
             team,
             record.kind,
@@ -1437,6 +1532,7 @@ class WriteService:
             record.payload_sha256(),
             batch.actor.label,
             any_writer=batch.actor.is_operator,
+            reads=reads,
         )
         if claim == "same":
             return False, recorded_at
@@ -1447,7 +1543,11 @@ class WriteService:
                     f"{record.kind} '{record.id}' was written before with different content"
                 ),
             )
-        await getattr(batch, record.kind)(record)
+        batch.read_ahead(team, reads, answers)
+        try:
+            await getattr(batch, record.kind)(record)
+        finally:
+            batch.ahead.clear()  # this record's: never a later one's
         return True, recorded_at
 
 

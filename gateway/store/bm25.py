@@ -48,7 +48,11 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    them only), those whose whole bound reaches ``theta`` are looked up and
    scored, and the best ``k`` returned. Every document scored (here and for
    the floors) gets each query lexeme's term frequency from the postings' key,
-   read for those documents only.
+   read for those documents only. The evidence function scores each document
+   once (db/0175): the scores of step 3's ``2 k`` are candidates of the answer
+   too, and only the survivors outside them are scored here (one of the ``2 k``
+   whose whole bound is below ``theta`` scores below the ``k`` documents that
+   reach it, so it never makes the list).
 
 A document left out scores below ``theta`` (it holds no essential lexeme, or
 its bound is below ``theta``), so below ``k`` visible documents that are

@@ -8,6 +8,8 @@ latest event (recorded_at, then seq), the same rule the read path uses.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +17,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import numpy as np
+from pgvector import Vector
 
 from gateway.store.bulk_writes import copy_rows
 from gateway.store.connection import Conn
@@ -22,6 +25,46 @@ from gateway.store.connection import Conn
 # --- idempotency -------------------------------------------------------------
 
 Claim = Literal["new", "same", "different"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadVisible:
+    """A :func:`find_visible` to send with a claim (:func:`claim_write`)."""
+
+    kind: VisibleKind
+    ids: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadSpace:
+    """A :func:`find_space` to send with a claim (:func:`claim_write`)."""
+
+    owner: str | None
+
+
+Read = ReadVisible | ReadSpace
+
+_CLAIM = """
+WITH claim AS (
+    INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by)
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING recorded_at
+)
+SELECT (SELECT recorded_at FROM claim) AS claimed,
+       w.payload_sha256, w.recorded_by, w.recorded_at{reads}
+FROM (SELECT 1) AS one
+LEFT JOIN write_log w ON w.team_id = $1 AND w.kind = $2 AND w.client_id = $3
+"""
+
+_PRIOR = (
+    "SELECT payload_sha256, recorded_by, recorded_at FROM write_log "
+    "WHERE team_id = $1 AND kind = $2 AND client_id = $3"
+)
+
+
+def _renumber(sql: str, second: int) -> str:
+    """A lookup's SQL (``$1`` the team, ``$2`` its other argument) as part of a
+    statement whose ``$1`` is the team too and whose ``$second`` is that argument."""
+    return re.sub(r"\$2\b", f"${second}", sql)
 
 
 async def claim_write(
@@ -33,32 +76,54 @@ async def claim_write(
     by: str,
     *,
     any_writer: bool = False,
-) -> tuple[Claim, datetime]:
+    reads: Sequence[Read] = (),
+) -> tuple[Claim, datetime, list[Any]]:
     """Register a client-supplied write, or say how it compares with the earlier one,
     with the system time of the write that holds the ID. A replay counts as the same
     only from the same writer (or ``any_writer``, the operator): otherwise another
-    principal could confirm the exact content of a write it may not read."""
-    recorded = await conn.fetchval(
-        "INSERT INTO write_log (team_id, kind, client_id, payload_sha256, recorded_by) "
-        "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING recorded_at",
-        team,
-        kind,
-        client_id,
-        digest,
-        by,
-    )
-    if recorded is not None:
-        return "new", recorded
-    stored = await conn.fetchrow(
-        "SELECT payload_sha256, recorded_by, recorded_at FROM write_log "
-        "WHERE team_id = $1 AND kind = $2 AND client_id = $3",
-        team,
-        kind,
-        client_id,
+    principal could confirm the exact content of a write it may not read.
+
+    ``reads``: the lookups the record's checks start with (the visible rows of
+    some IDs, a space), answered in the same statement as the claim, in order
+    (the rows of a :class:`ReadVisible` as :func:`find_visible` gives them, a
+    :class:`ReadSpace`'s space or None). Each round trip of a ``remember`` is
+    paid for by its caller; the reads see what the claim's next statement would
+    have seen (the claim writes nothing they read). A replay or a conflict
+    ignores them. The earlier write is read in the same statement; only when it
+    committed while the claim waited for it (invisible to the statement's
+    snapshot) is it read again in a statement of its own."""
+    args: list[Any] = [team, kind, client_id, digest, by]
+    columns = []
+    for i, read in enumerate(reads):
+        if isinstance(read, ReadSpace):
+            sql = _SPACE
+            args.append(read.owner)
+        else:
+            sql = _visible_sql(read.kind)
+            args.append(list(read.ids))
+        columns.append(
+            f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({_renumber(sql, len(args))}) v)"
+            f" AS read_{i}"
+        )
+    row = await conn.fetchrow(_CLAIM.format(reads="".join(columns)), *args)
+    assert row is not None
+    answers: list[Any] = []
+    for i, read in enumerate(reads):
+        found = json.loads(row[f"read_{i}"])
+        if isinstance(read, ReadSpace):
+            answers.append(
+                Space(**{**found[0], "id": UUID(found[0]["id"])}) if found else None
+            )
+        else:
+            answers.append(_visible_rows(found))
+    if row["claimed"] is not None:
+        return "new", row["claimed"], answers
+    stored = row if row["recorded_at"] is not None else await conn.fetchrow(
+        _PRIOR, team, kind, client_id
     )
     assert stored is not None  # write_log rows are never deleted
     same = stored["payload_sha256"] == digest and (any_writer or stored["recorded_by"] == by)
-    return ("same" if same else "different"), stored["recorded_at"]
+    return ("same" if same else "different"), stored["recorded_at"], answers
 
 
 # --- counter shards ------------------------------------------------------------
@@ -270,19 +335,27 @@ async def find_visible(
     """Rows of ``kind`` by ID that are visible now; absent IDs are simply missing."""
     if not ids:
         return {}
+    rows = await conn.fetch(_visible_sql(kind), team, list(ids))
+    return _visible_rows([dict(row) for row in rows])
+
+
+def _visible_sql(kind: VisibleKind) -> str:
     if kind == "support":
-        sql = _VISIBLE_SUPPORT
-    else:
-        table, extra = _EXTRA[kind]
-        sql = _VISIBLE.format(table=table, extra=", " + extra, current=_CURRENT_GENERATION)
-    rows = await conn.fetch(sql, team, list(ids))
+        return _VISIBLE_SUPPORT
+    table, extra = _EXTRA[kind]
+    return _VISIBLE.format(table=table, extra=", " + extra, current=_CURRENT_GENERATION)
+
+
+def _visible_rows(rows: Sequence[dict[str, Any]]) -> dict[str, Visible]:
+    """Rows of :func:`_visible_sql`, from asyncpg or as JSON (a UUID as text)."""
     found: dict[str, Visible] = {}
-    for row in rows:
-        data = dict(row)
+    for data in rows:
+        data = dict(data)
         ident = data.pop("id")
+        space_id = data.pop("space_id")
         found[ident] = Visible(
             id=ident,
-            space_id=data.pop("space_id"),
+            space_id=space_id if isinstance(space_id, UUID) else UUID(space_id),
             space_owner=data.pop("space_owner"),
             generation=data.pop("generation"),
             extra=data,
@@ -397,6 +470,41 @@ async def insert_entity(
     )
 
 
+_EVIDENCE = """
+WITH ev AS (
+    INSERT INTO evidence (team_id, id, space_id, generation, source_id, content,
+                          content_sha256, observed_at, recorded_by)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    RETURNING team_id, space_id, id, recorded_by
+)
+INSERT INTO evidence_lifecycle_events (team_id, space_id, evidence_id, event_id, status,
+                                       reason, recorded_by)
+SELECT team_id, space_id, id, NULL, 'active', NULL, recorded_by FROM ev
+"""
+
+# Occurrences and mentions of one evidence. Not in the evidence's statement: the
+# occurrences' quote trigger reads the evidence row, which a sibling part of the
+# same statement would not see yet. The occurrences go in first (the mentions read
+# their count), so a refusal names the table it always named; the mentions' foreign
+# key to an occurrence is checked at the end of the statement.
+_OCCURRENCES_AND_MENTIONS = """
+WITH occ AS (
+    INSERT INTO evidence_occurrences (team_id, space_id, evidence_id, id, quote,
+                                      span_start, span_end)
+    SELECT $1, $2, $3, o.id, o.quote, o.span_start, o.span_end
+    FROM unnest($4::text[], $5::text[], $6::int[], $7::int[])
+         WITH ORDINALITY AS o(id, quote, span_start, span_end, n)
+    ORDER BY o.n
+    RETURNING 1
+)
+INSERT INTO evidence_entity_mentions (team_id, space_id, evidence_id, entity_id, occurrence_id)
+SELECT $1, $2, $3, m.entity_id, m.occurrence_id
+FROM (SELECT count(*) FROM occ) AS occurrences_first,
+     unnest($8::text[], $9::text[]) WITH ORDINALITY AS m(entity_id, occurrence_id, n)
+ORDER BY m.n
+"""
+
+
 async def insert_evidence(
     conn: Conn,
     team: str,
@@ -409,9 +517,11 @@ async def insert_evidence(
     mentions: Sequence[tuple[str, str | None]],
     by: str,
 ) -> None:
+    """The evidence with its first lifecycle event (``active``) in one statement, and
+    its occurrences and mentions in a second one (none without either): each
+    round trip of a ``remember`` is paid for by its caller (docs/writes.md)."""
     await conn.execute(
-        "INSERT INTO evidence (team_id, id, space_id, generation, source_id, content, "
-        "content_sha256, observed_at, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        _EVIDENCE,
         team,
         evidence_id,
         source.space_id,
@@ -422,20 +532,18 @@ async def insert_evidence(
         observed_at,
         by,
     )
-    await insert_lifecycle(
-        conn, "evidence", team, source.space_id, evidence_id, None, "active", None, by
-    )
-    if occurrences:
-        await conn.executemany(
-            "INSERT INTO evidence_occurrences (team_id, space_id, evidence_id, id, quote, "
-            "span_start, span_end) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            [(team, source.space_id, evidence_id, *occ) for occ in occurrences],
-        )
-    if mentions:
-        await conn.executemany(
-            "INSERT INTO evidence_entity_mentions (team_id, space_id, evidence_id, entity_id, "
-            "occurrence_id) VALUES ($1, $2, $3, $4, $5)",
-            [(team, source.space_id, evidence_id, ent, occ) for ent, occ in mentions],
+    if occurrences or mentions:
+        await conn.execute(
+            _OCCURRENCES_AND_MENTIONS,
+            team,
+            source.space_id,
+            evidence_id,
+            [o[0] for o in occurrences],
+            [o[1] for o in occurrences],
+            [o[2] for o in occurrences],
+            [o[3] for o in occurrences],
+            [m[0] for m in mentions],
+            [m[1] for m in mentions],
         )
 
 
@@ -467,6 +575,54 @@ async def insert_evidence_embeddings(
     )
 
 
+_EMBEDDINGS = """
+WITH ev AS (
+    INSERT INTO evidence_embeddings (team_id, space_id, evidence_id, model, dimensions,
+                                     embedding)
+    SELECT e.team_id, e.space_id, e.evidence_id, $4, $5, e.embedding
+    FROM unnest($1::text[], $2::uuid[], $3::text[], $6::vector[])
+         WITH ORDINALITY AS e(team_id, space_id, evidence_id, embedding, n)
+    ORDER BY e.n
+)
+INSERT INTO relationship_embeddings (team_id, space_id, relationship_id,
+                                     projection_generation, model, dimensions, embedding)
+SELECT r.team_id, r.space_id, r.relationship_id, r.generation, $4, $5, r.embedding
+FROM unnest($7::text[], $8::uuid[], $9::text[], $10::int[], $11::vector[])
+     WITH ORDINALITY AS r(team_id, space_id, relationship_id, generation, embedding, n)
+ORDER BY r.n
+"""
+
+
+async def insert_embeddings(
+    conn: Conn,
+    evidence: Sequence[tuple[str, UUID, str]],
+    evidence_vectors: np.ndarray,
+    relationships: Sequence[tuple[str, UUID, str, int]],
+    relationship_vectors: np.ndarray,
+    model: str,
+) -> None:
+    """The vectors of a principal's batch, evidence and relationships, in one
+    statement: they are stored after the last embedding ends, so this statement is
+    on the critical path of every ``remember`` (the owner's loader copies
+    instead, :func:`insert_evidence_embeddings`). Each vector is wrapped: asyncpg
+    would take a bare array for one more dimension of the ``vector[]``."""
+    dims = int((evidence_vectors if len(evidence) else relationship_vectors).shape[1])
+    await conn.execute(
+        _EMBEDDINGS,
+        [t for t, _, _ in evidence],
+        [s for _, s, _ in evidence],
+        [e for _, _, e in evidence],
+        model,
+        dims,
+        [Vector(v) for v in evidence_vectors[: len(evidence)]],
+        [t for t, _, _, _ in relationships],
+        [s for _, s, _, _ in relationships],
+        [r for _, _, r, _ in relationships],
+        [g for _, _, _, g in relationships],
+        [Vector(v) for v in relationship_vectors[: len(relationships)]],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class NewRelationship:
     team: str
@@ -485,12 +641,25 @@ class NewRelationship:
     statement: str
 
 
+_RELATIONSHIP = """
+WITH rel AS (
+    INSERT INTO relationships (team_id, id, space_id, generation, subject_entity_id,
+                               predicate, object_entity_id, object_value, object_unit, polarity,
+                               valid_from, valid_to, owner_principal_id, semantic_group_key,
+                               statement, recorded_by)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+    RETURNING team_id, space_id, id, recorded_by
+)
+INSERT INTO relationship_status_events (team_id, space_id, relationship_id, event_id, status,
+                                        superseded_by, reason, recorded_by)
+SELECT team_id, space_id, id, NULL, 'active', NULL, NULL, recorded_by FROM rel
+"""
+
+
 async def insert_relationship(conn: Conn, r: NewRelationship, by: str) -> None:
+    """The relationship with its first status event (``active``), one statement."""
     await conn.execute(
-        "INSERT INTO relationships (team_id, id, space_id, generation, subject_entity_id, "
-        "predicate, object_entity_id, object_value, object_unit, polarity, valid_from, valid_to, "
-        "owner_principal_id, semantic_group_key, statement, recorded_by) "
-        "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+        _RELATIONSHIP,
         r.team,
         r.id,
         r.space.id,
@@ -508,7 +677,6 @@ async def insert_relationship(conn: Conn, r: NewRelationship, by: str) -> None:
         r.statement,
         by,
     )
-    await insert_relationship_status(conn, r.team, r.space.id, r.id, None, "active", None, None, by)
 
 
 async def insert_relationship_status(
@@ -593,6 +761,19 @@ async def insert_relationship_embeddings(
     )
 
 
+_SUPPORT = """
+WITH sup AS (
+    INSERT INTO supports (team_id, id, space_id, evidence_id, relationship_id, occurrence_id,
+                          quote, span_start, span_end, recorded_by)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+    RETURNING team_id, space_id, id, recorded_by
+)
+INSERT INTO support_decisions (team_id, space_id, support_id, decision_id, decision, reason,
+                               recorded_by)
+SELECT team_id, space_id, id, NULL, 'grant', NULL, recorded_by FROM sup
+"""
+
+
 async def insert_support(
     conn: Conn,
     team: str,
@@ -605,9 +786,9 @@ async def insert_support(
     span: tuple[int, int] | None,
     by: str,
 ) -> None:
+    """The support with its first decision (``grant``), one statement."""
     await conn.execute(
-        "INSERT INTO supports (team_id, id, space_id, evidence_id, relationship_id, occurrence_id, "
-        "quote, span_start, span_end, recorded_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        _SUPPORT,
         team,
         support_id,
         space_id,
@@ -619,7 +800,6 @@ async def insert_support(
         span[1] if span else None,
         by,
     )
-    await insert_support_decision(conn, team, space_id, support_id, None, "grant", None, by)
 
 
 async def insert_support_decision(
@@ -801,6 +981,23 @@ async def insert_hypothesis_feedback(
 async def store_embedding_model(conn: Conn) -> tuple[str, int] | None:
     row = await conn.fetchrow("SELECT name, dimensions FROM embedding_models")
     return (row["name"], row["dimensions"]) if row else None
+
+
+async def embedding_model_and_projection(
+    conn: Conn, team: str
+) -> tuple[tuple[str, int] | None, int | None]:
+    """:func:`store_embedding_model` and the team's active projection generation
+    (None when there is none yet: :func:`active_projection` makes it), one
+    statement for the two reads every write of relationships makes."""
+    row = await conn.fetchrow(
+        "SELECT m.name, m.dimensions, (SELECT p.generation FROM relationship_projections p "
+        "WHERE p.team_id = $1 AND p.status = 'active') AS generation "
+        "FROM (SELECT NULL) AS one LEFT JOIN embedding_models m ON true",
+        team,
+    )
+    assert row is not None
+    model = (row["name"], row["dimensions"]) if row["name"] is not None else None
+    return model, row["generation"]
 
 
 async def register_embedding_model(conn: Conn, name: str, dimensions: int) -> None:
