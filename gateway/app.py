@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -26,7 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
 
 from gateway import heap
-from gateway.embedded import EmbeddedPostgres, ServerMemory
+from gateway.embedded import EmbeddedPostgres, ServerMemory, machine_memory_mb
 from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
 from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
@@ -44,6 +45,7 @@ from gateway.services.recall import RecallService, plan_cache_mode
 from gateway.services.reembed import read_store_model, watch_store_model
 from gateway.services.warmup import WarmUp
 from gateway.services.warmup import budget_mb as warm_up_budget
+from gateway.services.warmup import check_budget as check_warm_up_budget
 from gateway.services.writes import WriteService
 from gateway.serving import Drain
 from gateway.settings import Settings
@@ -151,10 +153,21 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
+SERVES_EMBEDDED_ENV = "RECALL_SERVE_EMBEDDED_SERVER"
+"""``1`` when the DSN that ``serve`` hands its worker processes (as
+``RECALL_DATABASE_URL``) is the embedded server it started: set by the CLI, not
+by users. The workers then apply the embedded server's defaults (the warm-up's
+budget), not an external server's."""
+
+
 def create_served_app() -> Starlette:
     """The app of ``serve`` worker processes (uvicorn's factory): settings from the
     environment, SIGTERM drained, the start-up heap frozen."""
-    return create_app(handle_sigterm=True, settle_heap=True)
+    return create_app(
+        handle_sigterm=True,
+        settle_heap=True,
+        embedded_server=os.environ.get(SERVES_EMBEDDED_ENV) == "1",
+    )
 
 
 def create_app(
@@ -163,6 +176,7 @@ def create_app(
     *,
     handle_sigterm: bool = False,
     settle_heap: bool = False,
+    embedded_server: bool = False,
 ) -> Starlette:
     """The ASGI application. With no ``database_url`` it runs the embedded PostgreSQL.
 
@@ -170,7 +184,11 @@ def create_app(
     (gateway/serving.py); off for an app embedded elsewhere, tests included.
     ``settle_heap``: the process serves this app and nothing else, so once it is
     ready its start-up heap is frozen and the collector runs less often
-    (gateway/heap.py); off elsewhere, where the process has other work."""
+    (gateway/heap.py); off elsewhere, where the process has other work.
+    ``embedded_server``: ``settings.database_url`` is the embedded server that
+    ``serve`` started (or found running) for this app, so the embedded server's
+    defaults apply: the start-up warm-up runs unless RECALL_WARM_UP_MB says
+    otherwise (with a server of the user's own it is off by default)."""
     settings = settings or Settings()
     grace_s = settings.shutdown_grace_ms / 1000
     logs.configure(settings.log_level, settings.log_format)
@@ -182,6 +200,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         embedded: EmbeddedPostgres | None = None
         dsn = settings.database_url
+        local = dsn is None or embedded_server
+        if local:
+            check_warm_up_budget(settings.warm_up_mb, machine_memory_mb())
         if dsn is None:
             memory = ServerMemory.from_settings(settings)
             embedded = EmbeddedPostgres(settings.data_dir, memory=memory).start()
@@ -253,7 +274,7 @@ def create_app(
             # in the background: /readyz says 503 until it ends, requests are served
             warm = WarmUp(
                 dsn,
-                warm_up_budget(settings.warm_up_mb, embedded=embedded is not None),
+                warm_up_budget(settings.warm_up_mb, embedded=local),
                 settings.statement_timeout_ms,
             )
             app.state.warmup = warm

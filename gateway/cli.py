@@ -27,7 +27,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from gateway import __version__, tokens
-from gateway.embedded import EmbeddedPostgres, ServerMemory
+from gateway.embedded import EmbeddedPostgres, ServerMemory, machine_memory_mb
 from gateway.embeddings.catalog import LOCAL_MODELS
 from gateway.errors import ConfigurationError, GatewayError, InvalidInput
 from gateway.services.loader import LoadError, split_lines
@@ -558,6 +558,8 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
     in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over."""
     import uvicorn
 
+    from gateway.app import SERVES_EMBEDDED_ENV, create_app
+
     common: dict[str, Any] = {
         "host": host,
         "port": port,
@@ -565,9 +567,12 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
         "http": "gateway.serving:TimedHttpToolsProtocol",
         "timeout_graceful_shutdown": max(1, round(settings.shutdown_grace_ms / 1000)),
     }
+    embedded_server = settings.database_url is None
     if workers > 1:
-        # Worker processes rebuild the app from the environment: hand them the DSN.
+        # Worker processes rebuild the app from the environment: hand them the DSN,
+        # and whether it is the embedded server (its defaults then apply to them).
         os.environ["RECALL_DATABASE_URL"] = dsn
+        os.environ[SERVES_EMBEDDED_ENV] = "1" if embedded_server else "0"
         with _metrics_dir():
             uvicorn.run(
                 "gateway.app:create_served_app",
@@ -577,10 +582,11 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
                 **common,
             )
         return
-    from gateway.app import create_app
-
     app = create_app(
-        settings.model_copy(update={"database_url": dsn}), handle_sigterm=True, settle_heap=True
+        settings.model_copy(update={"database_url": dsn}),
+        handle_sigterm=True,
+        settle_heap=True,
+        embedded_server=embedded_server,
     )
     uvicorn.run(app, access_log=False, **common)
 
@@ -607,6 +613,11 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     workers = args.workers or settings.workers
+    if settings.database_url is None:
+        from gateway.services.warmup import check_budget
+
+        # before the server starts (the app checks again, too late for a clean exit)
+        check_budget(settings.warm_up_mb, machine_memory_mb())
     with database(settings) as dsn:
         from gateway.store.database import prepare
 
@@ -687,9 +698,7 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
         host = args.host or settings.host
         port = args.port if args.port is not None else settings.port
         print(f"MCP (streamable HTTP): http://{host}:{port}/mcp", file=sys.stderr, flush=True)
-        uvicorn.run(
-            http_app(gateway, host), host=host, port=port, log_level=settings.log_level
-        )
+        uvicorn.run(http_app(gateway, host), host=host, port=port, log_level=settings.log_level)
     return 0
 
 

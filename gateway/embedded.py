@@ -48,6 +48,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import signal
 import stat
@@ -57,7 +58,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, TYPE_CHECKING, Final, Self
@@ -72,10 +73,14 @@ __all__ = [
     "DEFAULT_DATABASE",
     "EmbeddedPostgres",
     "ServerMemory",
+    "cgroup_limit_bytes",
+    "cgroup_limit_files",
     "ensure_embedded",
     "machine_memory_mb",
     "postgres_bin_dir",
 ]
+
+_log = logging.getLogger("gateway.embedded")
 
 DEFAULT_DATABASE: Final = "recall"
 POSTGRES_MAJOR: Final = 18
@@ -101,6 +106,11 @@ _BUFFERS_SHARE: Final = 4
 _BUFFERS_MIN_MB: Final = 128
 _BUFFERS_MAX_MB: Final = 8192
 _CACHE_SHARE: Final = 2
+# PostgreSQL's (and RECALL_PG_SHARED_BUFFERS_MB's) smallest shared_buffers.
+_SETTING_MIN_MB: Final = 16
+# Where this process's cgroups (and their memory limits) are found on Linux.
+_CGROUP_ROOT: Final = Path("/sys/fs/cgroup")
+_PROC_CGROUP: Final = Path("/proc/self/cgroup")
 # What the log says when the shared memory segment cannot be had (mmap or
 # System V); start() then names the setting to lower.
 _SHMEM_FAILURES: Final = (
@@ -110,40 +120,106 @@ _SHMEM_FAILURES: Final = (
 )
 
 
-def machine_memory_mb() -> int:
-    """The memory this process may use, in MB: the physical memory, or less when its
-    cgroup (a container's memory limit, v2 or v1) allows less.
+def machine_memory_mb(
+    *,
+    physical_bytes: int | None = None,
+    cgroup_root: Path = _CGROUP_ROOT,
+    proc_cgroup: Path = _PROC_CGROUP,
+) -> int:
+    """The memory this process may use, in MB: the physical memory, or less when a
+    cgroup it is in (a container's memory limit, a systemd slice's ``MemoryMax``;
+    v2 or v1) allows less.
 
     A container sees the host's memory in ``sysconf``; sizing the server from it
     would let the kernel's OOM killer pick the postmaster instead of a clear error.
+    The arguments are for tests (a cgroup tree in a temporary folder).
+
+    A limit file that is missing is no limit (the usual case outside containers,
+    and for the hierarchy a host does not use). One that exists but cannot be
+    read or parsed is skipped with a warning naming it and the override to set:
+    the server is then sized from what remains, the physical memory at worst.
     """
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for limit_file in _cgroup_limit_files():
+    if physical_bytes is None:
+        physical_bytes = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = physical_bytes
+    try:
+        membership = proc_cgroup.read_text()
+    except OSError:
+        membership = ""  # no procfs: the mount's root files still count
+    for limit_file in cgroup_limit_files(membership, cgroup_root):
         try:
-            raw = limit_file.read_text().strip()
-        except OSError:
+            raw = limit_file.read_text()
+        except FileNotFoundError:
             continue
-        if raw.isdigit() and 0 < int(raw) < total:
-            total = int(raw)
+        except OSError as exc:
+            _log.warning(
+                "cannot read the cgroup memory limit %s (%s): the embedded server is sized "
+                "without it; set RECALL_PG_SHARED_BUFFERS_MB if this process's memory is limited",
+                limit_file,
+                exc,
+            )
+            continue
+        try:
+            limit = cgroup_limit_bytes(raw)
+        except ValueError:
+            _log.warning(
+                "cannot parse the cgroup memory limit %s (%r): the embedded server is sized "
+                "without it; set RECALL_PG_SHARED_BUFFERS_MB if this process's memory is limited",
+                limit_file,
+                raw.strip()[:40],
+            )
+            continue
+        if limit is not None and limit < total:
+            total = limit
     return max(1, total // 2**20)
 
 
-def _cgroup_limit_files() -> list[Path]:
-    """The memory limit files of this process's cgroups (``/proc/self/cgroup``),
-    and the mount's root ones (a container's namespace shows its own as root)."""
-    root = Path("/sys/fs/cgroup")
-    files = [root / "memory.max", root / "memory" / "memory.limit_in_bytes"]
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return files
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        relative = path.lstrip("/")
+def cgroup_limit_bytes(text: str) -> int | None:
+    """One memory limit file's value in bytes; None for no limit.
+
+    cgroup v2 ``memory.max`` holds ``max`` (no limit) or a number of bytes; v1
+    ``memory.limit_in_bytes`` holds a number of bytes, "no limit" being a huge one
+    (``9223372036854771712``: 2**63 rounded down to a page), returned as it is (it is
+    never below the physical memory, so it limits nothing). ``-1`` (what is written
+    to v1 to lift a limit) is no limit too. Anything else (empty, negative, not a
+    number) raises ValueError: the caller decides what an unreadable limit means.
+    """
+    value = text.strip()
+    if value in ("max", "-1"):
+        return None
+    if not value.isascii() or not value.isdigit():
+        raise ValueError(f"not a memory limit: {value!r}")
+    return int(value)
+
+
+def cgroup_limit_files(membership: str, root: Path = _CGROUP_ROOT) -> list[Path]:
+    """The memory limit files that bound a process, from its ``/proc/self/cgroup``
+    text (``membership``), under the cgroup mount ``root``.
+
+    A limit anywhere above a cgroup bounds it too (a container's cgroup under a
+    systemd slice with ``MemoryMax``), so each cgroup's ancestors up to the root
+    are listed as well: ``memory.max`` of the v2 cgroup (the ``0::PATH`` line) and
+    ``memory/.../memory.limit_in_bytes`` of the v1 memory controller's. The root's
+    own files always count (a container's cgroup namespace shows its own cgroup as
+    the root). Lines that do not have the ``ID:CONTROLLERS:PATH`` form are skipped.
+    """
+    v2 = [Path("memory.max")]
+    v1 = [Path("memory", "memory.limit_in_bytes")]
+    for line in membership.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3 or not parts[2].startswith("/"):
+            continue
+        _, controllers, path = parts
+        folders = [p for p in path.split("/") if p and p not in (".", "..")]
+        levels = [Path(*folders[:depth]) for depth in range(len(folders), 0, -1)]
         if controllers == "":
-            files.append(root / relative / "memory.max")
+            v2[:0] = [level / "memory.max" for level in levels]
         elif "memory" in controllers.split(","):
-            files.append(root / "memory" / relative / "memory.limit_in_bytes")
+            v1[:0] = [Path("memory", level, "memory.limit_in_bytes") for level in levels]
+    files: list[Path] = []
+    for relative in (*v2, *v1):
+        if root / relative not in files:
+            files.append(root / relative)
     return files
 
 
@@ -157,6 +233,10 @@ class ServerMemory:
 
     shared_buffers_mb: int
     effective_cache_size_mb: int
+    # Whether shared_buffers was given (RECALL_PG_SHARED_BUFFERS_MB, a caller's
+    # value) rather than derived from the machine: check() tells the user to
+    # lower the value they set, or to set one.
+    shared_buffers_given: bool = field(default=True, compare=False)
 
     @classmethod
     def derive(
@@ -175,7 +255,7 @@ class ServerMemory:
         cache = effective_cache_size_mb
         if cache is None:
             cache = max(machine // _CACHE_SHARE, buffers)
-        return cls(buffers, cache)
+        return cls(buffers, cache, shared_buffers_given=shared_buffers_mb is not None)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ServerMemory:
@@ -196,13 +276,42 @@ class ServerMemory:
         """Refuse shared buffers the machine cannot hold, before the server is
         started: PostgreSQL maps the whole segment at start, and one larger than
         memory either fails there or, overcommitted, gets the server OOM-killed
-        under load instead."""
-        if self.shared_buffers_mb >= machine_mb:
-            raise DatabaseUnavailable(
-                f"shared_buffers of {self.shared_buffers_mb} MB (RECALL_PG_SHARED_BUFFERS_MB) "
-                f"is not less than this machine's memory, {machine_mb} MB: lower it, or "
-                "unset it to size it from the machine"
+        under load instead.
+
+        The message says what to set: a value given is to be lowered; a derived
+        one (only on a machine of 128 MB or less, where the derived value is its
+        floor of 128 MB) means RECALL_PG_SHARED_BUFFERS_MB is to be set, to a
+        value it names; below PostgreSQL's own minimum of 16 MB there is none."""
+        if self.shared_buffers_mb < machine_mb:
+            return
+        memory = f"this machine's memory (or its cgroup's limit), {machine_mb} MB"
+        if machine_mb <= _SETTING_MIN_MB:
+            fix = (
+                f"the embedded server cannot run in {machine_mb} MB: give the machine "
+                "(or container) more memory, or use a server of your own (DATABASE_URL)"
             )
+        elif self.shared_buffers_given:
+            fix = (
+                f"set RECALL_PG_SHARED_BUFFERS_MB lower (below {machine_mb}, at least "
+                f"{_SETTING_MIN_MB}), or unset it to size it from the machine"
+            )
+        else:
+            fix = (
+                f"set RECALL_PG_SHARED_BUFFERS_MB to a number of MB below {machine_mb} "
+                f"({_SETTING_MIN_MB} at least; {max(machine_mb // 4, _SETTING_MIN_MB)} is a "
+                "quarter of it), or give the machine (or container) more memory"
+            )
+        source = (
+            "RECALL_PG_SHARED_BUFFERS_MB"
+            if self.shared_buffers_given
+            else (
+                f"derived from the machine: a quarter of its memory, at least {_BUFFERS_MIN_MB} MB"
+            )
+        )
+        raise DatabaseUnavailable(
+            f"shared_buffers of {self.shared_buffers_mb} MB ({source}) is not less than "
+            f"{memory}: {fix}"
+        )
 
 
 def postgres_bin_dir() -> Path:
@@ -804,7 +913,7 @@ class EmbeddedPostgres:
                 hint = (
                     f"\nits shared memory ({memory.shared_buffers_mb} MB of shared_buffers and "
                     "PostgreSQL's own) could not be allocated: set RECALL_PG_SHARED_BUFFERS_MB "
-                    "lower (docs/deploy.md, \"Memory\")"
+                    'lower (docs/deploy.md, "Memory")'
                 )
             raise DatabaseUnavailable(
                 f"the embedded PostgreSQL server did not start (pg_ctl exit "

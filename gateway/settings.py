@@ -99,8 +99,9 @@ class Settings(BaseSettings):
         le=16_777_216,
         description="At start, read up to this many MB of the store's files into the page "
         "cache, vector indexes first (/readyz says 503 meanwhile); unset: the embedded "
-        "server's effective_cache_size, and no warm-up with DATABASE_URL; 0: no warm-up. "
-        "Needs a login that may read the server's files.",
+        "server's effective_cache_size, and no warm-up with DATABASE_URL; 0: no warm-up; "
+        "with the embedded server, a value not below the machine's memory is refused at "
+        "start. Needs a login that may read the server's files.",
     )
 
     # --- read replicas (gateway/store/replicas.py, docs/deploy.md)

@@ -567,3 +567,154 @@ def test_shared_memory_that_cannot_be_mapped_names_the_setting(
         pg.start()
     assert "could not map anonymous shared memory" in str(e.value)
     _assert_no_server(cluster)
+
+
+@pytest.mark.parametrize("machine_mb", [128, 100])
+def test_a_machine_too_small_for_the_derived_buffers_says_what_to_set(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch, machine_mb: int
+) -> None:
+    """A machine (or cgroup) of 128 MB or less, nothing set: the derived 128 MB
+    does not fit. The message tells the user to set the variable (which they have
+    not set), and to what: not to lower or unset it."""
+    monkeypatch.delenv("RECALL_PG_SHARED_BUFFERS_MB", raising=False)
+    monkeypatch.delenv("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB", raising=False)
+    monkeypatch.setattr(embedded, "machine_memory_mb", lambda: machine_mb)
+    with pytest.raises(DatabaseUnavailable) as caught:
+        EmbeddedPostgres(cluster).start()
+    message = str(caught.value)
+    assert (
+        f"set RECALL_PG_SHARED_BUFFERS_MB to a number of MB below {machine_mb} "
+        f"(16 at least; {machine_mb // 4} is a quarter of it)"
+    ) in message, message
+    assert "derived from the machine" in message and "unset" not in message
+    _assert_no_server(cluster)
+    # and what it says to set is taken: the server starts with it
+    monkeypatch.setenv("RECALL_PG_SHARED_BUFFERS_MB", str(machine_mb // 4))
+    with EmbeddedPostgres(cluster) as pg:
+        assert asyncio.run(_memory_settings(pg.dsn))[0] == f"{machine_mb // 4}MB"
+
+
+def test_a_machine_below_postgres_minimum_names_no_setting_that_cannot_help(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RECALL_PG_SHARED_BUFFERS_MB", raising=False)
+    monkeypatch.setattr(embedded, "machine_memory_mb", lambda: 16)
+    with pytest.raises(DatabaseUnavailable, match="cannot run in 16 MB") as caught:
+        EmbeddedPostgres(cluster).start()
+    assert "set RECALL_PG_SHARED_BUFFERS_MB" not in str(caught.value)
+    _assert_no_server(cluster)
+
+
+def test_a_value_set_too_high_is_to_be_lowered(
+    cluster: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RECALL_PG_SHARED_BUFFERS_MB", "4096")
+    monkeypatch.setattr(embedded, "machine_memory_mb", lambda: 4096)
+    with pytest.raises(DatabaseUnavailable) as caught:
+        EmbeddedPostgres(cluster).start()
+    assert "shared_buffers of 4096 MB (RECALL_PG_SHARED_BUFFERS_MB)" in str(caught.value)
+    assert "set RECALL_PG_SHARED_BUFFERS_MB lower (below 4096, at least 16)" in str(caught.value)
+
+
+# --- the cgroup memory limit (machine_memory_mb)
+
+
+@pytest.mark.parametrize(
+    ("text", "limit"),
+    [
+        ("max\n", None),  # v2, no limit
+        ("536870912\n", 512 * 2**20),  # v2 or v1, a limit
+        ("9223372036854771712\n", 9223372036854771712),  # v1's "no limit": limits nothing
+        ("-1", None),  # what is written to v1 to lift a limit
+        (" 1073741824 ", 2**30),
+    ],
+)
+def test_cgroup_limit_formats(text: str, limit: int | None) -> None:
+    assert embedded.cgroup_limit_bytes(text) == limit
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-5", "1.5G", "١٢٣"])
+def test_cgroup_limit_that_is_no_number_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="not a memory limit"):
+        embedded.cgroup_limit_bytes(text)
+
+
+def _cgroup_tree(root: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+GB = 2**30
+
+
+@pytest.mark.parametrize(
+    ("membership", "files", "expected_mb"),
+    [
+        # v2: the own cgroup's limit
+        ("0::/ctr\n", {"ctr/memory.max": f"{GB}\n"}, 1024),
+        # v2: a limit two levels up (a systemd slice's MemoryMax) bounds it too
+        (
+            "0::/system.slice/app.service/ctr\n",
+            {
+                "system.slice/memory.max": f"{2 * GB}\n",
+                "system.slice/app.service/memory.max": "max\n",
+                "system.slice/app.service/ctr/memory.max": "max\n",
+            },
+            2048,
+        ),
+        # v2 in a container's cgroup namespace: its own cgroup is the root
+        ("0::/\n", {"memory.max": f"{3 * GB}\n"}, 3072),
+        # v1 (and hybrid): the memory controller's line, its ancestors; others ignored
+        (
+            "12:cpu,cpuacct:/other\n4:memory:/docker/abc\n0::/\n",
+            {
+                "memory/docker/abc/memory.limit_in_bytes": "9223372036854771712\n",
+                "memory/docker/memory.limit_in_bytes": f"{GB // 2}\n",
+                "memory/memory.limit_in_bytes": "9223372036854771712\n",
+                "cpu,cpuacct/other/memory.max": f"{GB // 8}\n",
+            },
+            512,
+        ),
+        # no limit anywhere: the physical memory
+        ("0::/ctr\n", {"ctr/memory.max": "max\n", "memory.max": "max\n"}, 8192),
+        # a line that is not ID:CONTROLLERS:PATH is skipped, the others still count
+        ("garbage\n\n0::/ctr\n", {"ctr/memory.max": f"{GB}\n"}, 1024),
+        # a limit above the physical memory limits nothing
+        ("0::/ctr\n", {"ctr/memory.max": f"{64 * GB}\n"}, 8192),
+    ],
+)
+def test_memory_is_the_lowest_cgroup_limit_on_the_way_up(
+    tmp_path: Path, membership: str, files: dict[str, str], expected_mb: int
+) -> None:
+    root = tmp_path / "cgroup"
+    _cgroup_tree(root, files)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text(membership)
+    got = machine_memory_mb(physical_bytes=8 * GB, cgroup_root=root, proc_cgroup=proc)
+    assert got == expected_mb
+
+
+def test_an_unreadable_cgroup_limit_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Unparsable (or unreadable) limit files do not fail the start: they are
+    logged, naming the file and the override, and the other limits still count;
+    no /proc/self/cgroup at all (no procfs): the mount's root files still count."""
+    root = tmp_path / "cgroup"
+    _cgroup_tree(root, {"ctr/memory.max": "lots\n", "memory.max": f"{GB}\n"})
+    (root / "ctr" / "sub").mkdir()
+    (root / "ctr" / "sub" / "memory.max").mkdir()  # reading it fails (a folder)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text("0::/ctr/sub\n")
+    with caplog.at_level("WARNING", logger="gateway.embedded"):
+        got = machine_memory_mb(physical_bytes=8 * GB, cgroup_root=root, proc_cgroup=proc)
+    assert got == 1024
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("cannot parse the cgroup memory limit" in w and "'lots'" in w for w in warned)
+    assert any("cannot read the cgroup memory limit" in w for w in warned)
+    assert all("set RECALL_PG_SHARED_BUFFERS_MB" in w for w in warned)
+    missing = tmp_path / "no-such-file"
+    got = machine_memory_mb(physical_bytes=8 * GB, cgroup_root=root, proc_cgroup=missing)
+    assert got == 1024

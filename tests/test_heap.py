@@ -57,5 +57,10 @@ def test_serve_workers_settle_their_heap(monkeypatch: pytest.MonkeyPatch) -> Non
         seen.update(kwargs)
 
     monkeypatch.setattr(app_module, "create_app", fake)
+    monkeypatch.delenv(app_module.SERVES_EMBEDDED_ENV, raising=False)
     app_module.create_served_app()
-    assert seen == {"handle_sigterm": True, "settle_heap": True}
+    assert seen == {"handle_sigterm": True, "settle_heap": True, "embedded_server": False}
+    # serve on the embedded server tells its workers so (the warm-up's default)
+    monkeypatch.setenv(app_module.SERVES_EMBEDDED_ENV, "1")
+    app_module.create_served_app()
+    assert seen["embedded_server"] is True

@@ -493,12 +493,12 @@ async def test_statements_do_not_grow_with_limit(client, gateway_app, writes) ->
         counts[limit] = counter.count - before
         assert len(result["results"]) == limit
     assert counts[1] == counts[10] == counts[40], counts
-    # A full recall (every frontier at its default limits, feedback on) sends 10:
+    # A full recall (every frontier at its default limits, feedback on) sends 9:
     # the token lookup, BEGIN, the tenant settings, the view, the candidate lists
     # with their hydration and relationship discovery, the community snapshot,
-    # the handles, the hypotheses with the conflicts, the nested rows with the
+    # the handles with the hypotheses and the conflicts, the nested rows with the
     # recall event, and COMMIT (gateway/store/round_trips.py).
-    assert counts[10] == 10, counts
+    assert counts[10] == 9, counts
 
 
 BARE = """query Bare($q: String) { recallMemory(query: $q) {

@@ -7,9 +7,13 @@ and its HNSW index standing in for a space's vector partition."""
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -17,17 +21,23 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from gateway.embedded import EmbeddedPostgres, machine_memory_mb
 from gateway.services.warmup import WarmUp, budget_mb
 from gateway.services.writes import WriteService
 from gateway.store import warmup as store
 from gateway.store.database import Database
-from tests.conftest import app_for, load_jsonl, unique
+from tests.conftest import REPO, app_for, load_jsonl, unique
 from tests.factories import jsonl, team_records
 from tests.test_app import _token
+from tests.test_cli import CLI, _free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 DIM = 384
+WAITING = (
+    "warming up: waiting for another process of this store to finish its warm-up "
+    "(it holds the warm-up lock)"
+)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -115,6 +125,14 @@ async def _ready(client: httpx.AsyncClient) -> httpx.Response:
     return await client.get("/readyz")
 
 
+async def _until_waiting(client: httpx.AsyncClient) -> None:
+    """Until the warm-up has found the lock taken (it connects first)."""
+    for _ in range(200):
+        if (await _ready(client)).json().get("reason") == WAITING:
+            return
+        await asyncio.sleep(0.05)
+
+
 async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
     """Another process of the store is warming (it holds the lock): this one
     waits for it, /readyz says 503 with the reason meanwhile, then ready, and
@@ -126,12 +144,13 @@ async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                await _until_waiting(client)
                 for _ in range(3):
                     r = await _ready(client)
                     assert r.status_code == 503
-                    assert r.json() == {"status": "not ready", "reason": "warming up"}
+                    assert r.json() == {"status": "not ready", "reason": WAITING}
                     await asyncio.sleep(0.1)
-                assert app.state.warmup.state == "running"
+                assert app.state.warmup.state == "waiting"
                 await holder.execute("SELECT pg_advisory_unlock($1::bigint)", store.LOCK_KEY)
                 for _ in range(100):
                     r = await _ready(client)
@@ -209,6 +228,7 @@ async def test_requests_are_served_while_it_waits_with_a_pool_of_one(
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                await _until_waiting(client)
                 for _ in range(3):
                     r = await client.post(
                         "/graphql",
@@ -221,8 +241,8 @@ async def test_requests_are_served_while_it_waits_with_a_pool_of_one(
                     }
                     r = await _ready(client)
                     assert r.status_code == 503
-                    assert r.json() == {"status": "not ready", "reason": "warming up"}
-                assert app.state.warmup.state == "running"
+                    assert r.json() == {"status": "not ready", "reason": WAITING}
+                assert app.state.warmup.state == "waiting"
     finally:
         await holder.close()
 
@@ -247,3 +267,240 @@ async def test_against_an_external_server_it_is_off_unless_asked_for(vectors_dsn
                 assert app.state.warmup.state == "skipped"
     finally:
         await holder.close()
+
+
+async def _warm_up_sessions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+    """The server's sessions of a warm-up (any gateway's), as pg_stat_activity lists them."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        "SELECT pid, state, wait_event_type, query FROM pg_stat_activity "
+        "WHERE application_name = 'recall-gateway warm-up'"
+    )
+    return rows
+
+
+async def _no_warm_up_sessions(conn: asyncpg.Connection) -> None:
+    """Its session gone from the server (a backend ends a moment after its client
+    goes; 10 s is a safety bound, not a timing claim)."""
+    for _ in range(200):
+        if not await _warm_up_sessions(conn):
+            return
+        await asyncio.sleep(0.05)
+    pytest.fail(f"a warm-up session outlived it: {await _warm_up_sessions(conn)}")
+
+
+async def test_a_cancelled_warm_up_closes_its_connection(
+    vectors_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shutdown (the app cancels the task) in the middle of a read statement and
+    while waiting for another process's lock: the cancellation propagates, the
+    state says cancelled (not running), and its session is gone from the server."""
+    reading = asyncio.Event()
+    read_chunk = store.read_chunk
+
+    async def read_and_signal(conn: Any, path: str, offset: int, length: int) -> int:
+        reading.set()  # the statement is sent right after, before the task yields
+        return await read_chunk(conn, path, offset, length)
+
+    monkeypatch.setattr(store, "read_chunk", read_and_signal)
+    admin = await asyncpg.connect(vectors_dsn)
+    try:
+        warm = WarmUp(vectors_dsn, None)
+        task = asyncio.create_task(warm.run())
+        await reading.wait()
+        assert len(await _warm_up_sessions(admin)) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert warm.state == "cancelled" and not warm.warming
+        await _no_warm_up_sessions(admin)
+
+        await admin.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
+        warm = WarmUp(vectors_dsn, None)
+        task = asyncio.create_task(warm.run())
+        for _ in range(200):
+            if warm.state == "waiting" and await _warm_up_sessions(admin):
+                break
+            await asyncio.sleep(0.05)
+        [session] = await _warm_up_sessions(admin)
+        assert session["wait_event_type"] == "Lock" and "pg_advisory_lock" in session["query"]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert warm.state == "cancelled"
+        await _no_warm_up_sessions(admin)
+    finally:
+        await admin.close()
+
+
+async def test_the_log_says_what_it_reads_and_how_far_it_got(
+    vectors_db: Database, vectors_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start line (how much, of how many relations, within which budget), progress
+    lines (every PROGRESS_LOG_S; here after every statement), the end line."""
+    async with vectors_db.pool.acquire() as conn:
+        relations = await store.relations(conn)
+    warm = WarmUp(vectors_dsn, 1)
+    warm.progress_log_s = 0
+    with caplog.at_level("INFO", logger="gateway.warmup"):
+        await warm.run()
+    lines = [r.getMessage() for r in caplog.records if r.name == "gateway.warmup"]
+    assert lines[0] == (
+        f"warm-up: reading 1 MB of the store's files (1 of {len(relations)} relations, "
+        f"{sum(r.size for r in relations) / 2**20:.0f} MB in all; budget 1 MB, "
+        "RECALL_WARM_UP_MB)"
+    )
+    assert lines[1].startswith(
+        "warming up: 1 of 1 MB of the store's files read (vector indexes first), "
+    )
+    assert lines[-1].startswith("warm-up: read 1 MB of the store's files in ")
+
+
+async def test_the_embedded_server_served_by_the_cli_gets_the_embedded_defaults(
+    vectors_dsn: str,
+) -> None:
+    """``serve`` hands the app the embedded server's DSN as database_url: with
+    embedded_server the warm-up runs (budget: effective_cache_size), as the
+    embedded server's default says, and an absurd RECALL_WARM_UP_MB is refused."""
+    from gateway.app import create_app
+    from gateway.errors import ConfigurationError
+    from gateway.settings import Settings
+
+    holder = await asyncpg.connect(vectors_dsn)
+    try:
+        await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
+        settings = Settings(database_url=vectors_dsn, pool_max_size=2, warm_up_mb=None)
+        app: Any = create_app(settings, embedded_server=True)
+        async with app.router.lifespan_context(app):
+            assert app.state.warmup.budget_mb is None
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                for _ in range(100):
+                    r = await _ready(client)
+                    if r.json().get("reason") == WAITING:
+                        break
+                    await asyncio.sleep(0.05)
+                assert r.status_code == 503 and r.json()["reason"] == WAITING
+    finally:
+        await holder.close()
+    too_much = settings.model_copy(update={"warm_up_mb": machine_memory_mb()})
+    app = create_app(too_much, embedded_server=True)
+    with pytest.raises(ConfigurationError, match=r"RECALL_WARM_UP_MB of \d+ is not less than"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
+# --- `serve` on the embedded server (a real process, signalled as in production)
+
+
+@pytest.fixture
+def embedded_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    """An embedded server of the test's own (started here, so that ``serve``
+    attaches to it and the test can hold the warm-up lock before it starts)."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("warm-serve"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _serve(data_dir: Path, port: int, log: Path, *args: str, **env: str) -> subprocess.Popen[bytes]:
+    environ = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DATABASE_URL", "RECALL_DATABASE_URL", "RECALL_WARM_UP_MB")
+    }
+    environ.update(
+        RECALL_DATA_DIR=str(data_dir),
+        RECALL_PORT=str(port),
+        RECALL_SHUTDOWN_DRAIN_MS="0",
+        RECALL_POOL_MAX_SIZE="2",
+        **env,
+    )
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [*CLI, "serve", *args], stdout=sink, stderr=subprocess.STDOUT, env=environ, cwd=REPO
+        )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+async def test_serve_warms_the_embedded_server_by_default_and_sigterm_ends_it(
+    embedded_store: EmbeddedPostgres, tmp_path: Path, workers: int
+) -> None:
+    """RECALL_WARM_UP_MB unset, no DATABASE_URL: ``serve`` warms the store (it
+    ran cold: ``serve`` handed the app the embedded server's DSN as if it were an
+    external server's, whose default is no warm-up). Here another process holds
+    the lock, so /readyz says it waits for it; a SIGTERM then ends the process
+    and leaves no warm-up session on the server."""
+    holder = await asyncpg.connect(embedded_store.dsn)
+    port = _free_port()
+    log = tmp_path / "serve.log"
+    proc = None
+    try:
+        await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
+        proc = _serve(embedded_store.data_dir, port, log, "--workers", str(workers))
+        answer: dict[str, Any] = {}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+            for _ in range(1200):  # the workers load the embedding model first
+                assert proc.poll() is None, log.read_text(errors="replace")
+                try:
+                    r = await _ready(client)
+                    answer = r.json()
+                    if r.status_code == 200 or answer.get("reason") == WAITING:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.1)
+        assert answer == {"status": "not ready", "reason": WAITING}, log.read_text()
+        for _ in range(600):  # each worker warms (the second may start later)
+            sessions = await _warm_up_sessions(holder)
+            if len(sessions) == workers:
+                break
+            await asyncio.sleep(0.1)
+        assert len(sessions) == workers and all(s["wait_event_type"] == "Lock" for s in sessions)
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 60)  # a hang fails; not a timing claim
+        assert code in (0, -signal.SIGTERM, 128 + signal.SIGTERM), log.read_text()
+        await _no_warm_up_sessions(holder)
+        text = log.read_text(errors="replace")
+        assert "warm-up cancelled (shutting down)" in text and "Traceback" not in text, text
+    finally:
+        await holder.close()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("value", "says", "exit_code"),
+    [
+        ("-1", "RECALL_WARM_UP_MB: Input should be greater than or equal to 0 (got '-1')", 2),
+        ("lots", "RECALL_WARM_UP_MB: Input should be a valid integer", 2),
+        ("1.5", "RECALL_WARM_UP_MB: Input should be a valid integer", 2),
+        ("99999999999", "RECALL_WARM_UP_MB: Input should be less than or equal to 16777216", 2),
+        ("MACHINE", "RECALL_WARM_UP_MB of {machine} is not less than this machine's memory", 1),
+    ],
+)
+async def test_a_bad_warm_up_budget_stops_serve_before_it_starts(
+    tmp_path: Path, value: str, says: str, exit_code: int
+) -> None:
+    """Refused at start with a coded message naming the variable, before the
+    embedded server starts: negative, not a whole number, past the bound, or (for
+    the embedded server) not below the machine's memory, which the page cache
+    could not hold."""
+    machine = machine_memory_mb()
+    value = value.replace("MACHINE", str(machine))
+    data_dir = tmp_path / "data"
+    log = tmp_path / "serve.log"
+    proc = _serve(data_dir, _free_port(), log, RECALL_WARM_UP_MB=value)
+    try:
+        code = await asyncio.to_thread(proc.wait, 120)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # it served: the server it started stops with it
+        await asyncio.to_thread(proc.wait, 60)
+        pytest.fail(f"serve started with RECALL_WARM_UP_MB={value}: {log.read_text()}")
+    text = log.read_text(errors="replace")
+    assert code == exit_code, text
+    assert "CONFIGURATION_ERROR" in text and says.format(machine=machine) in text, text
+    assert "Traceback" not in text
+    assert not (data_dir / "pgdata").exists()  # no server was started

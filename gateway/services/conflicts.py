@@ -24,7 +24,7 @@ and none of them is added to the results.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Literal, overload
 
 from gateway.errors import DatabaseUnavailable
 from gateway.services.recall_types import (
@@ -90,9 +90,25 @@ def _order(c: ConflictView) -> tuple[int, int, str]:
     return (c.reach, 0 if isinstance(c, RelationshipConflictView) else 1, c.id)
 
 
-def conflict_query(view: ReadView, reach: Reach) -> store.ConflictQuery | None:
-    """What the answer reaches, as the statements' query; None: it reaches nothing."""
-    if not reach.evidence and not reach.relationships:
+@overload
+def conflict_query(
+    view: ReadView, reach: Reach, *, always: Literal[True]
+) -> store.ConflictQuery: ...
+
+
+@overload
+def conflict_query(
+    view: ReadView, reach: Reach, *, always: bool = False
+) -> store.ConflictQuery | None: ...
+
+
+def conflict_query(
+    view: ReadView, reach: Reach, *, always: bool = False
+) -> store.ConflictQuery | None:
+    """What the answer reaches, as the statements' query; None: it reaches nothing
+    (``always``: a query even then, for a statement that adds the related
+    frontiers' handles to the reach: gateway/store/round_trips.py)."""
+    if not always and not reach.evidence and not reach.relationships:
         return None
     return store.ConflictQuery(
         team=view.team_id,

@@ -10,7 +10,9 @@
    community frontier, the direct fallback.
 4. **Hypotheses** (:mod:`gateway.services.hypotheses`, shared only).
 5. **Conflicts** (:mod:`gateway.services.conflicts`) reachable from every
-   relationship the answer returns.
+   relationship the answer returns. The related frontiers' handles, the
+   hypotheses and the conflicts are read in one statement (the handles reach
+   relationship cases, numbered in SQL; see ``load_handles`` below).
 6. **Feedback snapshot** (:mod:`gateway.services.feedback`), when enabled.
 
 Every statement of every stage runs in one unit of work: one pooled
@@ -56,6 +58,7 @@ from gateway.services.recall_types import (
     answer_reach,
 )
 from gateway.services.related import (
+    HandleLoader,
     RelatedFrontiers,
     RelatedOutcome,
     SharedBranch,
@@ -66,6 +69,7 @@ from gateway.store import recall as store
 from gateway.store import related as related_store
 from gateway.store import round_trips, search
 from gateway.store.database import STORE_FAILURES, Database, Unit
+from gateway.store.recall import RelationshipRow
 from gateway.store.replicas import ReadRouter
 
 log = logging.getLogger("gateway.recall")
@@ -266,8 +270,34 @@ class RecallService:
                 discovered = replace(
                     first.discovery, covered_groups=first.discovery.covered_groups | covered
                 )
+            # The handles' relationships are read in the answer round (hypotheses and
+            # conflicts, with the handles' reach of cases in SQL): one round trip less.
+            answered: list[round_trips.AnswerRound] = []
+            reach = answer_reach(results)
+            after = max((r.rank for r in results), default=0)
+
+            async def load_handles(
+                groups: Sequence[str], first_ranked: dict[str, str]
+            ) -> dict[str, list[RelationshipRow]] | None:
+                got = await self._answer_with_handles(
+                    unit,
+                    view,
+                    branches,
+                    request,
+                    results,
+                    reach,
+                    shared,
+                    groups,
+                    first_ranked,
+                    after,
+                )
+                if got is None:
+                    return None
+                answered.append(got)
+                return got.members
+
             related = await self._related(
-                unit, view, shared, request, vector, returned, discovered
+                unit, view, shared, request, vector, returned, discovered, load_handles
             )
             degradations += related.degradations
             if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
@@ -298,9 +328,12 @@ class RecallService:
                 ]
                 for rid in (handle.representative.id, *handle.equivalent_ids)
             ]
-            hyps, conflicts = await self._answer_round(
-                unit, view, branches, request, results, answer_reach(results, more)
-            )
+            if answered:
+                hyps, conflicts = self._answered(view, branches, request, results, answered[0])
+            else:
+                hyps, conflicts = await self._answer_round(
+                    unit, view, branches, request, results, answer_reach(results, more)
+                )
             if hyps.loss is not None:
                 degradations.append(Degradation("hypotheses", *hyps.loss))
             outcome = RecallOutcome(
@@ -356,6 +389,64 @@ class RecallService:
 
     @staticmethod
     @stage("answer")
+    async def _answer_with_handles(
+        unit: Unit,
+        view: ReadView,
+        branches: Sequence[search.BranchSearch],
+        request: RecallRequest,
+        results: Sequence[EvidenceResult],
+        reach: Reach,
+        shared: SharedBranch | None,
+        groups: Sequence[str],
+        first_ranked: dict[str, str],
+        after: int,
+    ) -> round_trips.AnswerRound | None:
+        """The related frontiers' handles, hypotheses and conflicts in one statement
+        (the handles reach relationship cases after every evidence result); None
+        when it fails (the handles, then the answer round, are then read as
+        without it)."""
+        if shared is None:
+            return None
+        query = hypothesis_frontier.hypothesis_query(view, branches, request, results)
+        try:
+            async with unit.step() as conn:
+                return await round_trips.answer_round(
+                    conn,
+                    None if isinstance(query, hypothesis_frontier.HypothesisFrontier) else query,
+                    conflict_frontier.conflict_query(view, reach, always=True),
+                    round_trips.HandlesQuery(
+                        team=view.team_id,
+                        space_id=shared.space_id,
+                        generation=shared.generation,
+                        t_sys=view.t_sys,
+                        t_valid=view.t_valid,
+                        groups=list(groups),
+                        representatives=[first_ranked.get(g) for g in groups],
+                        after=after,
+                    ),
+                )
+        except STORE_FAILURES as exc:
+            log.warning("combined handles, hypotheses and conflicts failed (%s); one by one", exc)
+            return None
+
+    @staticmethod
+    def _answered(
+        view: ReadView,
+        branches: Sequence[search.BranchSearch],
+        request: RecallRequest,
+        results: Sequence[EvidenceResult],
+        got: round_trips.AnswerRound,
+    ) -> tuple[hypothesis_frontier.HypothesisFrontier, list[ConflictView]]:
+        """The hypothesis and conflict frontiers from a combined statement's rows."""
+        conflicts = conflict_frontier.nearest(got.cases, got.evidence_conflicts)
+        query = hypothesis_frontier.hypothesis_query(view, branches, request, results)
+        if isinstance(query, hypothesis_frontier.HypothesisFrontier):
+            return query, conflicts
+        assert got.hypotheses is not None
+        return hypothesis_frontier.ranked(request, got.hypotheses), conflicts
+
+    @staticmethod
+    @stage("answer")
     async def _answer_round(
         unit: Unit,
         view: ReadView,
@@ -373,17 +464,15 @@ class RecallService:
                 async with unit.step() as conn:
                     got = await round_trips.answer_round(
                         conn,
-                        None if isinstance(query, hypothesis_frontier.HypothesisFrontier) else query,
+                        None
+                        if isinstance(query, hypothesis_frontier.HypothesisFrontier)
+                        else query,
                         conflict_query,
                     )
             except STORE_FAILURES as exc:
                 log.warning("combined hypotheses and conflicts failed (%s); one by one", exc)
             else:
-                conflicts = conflict_frontier.nearest(got.cases, got.evidence_conflicts)
-                if isinstance(query, hypothesis_frontier.HypothesisFrontier):
-                    return query, conflicts
-                assert got.hypotheses is not None
-                return hypothesis_frontier.ranked(request, got.hypotheses), conflicts
+                return RecallService._answered(view, branches, request, results, got)
         hyps = await hypothesis_frontier.related_hypotheses(unit, view, branches, request, results)
         conflicts = await conflict_frontier.reachable_conflicts(unit, view, reach)
         return hyps, conflicts
@@ -423,8 +512,9 @@ class RecallService:
         vector: np.ndarray | None,
         returned: Sequence[str],
         discovered: related_store.Discovery | None,
+        load_handles: HandleLoader | None = None,
     ) -> RelatedOutcome:
-        return await RelatedFrontiers(unit).recall(
+        return await RelatedFrontiers(unit, load_handles).recall(
             view, shared, request, vector, returned, discovered
         )
 

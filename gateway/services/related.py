@@ -25,7 +25,8 @@ graph frontier from searchable private evidence). The order of work:
    community limit cut off, and groups in no community, remain eligible here.
    So one semantic group is never in two frontiers of one answer.
 5. **Handles**: one statement loads every eligible relationship of the emitted
-   groups. The representative is the group's best-ranked discovered
+   groups (in a recall, the orchestrator's answer round, beside the hypotheses
+   and the conflicts that the handles reach). The representative is the group's best-ranked discovered
    relationship, else its lowest ID; the others are its equivalent IDs (ID
    order). Owners are never merged: each relationship keeps its own.
 """
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from uuid import UUID
 
@@ -55,10 +56,12 @@ from gateway.services.recall_types import (
 from gateway.store import communities as community_store
 from gateway.store import related as store
 from gateway.store.database import STORE_FAILURES, Unit
+from gateway.store.recall import RelationshipRow
 
 log = logging.getLogger("gateway.recall.related")
 
 __all__ = [
+    "HandleLoader",
     "RelatedFrontiers",
     "RelatedOutcome",
     "SharedBranch",
@@ -155,11 +158,24 @@ def discovery_query(
     )
 
 
-class RelatedFrontiers:
-    """Both frontiers of one recall, read in the recall's unit of work."""
+HandleLoader = Callable[
+    [Sequence[str], dict[str, str]], Awaitable[dict[str, list[RelationshipRow]] | None]
+]
+"""Reads the handles' relationships of the given groups (in the order the answer
+returns them) for the frontiers, with what else the caller sends in the same
+statement; None: not read (the frontiers then read them themselves)."""
 
-    def __init__(self, unit: Unit) -> None:
+
+class RelatedFrontiers:
+    """Both frontiers of one recall, read in the recall's unit of work.
+
+    ``load_handles``: how the handles' relationships are read (the orchestrator
+    reads them in its answer round: gateway/services/recall.py); without it, or
+    when it returns None, by a statement of their own."""
+
+    def __init__(self, unit: Unit, load_handles: HandleLoader | None = None) -> None:
         self.unit = unit
+        self.load_handles = load_handles
 
     async def recall(
         self,
@@ -221,7 +237,10 @@ class RelatedFrontiers:
             if rel_on
             else []
         )
-        handles = await self._handles(view, shared, [*direct, *sorted(emitted)], first_ranked)
+        # The groups in the order the answer returns them (their handles reach
+        # conflicts in that order): the direct fallback, then each community's.
+        ordered = [*direct, *(g for _, shown, _ in chosen for g in shown)]
+        handles = await self._handles(view, shared, ordered, first_ranked)
         out.relationships = [handles[g] for g in direct if g in handles]
         for c, shown, truncated in chosen:
             members = tuple(handles[g] for g in shown if g in handles)
@@ -372,19 +391,23 @@ class RelatedFrontiers:
     ) -> dict[str, Handle]:
         if not groups:
             return {}
-        try:
-            async with self.unit.step() as conn:
-                members = await store.eligible_group_members(
-                    conn,
-                    view.team_id,
-                    shared.space_id,
-                    shared.generation,
-                    groups,
-                    view.t_sys,
-                    view.t_valid,
-                )
-        except STORE_FAILURES as exc:
-            raise DatabaseUnavailable("related relationships could not be loaded") from exc
+        members = (
+            await self.load_handles(groups, first_ranked) if self.load_handles is not None else None
+        )
+        if members is None:
+            try:
+                async with self.unit.step() as conn:
+                    members = await store.eligible_group_members(
+                        conn,
+                        view.team_id,
+                        shared.space_id,
+                        shared.generation,
+                        groups,
+                        view.t_sys,
+                        view.t_valid,
+                    )
+            except STORE_FAILURES as exc:
+                raise DatabaseUnavailable("related relationships could not be loaded") from exc
         handles = {}
         for group, rows in members.items():
             by_id = {r.id: r for r in rows}

@@ -83,6 +83,7 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 
 # $1 team, $2 readable spaces, $3 relationship IDs, $4 their reach, $5 t_sys,
 # $6 cap of cases, $7 cap of supporters per position.
+_ASKED_CASES = "SELECT a.relationship_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (relationship_id, reach)"
 _GEN = """
 gen AS MATERIALIZED (
     SELECT g.space_id, max(g.generation) AS generation
@@ -94,17 +95,33 @@ gen AS MATERIALIZED (
 _CASES = f"""
 WITH {_GEN},
 asked AS (
-    SELECT a.relationship_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (relationship_id, reach)
+    {_ASKED_CASES}
 ),
+-- Driven from the asked relationships: each is looked up by the positions'
+-- relationship index, and each case found by its key, in subqueries that
+-- OFFSET 0 keeps apart (never pulled up into a join the planner may turn
+-- around), so that the cost follows the answer's relationships, not the number
+-- of cases in the space. As a plain join, the recall's generic plan (a space's
+-- cases estimated at a row or so) read every case of the space and each case's
+-- positions, then compared them with every asked ID.
 cases AS MATERIALIZED (
     SELECT cc.id, cc.space_id, cc.question, min(a.reach) AS reach
     FROM asked a
-    JOIN conflict_position_relationships cpr
-      ON cpr.team_id = $1 AND cpr.space_id = ANY($2::uuid[]) AND cpr.relationship_id = a.relationship_id
-    JOIN conflict_cases cc
-      ON cc.team_id = $1 AND cc.space_id = ANY($2::uuid[]) AND cc.id = cpr.case_id
+    CROSS JOIN LATERAL (
+        SELECT cpr.case_id
+        FROM conflict_position_relationships cpr
+        WHERE cpr.team_id = $1 AND cpr.space_id = ANY($2::uuid[])
+          AND cpr.relationship_id = a.relationship_id
+        OFFSET 0
+    ) cpr
+    CROSS JOIN LATERAL (
+        SELECT cc.id, cc.space_id, cc.question, cc.generation
+        FROM conflict_cases cc
+        WHERE cc.team_id = $1 AND cc.space_id = ANY($2::uuid[]) AND cc.id = cpr.case_id
+          AND cc.recorded_at <= $5
+        OFFSET 0
+    ) cc
     JOIN gen ON gen.space_id = cc.space_id AND gen.generation = cc.generation
-    WHERE cc.recorded_at <= $5
     GROUP BY cc.id, cc.space_id, cc.question
 ),
 stated AS MATERIALIZED (
@@ -232,12 +249,25 @@ class ConflictQuery:
     supporter_cap: int
 
 
-def cases_statement(q: ConflictQuery) -> tuple[str, list[Any]] | None:
-    """The relationship cases' statement and parameters; None when nothing can reach one."""
-    if not q.relationship_reach or q.cap <= 0:
+def cases_statement(q: ConflictQuery, more: str | None = None) -> tuple[str, list[Any]] | None:
+    """The relationship cases' statement and parameters; None when nothing can reach one.
+
+    ``more``: the name of a relation of an enclosing statement, with columns
+    ``relationship_id`` and ``reach``: relationships that reach as given besides
+    ``q.relationship_reach`` (the related frontiers' handles, read in the same
+    statement: gateway/store/round_trips.py). A relationship in both reaches at
+    the smaller rank, as :func:`gateway.services.recall_types.answer_reach` ranks it.
+    """
+    if q.cap <= 0 or (not q.relationship_reach and more is None):
         return None
+    sql = _CASES
+    if more is not None:
+        sql = sql.replace(
+            _ASKED_CASES,
+            f"{_ASKED_CASES}\n    UNION ALL\n    SELECT m.relationship_id, m.reach FROM {more} m",
+        )
     rel_ids = list(q.relationship_reach)
-    return _CASES, [
+    return sql, [
         q.team,
         list(q.space_ids),
         rel_ids,
@@ -313,16 +343,26 @@ WITH {_GEN},
 asked AS (
     SELECT a.evidence_id, a.reach FROM unnest($3::text[], $4::int[]) AS a (evidence_id, reach)
 ),
+-- Driven from the asked evidence by the positions' evidence index, each conflict
+-- found by its key, in subqueries kept apart by OFFSET 0 (as for the cases above).
 reached AS MATERIALIZED (
     SELECT ec.id, ec.space_id, ec.question, min(a.reach) AS reach
     FROM asked a
-    JOIN evidence_conflict_positions p
-      ON p.team_id = $1 AND p.space_id = ANY($2::uuid[]) AND p.evidence_id = a.evidence_id
-     AND p.recorded_at <= $5
-    JOIN evidence_conflicts ec
-      ON ec.team_id = $1 AND ec.space_id = p.space_id AND ec.id = p.conflict_id
+    CROSS JOIN LATERAL (
+        SELECT p.space_id, p.conflict_id
+        FROM evidence_conflict_positions p
+        WHERE p.team_id = $1 AND p.space_id = ANY($2::uuid[]) AND p.evidence_id = a.evidence_id
+          AND p.recorded_at <= $5
+        OFFSET 0
+    ) p
+    CROSS JOIN LATERAL (
+        SELECT ec.id, ec.space_id, ec.question, ec.generation
+        FROM evidence_conflicts ec
+        WHERE ec.team_id = $1 AND ec.space_id = p.space_id AND ec.id = p.conflict_id
+          AND ec.recorded_at <= $5
+        OFFSET 0
+    ) ec
     JOIN gen ON gen.space_id = ec.space_id AND gen.generation = ec.generation
-    WHERE ec.recorded_at <= $5
     GROUP BY ec.id, ec.space_id, ec.question
 ),
 -- Driven from the reached conflicts' positions, so that the cost follows the

@@ -70,23 +70,39 @@ def _shown(alias: str) -> str:
 
 
 _RELATED = f"""
-WITH links AS (
+-- Every lookup below is driven from the answer's IDs (and then from the listed
+-- hypotheses) by an index, in a LATERAL subquery that OFFSET 0 keeps apart (never
+-- pulled up into a join the planner may turn around): the recall's generic plan
+-- estimates a space's hypotheses at a row or so, and as plain joins it read
+-- every hypothesis of the space, checked its latest status, and compared it with
+-- the links, once per hypothesis (docs/benchmarks.md, "Hypotheses, conflicts and
+-- communities per recall"). Same rows: the same predicates on the same rows.
+WITH links AS MATERIALIZED (
     SELECT he.hypothesis_id, a.reach
     FROM unnest($5::text[], $6::int[]) AS a (evidence_id, reach)
-    JOIN hypothesis_evidence he
-      ON he.team_id = $1 AND he.space_id = $2 AND he.evidence_id = a.evidence_id
+    CROSS JOIN LATERAL (
+        SELECT he.hypothesis_id FROM hypothesis_evidence he
+        WHERE he.team_id = $1 AND he.space_id = $2 AND he.evidence_id = a.evidence_id
+        OFFSET 0
+    ) he
     UNION ALL
     SELECT hr.hypothesis_id, a.reach
     FROM unnest($7::text[], $8::int[]) AS a (relationship_id, reach)
-    JOIN hypothesis_relationships hr
-      ON hr.team_id = $1 AND hr.space_id = $2 AND hr.relationship_id = a.relationship_id
+    CROSS JOIN LATERAL (
+        SELECT hr.hypothesis_id FROM hypothesis_relationships hr
+        WHERE hr.team_id = $1 AND hr.space_id = $2 AND hr.relationship_id = a.relationship_id
+        OFFSET 0
+    ) hr
 ),
 linked AS MATERIALIZED (
     SELECT 'linked'::text AS list_name, h.id,
            row_number() OVER (ORDER BY min(l.reach), h.id COLLATE "C") AS rank
     FROM links l
-    JOIN hypotheses h ON h.team_id = $1 AND h.space_id = $2 AND h.id = l.hypothesis_id
-    WHERE {_shown("h")}
+    CROSS JOIN LATERAL (
+        SELECT h.id FROM hypotheses h
+        WHERE h.team_id = $1 AND h.space_id = $2 AND h.id = l.hypothesis_id AND {_shown("h")}
+        OFFSET 0
+    ) h
     GROUP BY h.id
     ORDER BY rank
     LIMIT $10
@@ -102,11 +118,13 @@ lexical AS MATERIALIZED (
         SELECT h.id,
                cardinality(ARRAY(
                    SELECT unnest(tsvector_to_array(h.search_document))
-                   INTERSECT SELECT unnest(q.lexemes))) AS matched
+                   INTERSECT SELECT unnest(q.lexemes) FROM query_lexemes q)) AS matched
         FROM hypotheses h
-        CROSS JOIN query_lexemes q
+        -- The query's lexemes as a value computed once (not a joined CTE), so that
+        -- this cheap test filters the space's hypotheses before the latest status
+        -- of each is looked up (the planner orders a scan's filters by cost).
         WHERE $9::text IS NOT NULL
-          AND tsvector_to_array(h.search_document) && q.lexemes
+          AND tsvector_to_array(h.search_document) && (SELECT q.lexemes FROM query_lexemes q)
           AND {_shown("h")}
     ) m
     ORDER BY rank
@@ -140,7 +158,11 @@ SELECT x.list_name, x.rank, h.id, h.statement, h.origin,
            ORDER BY he.evidence_id COLLATE "C"
        ) AS evidence_ids
 FROM listed x
-JOIN hypotheses h ON h.team_id = $1 AND h.space_id = $2 AND h.id = x.id
+CROSS JOIN LATERAL (
+    SELECT h.id, h.statement, h.origin FROM hypotheses h
+    WHERE h.team_id = $1 AND h.space_id = $2 AND h.id = x.id
+    OFFSET 0
+) h
 ORDER BY x.list_name, x.rank
 """
 

@@ -58,7 +58,9 @@ __all__ = [
     "check",
     "discover",
     "eligible_group_members",
+    "members_statement",
     "parse_discovery",
+    "parse_members",
     "visible_relationship",
     "wanted_lists",
 ]
@@ -429,8 +431,27 @@ async def eligible_group_members(
     by group, in ID order (code points)."""
     if not groups:
         return {}
-    rows = await conn.fetch(_MEMBERS, team, space_id, list(groups), generation, t_sys, t_valid)
+    sql, args = members_statement(team, space_id, generation, groups, t_sys, t_valid)
+    return parse_members(await conn.fetch(sql, *args))
+
+
+def members_statement(
+    team: str,
+    space_id: UUID,
+    generation: int,
+    groups: Sequence[str],
+    t_sys: datetime,
+    t_valid: datetime,
+) -> tuple[str, list[Any]]:
+    """:func:`eligible_group_members`' statement and parameters (also sent combined
+    with the answer's conflicts: gateway/store/round_trips.py)."""
+    return _MEMBERS, [team, space_id, list(groups), generation, t_sys, t_valid]
+
+
+def parse_members(rows: Sequence[Sequence[Any]]) -> dict[str, list[RelationshipRow]]:
+    """Rows of the members' statement by position (plain rows or the records of a
+    combined statement alike): by group, in ID order (code points)."""
     out: dict[str, list[RelationshipRow]] = {}
-    for r in rows:
-        out.setdefault(r["semantic_group_key"], []).append(RelationshipRow(**dict(r)))
+    for r in sorted(rows, key=lambda r: (r[11], r[0])):
+        out.setdefault(r[11], []).append(RelationshipRow(*r))
     return out

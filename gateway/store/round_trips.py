@@ -13,7 +13,9 @@ each part's rows come back as one array of records in one row. Three rounds:
   by the *returned* evidence is applied later, by the caller, from the
   semantic groups of the hydrated support paths returned here), and those
   groups;
-- :func:`answer_round`: the related hypotheses and both kinds of conflicts;
+- :func:`answer_round`: the related frontiers' handles, the related hypotheses
+  and both kinds of conflicts (the handles reach relationship cases in SQL,
+  from the handles read in the same statement);
 - :func:`last_round`: the rows of the answer's nested fields and the recall
   event for feedback (a data-modifying statement, so its CTEs lead).
 
@@ -32,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from gateway.store import conflicts, feedback, hypotheses, recall, related, search
 from gateway.store.connection import Conn
@@ -39,6 +42,7 @@ from gateway.store.connection import Conn
 __all__ = [
     "AnswerRound",
     "FirstRound",
+    "HandlesQuery",
     "answer_round",
     "first_round",
     "last_round",
@@ -204,36 +208,95 @@ async def first_round(
 
 
 @dataclass(frozen=True, slots=True)
+class HandlesQuery:
+    """The related frontiers' handles: every eligible relationship of ``groups`` in
+    the shared space (gateway/store/related.py, :func:`related.members_statement`).
+
+    Read in the answer round, they also reach conflicts after every evidence
+    result, in the order the answer returns them
+    (:func:`gateway.services.recall_types.answer_reach`): ``groups`` in that order
+    (the direct fallback's, then each community's shown groups), within a group
+    its representative first (``representatives``: the group's best-ranked
+    discovered relationship if it is eligible, else its lowest ID), then the
+    others in ID order, numbered from ``after + 1`` (``after``: the last
+    evidence result's rank), groups without an eligible relationship skipped."""
+
+    team: str
+    space_id: UUID
+    generation: int
+    t_sys: datetime
+    t_valid: datetime
+    groups: Sequence[str]
+    representatives: Sequence[str | None]
+    after: int
+
+
+# The handles' reach, from the handles read in the same statement ($1 after,
+# $2 groups in answer order, $3 their representatives).
+_MORE = """
+SELECT h.id::text AS relationship_id,
+       ($1::int + row_number() OVER (
+           ORDER BY o.n, coalesce(h.id::text = o.rep, false) DESC, h.id COLLATE "C"))::int AS reach
+FROM handles h
+JOIN unnest($2::text[], $3::text[]) WITH ORDINALITY AS o (grp, rep, n)
+  ON o.grp = h.semantic_group_key
+"""
+
+
+@dataclass(frozen=True, slots=True)
 class AnswerRound:
     hypotheses: hypotheses.HypothesisLists | None
     cases: list[conflicts.CaseRow]
     evidence_conflicts: list[conflicts.EvidenceConflictRow]
+    # The handles' relationships by group (None: no handles were asked for).
+    members: dict[str, list[recall.RelationshipRow]] | None = None
 
 
 async def answer_round(
     conn: Conn,
     hypothesis_query: hypotheses.HypothesisQuery | None,
     conflict_query: conflicts.ConflictQuery,
+    handles: HandlesQuery | None = None,
 ) -> AnswerRound:
     """The related hypotheses (if asked for) and the reachable conflicts of both
-    kinds, in one statement."""
+    kinds, in one statement; with ``handles``, the related frontiers' handles
+    too, which then also reach relationship cases (so that they cost no round
+    trip of their own: a case's reach needs the handles, nothing else does)."""
     placer = _Placer()
+    ctes: list[str] = []
+    selects: list[str] = []
+    if handles is not None:
+        members_sql, members_args = related.members_statement(
+            handles.team,
+            handles.space_id,
+            handles.generation,
+            handles.groups,
+            handles.t_sys,
+            handles.t_valid,
+        )
+        ctes.append(f"handles AS MATERIALIZED (\n{placer.part(members_args)(members_sql)}\n)")
+        more = placer.part([handles.after, list(handles.groups), list(handles.representatives)])
+        ctes.append(f"more AS MATERIALIZED (\n{more(_MORE)}\n)")
+        selects.append("(SELECT array_agg(ROW(h.*)) FROM handles h)")
     hyp = hypotheses.statement(hypothesis_query) if hypothesis_query is not None else None
-    cases = conflicts.cases_statement(conflict_query)
+    cases = conflicts.cases_statement(conflict_query, "more" if handles is not None else None)
     evidence = conflicts.evidence_statement(conflict_query)
-    parts = [
+    selects += [
         f"(SELECT array_agg(ROW(x.*)) FROM (\n{placer.part(args)(sql)}\n) x)"
         for sql, args in (s for s in (hyp, cases, evidence) if s is not None)
     ]
-    if not parts:
+    if not selects:
         return AnswerRound(None, [], [])
-    row = await conn.fetchrow("SELECT " + ",\n       ".join(parts), *placer.args)
+    with_ = "WITH " + ",\n".join(ctes) + "\n" if ctes else ""
+    row = await conn.fetchrow(with_ + "SELECT " + ",\n       ".join(selects), *placer.args)
     assert row is not None
     got = iter(row)
+    members = related.parse_members(_rows(next(got))) if handles is not None else None
     return AnswerRound(
         hypotheses.parse(_rows(next(got))) if hyp is not None else None,
         conflicts.parse_cases(_rows(next(got))) if cases is not None else [],
         conflicts.parse_evidence_conflicts(_rows(next(got))) if evidence is not None else [],
+        members,
     )
 
 

@@ -16,6 +16,7 @@ without them gets :class:`WarmUpRefused`, and the gateway runs cold.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -158,12 +159,15 @@ async def read_chunk(conn: Conn, path: str, offset: int, length: int) -> int:
 LOCK_KEY = 0x7761726D  # "warm"
 
 
-async def lock(conn: Conn) -> bool:
+async def lock(conn: Conn, waiting: Callable[[], None] | None = None) -> bool:
     """Take the store's warm-up lock (session level), waiting for it as long as
     another process holds it (the statement timeout lifted for the wait). True
-    if it was free at once: this process warms; False: another one just did."""
+    if it was free at once: this process warms; False: another one just did.
+    ``waiting`` is called before the wait (so /readyz can say why it waits)."""
     if await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", LOCK_KEY):
         return True
+    if waiting is not None:
+        waiting()
     await conn.execute("SET statement_timeout = 0")
     try:
         await conn.execute("SELECT pg_advisory_lock($1::bigint)", LOCK_KEY)
