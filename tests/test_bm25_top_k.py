@@ -376,9 +376,11 @@ BREAKAGES = {
     "document bound halved": [
         ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
     ],
-    # 4. The survivors' final filter (their whole bound) on a bound below the score.
+    # 4. The survivors' final filter (their whole bound) on a bound below the score
+    # (the second: the relationship function's path without a first floor, db/0170).
     "final filter on half the bound": [
         ("HAVING sum(x.part) >=", "HAVING 0.5 * sum(x.part) >="),
+        ("WHERE g.part >= (SELECT th.v", "WHERE 0.5 * g.part >= (SELECT th.v"),
     ],
     # 4. The survivors' whole bound without their minor lexemes' term parts (db/0105
     # reads those for the survivors only, apart from the essential lexemes' bound).
@@ -415,8 +417,10 @@ async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: 
         f"CREATE OR REPLACE FUNCTION public.{function}", f"CREATE FUNCTION pg_temp.{name}"
     )
     assert broken != definition
+    # Each text is in the function unless it is another path's (db/0170's path of
+    # the relationship function without a first floor has its own final filter).
+    assert any(old in broken for old, _ in BREAKAGES[breakage]), breakage
     for old, new in BREAKAGES[breakage]:
-        assert old in broken, old
         broken = broken.replace(old, new)
     await admin_conn.execute(broken)
     return name
