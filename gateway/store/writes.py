@@ -63,7 +63,11 @@ _PRIOR = (
 
 def _renumber(sql: str, second: int) -> str:
     """A lookup's SQL (``$1`` the team, ``$2`` its other argument) as part of a
-    statement whose ``$1`` is the team too and whose ``$second`` is that argument."""
+    statement whose ``$1`` is the team too and whose ``$second`` is that argument.
+    A lookup with a third parameter would bind the claim's own arguments silently:
+    refused here, where it is written, rather than found in a wrong answer."""
+    if any(int(n) > 2 for n in re.findall(r"\$(\d+)", sql)):
+        raise ValueError("a lookup riding with a claim takes $1 (team) and $2 only")
     return re.sub(r"\$2\b", f"${second}", sql)
 
 
