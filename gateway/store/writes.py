@@ -9,7 +9,6 @@ latest event (recorded_at, then seq), the same rule the read path uses.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from pgvector import Vector
 
 from gateway.store.bulk_writes import copy_rows
 from gateway.store.connection import Conn
+from gateway.store.placement import Placer
 
 # --- idempotency -------------------------------------------------------------
 
@@ -61,16 +61,6 @@ _PRIOR = (
 )
 
 
-def _renumber(sql: str, second: int) -> str:
-    """A lookup's SQL (``$1`` the team, ``$2`` its other argument) as part of a
-    statement whose ``$1`` is the team too and whose ``$second`` is that argument.
-    A lookup with a third parameter would bind the claim's own arguments silently:
-    refused here, where it is written, rather than found in a wrong answer."""
-    if any(int(n) > 2 for n in re.findall(r"\$(\d+)", sql)):
-        raise ValueError("a lookup riding with a claim takes $1 (team) and $2 only")
-    return re.sub(r"\$2\b", f"${second}", sql)
-
-
 async def claim_write(
     conn: Conn,
     team: str,
@@ -96,20 +86,19 @@ async def claim_write(
     ignores them. The earlier write is read in the same statement; only when it
     committed while the claim waited for it (invisible to the statement's
     snapshot) is it read again in a statement of its own."""
-    args: list[Any] = [team, kind, client_id, digest, by]
+    placer = Placer()
+    place_claim = placer.part([team, kind, client_id, digest, by])
+    claim = place_claim(_CLAIM)
+    # A lookup's $1 is the team, bound once with the claim; its $2 after the claim's.
+    same_team = {1: place_claim("$1")}
     columns = []
     for i, read in enumerate(reads):
         if isinstance(read, ReadSpace):
-            sql = _SPACE
-            args.append(read.owner)
+            sql = placer.part([team, read.owner], same_team)(_SPACE)
         else:
-            sql = _visible_sql(read.kind)
-            args.append(list(read.ids))
-        columns.append(
-            f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({_renumber(sql, len(args))}) v)"
-            f" AS read_{i}"
-        )
-    row = await conn.fetchrow(_CLAIM.format(reads="".join(columns)), *args)
+            sql = placer.part([team, list(read.ids)], same_team)(_visible_sql(read.kind))
+        columns.append(f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({sql}) v) AS read_{i}")
+    row = await conn.fetchrow(claim.replace("{reads}", "".join(columns)), *placer.args)
     assert row is not None
     answers: list[Any] = []
     for i, read in enumerate(reads):
