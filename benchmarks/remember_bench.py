@@ -145,6 +145,7 @@ class Phases:
 
         phases = self
         apply, pending = service.WriteService._apply, service._Batch.embed_pending
+        store = service._Batch._store_vectors
         embedder = app.state.services.embedder
         embed = embedder.embed
 
@@ -160,6 +161,10 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
+        async def timed_store(self: Any, *args: Any) -> None:
+            phases.marks["storing"] = time.perf_counter()
+            await store(self, *args)
+
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
             try:
@@ -169,6 +174,7 @@ class Phases:
 
         service.WriteService._apply = timed_apply  # type: ignore[method-assign]
         service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
+        service._Batch._store_vectors = timed_store  # type: ignore[method-assign]
         embedder.embed = timed_embed
 
     def start(self) -> None:
@@ -182,6 +188,7 @@ class Phases:
             "to the write service": m["apply"] - m["sent"],
             "records' checks and inserts": m["records"] - m["apply"],
             "vectors (await, embed, store)": m["vectors"] - m["records"],
+            "  of which storing them (one statement)": m["vectors"] - m["storing"],
             "commit": m["committed"] - m["vectors"],
             "answer back": m["received"] - m["committed"],
             "SQL send-to-answer, all statements": sql_seconds,
