@@ -330,9 +330,10 @@ class _Batch:
         turn: a text is its entities' names, which the batch's entity records give
         or the batch's first idempotency claim reads (:meth:`reads_of`), so the
         relationship's embedding no longer waits for the statements of the
-        records before it (the evidence's: the request lane of the local model
-        runs one call at a time, and went idle between the evidence's call and
-        the relationship's). Nothing is checked or written from what is read
+        records before it (the evidence's). The local model's request lane runs
+        one small call at a time: the relationship's call now queues behind the
+        evidence's at once, where it could find the lane idle when those
+        statements were slow (a loaded host). Nothing is checked or written from what is read
         here: the relationship's own checks read its entities as before, render
         its text again, and its vector comes from that text (the same text: the
         call already started is used; another: embedded then, as before). A
