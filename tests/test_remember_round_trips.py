@@ -225,7 +225,7 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         claims = [s for s in before if "INSERT INTO write_log" in s]
         assert len(claims) == (1 if entities == "existing" else 0), before
         if entities == "existing":
-            assert len(sent) == 11, sent  # the names ride with the first claim
+            assert len(sent) == 10, sent  # the names ride with the first claim
         stored = await _stored_vectors(db, team, ev, rel)
         alone = {
             "evidence": (await embedder.embed([data["evidence"][0]["content"]]))[0],
@@ -384,16 +384,18 @@ async def _mutations(writes: WriteService, team: str, who: str = "alice") -> Any
     return MutationService(writes), await authenticate(writes.db, raw)
 
 
-async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
+async def test_a_remember_sends_ten_statements_and_a_rerun_five(
     dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The benchmark's call: BEGIN, the tenant settings, the evidence's claim with
-    its source and mentioned entity, the evidence with its lifecycle event, its
-    occurrence with its mention, the relationship's claim with its entities, the
-    relationship with its status event, the support with its decision, the model
-    with the projection, both vectors, COMMIT: 11 statements (21 before). The same
-    call again writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a
-    replay read the earlier claim in a statement of its own)."""
+    its source and mentioned entity (and the relationship's entities' names, the
+    store's model and the team's projection), the evidence with its lifecycle
+    event, its occurrence with its mention, the relationship's claim with its
+    entities, the relationship with its status event, the support with its
+    decision, both vectors, COMMIT: 10 statements (21 before; 11 when the model
+    and projection were read in a statement of their own). The same call again
+    writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a replay
+    read the earlier claim in a statement of its own)."""
     team = unique("rt-count")
     await load_jsonl(writes, jsonl(team_records(team)))
     raw = await token(writes, team, "alice")
@@ -411,11 +413,11 @@ async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
             sent.append(list(recorder.statements))
             assert [r.kind for r in receipts] == ["evidence", "relationship"]
         first, again = sent
-        assert len(first) == 11, first
+        assert len(first) == 10, first
         assert len(again) == 5, again
         assert all(r.created is False for r in receipts)
         # nothing read in a statement of its own that the claims carry
-        for table in ("sources", "entities", "memory_spaces", "write_log"):
+        for table in ("sources", "entities", "memory_spaces", "write_log", "embedding_models"):
             alone = [s for s in first + again if s.lstrip().startswith("SELECT") and table in s]
             assert not alone, alone
     finally:

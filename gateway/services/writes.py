@@ -286,6 +286,13 @@ class _Batch:
         self.foreseen: list[rec.RelationshipRecord] = []
         self.names: dict[str, str] = {}
         self.foresight: store.ReadVisible | None = None
+        # A principal's batch that will store vectors reads the store's model and
+        # its team's projection with its first claim (:meth:`foresee`), not in a
+        # statement of its own before the vectors are stored.
+        self.model_read: store.ReadModel | None = None
+        self.model_ahead: tuple[tuple[str, int] | None, int | None] | None = None
+        self.stores_vectors = False
+        self.asked_ahead = False  # the reads above rode with a claim already
 
     # --- lookups sent with the idempotency claim --------------------------------------
 
@@ -318,9 +325,14 @@ class _Batch:
         elif kind in _TARGET_FIRST:
             target_kind, attr = _TARGET_FIRST[kind]
             reads.append(store.ReadVisible(target_kind, (getattr(record, attr),)))
-        if self.foreseen and self.foresight is None and team == self.actor.team:
-            self.foresight = store.ReadVisible("entity", self._unnamed())
-            reads.append(self.foresight)
+        if team == self.actor.team and not self.asked_ahead:
+            self.asked_ahead = True
+            if self.foreseen:
+                self.foresight = store.ReadVisible("entity", self._unnamed())
+                reads.append(self.foresight)
+            if self.stores_vectors:
+                self.model_read = store.ReadModel()
+                reads.append(self.model_read)
         return reads
 
     # --- relationship texts embedded before their records' turn -----------------------
@@ -338,10 +350,20 @@ class _Batch:
         its text again, and its vector comes from that text (the same text: the
         call already started is used; another: embedded then, as before). A
         first claim that finds an earlier write (a re-run) drops the foresight:
-        nothing would use it."""
+        nothing would use it.
+
+        The same first claim reads the store's embedding model and the team's
+        active projection for a batch that will store vectors, instead of a
+        statement of its own before they are stored (:meth:`embed_pending`): one
+        round trip fewer. No record of a principal's batch writes either table.
+        Another transaction may register the model or make the projection after
+        the read, as it could before between that read and the vectors' insert
+        (which waited for the embeddings): making the projection tolerates a
+        concurrent twin, and so does registering the model."""
         if self.early is None:
             return
         team = self.actor.team
+        self.stores_vectors = any(r.kind in ("evidence", "relationship") for r in records)
         self.names = {
             r.id: r.name for r in records if r.kind == "entity" and rec.record_team(r) == team
         }
@@ -376,6 +398,8 @@ class _Batch:
         for read, answer in zip(reads, answers, strict=True):
             if read is self.foresight:
                 self._render_foreseen(answer)  # never the record's own checks'
+            elif isinstance(read, store.ReadModel):
+                self.model_ahead = answer
             elif isinstance(read, store.ReadSpace):
                 if answer is not None:
                     self.spaces[(team, read.owner)] = answer
@@ -858,12 +882,11 @@ class _Batch:
                 f"provider '{model}' makes {dims}: configure it for {STORE_DIMENSIONS}"
             )
         # A principal's batch (one team): the model and the team's projection in one
-        # statement, read while the texts may still be embedding.
-        mine = (
-            await store.embedding_model_and_projection(self.conn, self.actor.team)
-            if self.actor.team is not None and self.deferral is None
-            else None
-        )
+        # statement, read while the texts may still be embedding, unless the
+        # batch's first claim read them (:meth:`foresee`).
+        mine = self.model_ahead
+        if mine is None and self.actor.team is not None and self.deferral is None:
+            mine = await store.embedding_model_and_projection(self.conn, self.actor.team)
         registered = mine[0] if mine is not None else await store.store_embedding_model(self.conn)
         if registered is None:
             await store.register_embedding_model(self.conn, model, dims)

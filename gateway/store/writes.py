@@ -42,7 +42,13 @@ class ReadSpace:
     owner: str | None
 
 
-Read = ReadVisible | ReadSpace
+@dataclass(frozen=True, slots=True)
+class ReadModel:
+    """An :func:`embedding_model_and_projection` of the claim's team, to send with
+    a claim (:func:`claim_write`)."""
+
+
+Read = ReadVisible | ReadSpace | ReadModel
 
 _CLAIM = """
 WITH claim AS (
@@ -80,7 +86,8 @@ async def claim_write(
     ``reads``: the lookups the record's checks start with (the visible rows of
     some IDs, a space), answered in the same statement as the claim, in order
     (the rows of a :class:`ReadVisible` as :func:`find_visible` gives them, a
-    :class:`ReadSpace`'s space or None). Each round trip of a ``remember`` is
+    :class:`ReadSpace`'s space or None, a :class:`ReadModel`'s model and
+    projection as :func:`embedding_model_and_projection` gives them). Each round trip of a ``remember`` is
     paid for by its caller; the reads see what the claim's next statement would
     have seen (the claim writes nothing they read). A replay or a conflict
     ignores them. The earlier write is read in the same statement; only when it
@@ -95,6 +102,8 @@ async def claim_write(
     for i, read in enumerate(reads):
         if isinstance(read, ReadSpace):
             sql = placer.part([team, read.owner], same_team)(_SPACE)
+        elif isinstance(read, ReadModel):
+            sql = placer.part([team], same_team)(_MODEL_AND_PROJECTION)
         else:
             sql = placer.part([team, list(read.ids)], same_team)(_visible_sql(read.kind))
         columns.append(f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({sql}) v) AS read_{i}")
@@ -107,6 +116,8 @@ async def claim_write(
             answers.append(
                 Space(**{**found[0], "id": UUID(found[0]["id"])}) if found else None
             )
+        elif isinstance(read, ReadModel):
+            answers.append(_model_and_projection(found[0]))
         else:
             answers.append(_visible_rows(found))
     if row["claimed"] is not None:
@@ -982,13 +993,20 @@ async def embedding_model_and_projection(
     """:func:`store_embedding_model` and the team's active projection generation
     (None when there is none yet: :func:`active_projection` makes it), one
     statement for the two reads every write of relationships makes."""
-    row = await conn.fetchrow(
-        "SELECT m.name, m.dimensions, (SELECT p.generation FROM relationship_projections p "
-        "WHERE p.team_id = $1 AND p.status = 'active') AS generation "
-        "FROM (SELECT NULL) AS one LEFT JOIN embedding_models m ON true",
-        team,
-    )
+    row = await conn.fetchrow(_MODEL_AND_PROJECTION, team)
     assert row is not None
+    return _model_and_projection(dict(row))
+
+
+_MODEL_AND_PROJECTION = (
+    "SELECT m.name, m.dimensions, (SELECT p.generation FROM relationship_projections p "
+    "WHERE p.team_id = $1 AND p.status = 'active') AS generation "
+    "FROM (SELECT NULL) AS one LEFT JOIN embedding_models m ON true"
+)
+
+
+def _model_and_projection(row: dict[str, Any]) -> tuple[tuple[str, int] | None, int | None]:
+    """A row of :data:`_MODEL_AND_PROJECTION`, from asyncpg or as JSON."""
     model = (row["name"], row["dimensions"]) if row["name"] is not None else None
     return model, row["generation"]
 
