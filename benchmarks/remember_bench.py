@@ -12,7 +12,9 @@ returns: authentication, validation, the checks and inserts in one
 transaction, and the embeddings of the evidence and the relationship computed
 by the configured provider (the local MiniLM model by default). Prints p50 and
 p95, and the same for an evidence-only call (the two kinds interleaved, so both
-see the same machine load), and the local model embedding two texts alone.
+see the same machine load), and the local model embedding two texts alone: in
+one call (the floor printed since the first runs), and the call's own two texts
+as the gateway embeds them (a call each, back to back).
 
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
