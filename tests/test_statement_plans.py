@@ -458,6 +458,50 @@ async def test_evidence_fulltext_scores_best_once(db: Database) -> None:
         assert "Filter: (NOT in_best)" in plan, plan
 
 
+async def test_evidence_fulltext_scores_from_the_documents_own_lexemes(db: Database) -> None:
+    """The evidence full-text function's exact scores take each document's term
+    frequencies from its ``search_document`` (the row is looked up for its length
+    and visibility anyway; the postings' tf is defined from it, db/0055), not
+    from the postings: the postings are read by the grouping only (and, on the
+    path of large spaces, by the first floor's walk and the minor lexemes' parts
+    of the survivors). Before db/0195 every set of scored documents read every
+    query lexeme's postings again for their IDs, then sorted and grouped them:
+    about a third of the list's server CPU at 100,000 evidence
+    (docs/benchmarks.md, "The scope round's evidence parts at 100k"). The
+    lists are unchanged (tests/test_bm25_top_k.py, both paths)."""
+    args = [
+        "'t-plan'",
+        "'00000000-0000-0000-0000-000000000000'::uuid",
+        "1",
+        "NULL::timestamptz",
+        "'{}'::text[]",
+        "60",
+        "20000",
+        "'{a,b}'::text[]",
+        "'{1,2}'::float8[]",
+        "'{5,9}'::float8[]",
+        "'{1,2}'::integer[]",
+        "10.0",
+    ]
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            pruned, small = [
+                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
+                for which in (0, 1)
+            ]
+    # seed's walk, grp, the minor parts of whole; grp only
+    assert pruned.count("on evidence_terms") == 3, pruned
+    assert small.count("on evidence_terms") == 1, small
+    for plan, steps in (
+        (pruned, ("seed_scores", "best_scores", "scored")),
+        (small, ("best_scores", "scored")),
+    ):
+        assert "on evidence_terms" in _cte(plan, "grp"), plan
+        for step in steps:
+            if f"CTE {step}" in plan:
+                assert "evidence_terms" not in _cte(plan, step), plan
+
+
 async def test_evidence_fulltext_small_path_has_no_floor(db: Database) -> None:
     """Below ``PRUNE_FROM_POSTINGS`` (every question of a space of 10,000 evidence:
     about 7,000 postings) the evidence full-text function runs a query without the

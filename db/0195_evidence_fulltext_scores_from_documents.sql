@@ -1,35 +1,54 @@
--- The evidence full-text function: below PRUNE_FROM_POSTINGS, a query without
--- the first floor, the lexeme bounds and the minor lexemes.
+-- The evidence full-text function, cheaper for the same list: each scored
+-- document's term frequencies from its own search_document (looked up anyway),
+-- and below PRUNE_FROM_POSTINGS a query without the first floor, the lexeme
+-- bounds and the minor lexemes.
 --
 -- Profile (docs/benchmarks.md, "The scope round's evidence parts at 100k"): on
 -- the recall benchmark's 100,000-evidence dataset (spaces of 10,000 evidence)
--- the scope round costs about 12.7 ms of server CPU, of which the evidence
--- full-text list about 5.2 ms; executor start-up (the function's plan, of
--- about 15 CTEs, is started at every call; most of its steps the path of spaces
--- this size never runs) about 8 % of the list's samples under perf.
+-- the scope round costs about 12.7 ms of server CPU, the evidence full-text
+-- list about 5.2 ms of it. The function cut after each step: the grouping of
+-- the postings about 2 ms, the exact scores of best (for theta) about 1.7 ms,
+-- the other survivors' scores about 0.75 ms; executor start-up of the
+-- function's plan (about 15 CTEs, started at every call) about 8 % of the
+-- list's samples under perf.
 --
--- Below PRUNE_FROM_POSTINGS postings of the query's lexemes (every question of
--- a space of 10,000 evidence: about 7,000 postings) theta0 is minus infinity:
--- no lexeme is minor, the rest is 0, grp keeps every document, and whole is
--- the survivors. The function then runs the same steps without the first
--- floor (seed, seed_scores, theta0), the lexeme bounds (lex's window) and the
--- minor lexemes (ranked, rest, the minor parts of whole): a plan about half
--- the size. db/0170 did the same for the relationship function.
+-- 1. An exact score needs each query lexeme's tf in the document and the
+--    document's length. The tf came from the postings: per query lexeme an
+--    index scan of its postings for the documents' IDs (about 10 index
+--    searches per lexeme, reading long runs of a common lexeme's postings),
+--    then a sort and grouping per document; the length from the document's
+--    row, looked up for visibility anyway. Now the tf comes from that row
+--    too: the document's search_document restricted to the query's lexemes
+--    (setweight marks their positions, ts_filter keeps them), tf the number
+--    of positions. That is the postings' own definition (db/0055: tf =
+--    coalesce(array_length(positions, 1), 1) of unnest(search_document), the
+--    same parse as doc_length), and the postings are written from that
+--    search_document by their triggers only (db/0130). The score is the same
+--    expression over the same (IDF, tf) pairs summed in the same order
+--    (lexeme order, COLLATE "C", as the arrays were built): the same float,
+--    bit for bit.
+-- 2. Below PRUNE_FROM_POSTINGS postings of the query's lexemes (every question
+--    of a space of 10,000 evidence: about 7,000 postings) theta0 is minus
+--    infinity: no lexeme is minor, the rest is 0, grp keeps every document,
+--    and whole is the survivors. The function then runs the same steps
+--    without the first floor (seed, seed_scores, theta0), the lexeme bounds
+--    (lex's window) and the minor lexemes (ranked, rest, the minor parts of
+--    whole): a plan about half the size. db/0170 did the same for the
+--    relationship function. Step for step on that path, as db/0175:
+--    - grp: every lexeme's postings grouped per document, the same part;
+--      db/0175's HAVING (part + 0 >= minus infinity) keeps every group;
+--    - best, best_edge and the scores of best and best_visible: unchanged;
+--    - theta: greatest(minus infinity, x) is x, or minus infinity when x is
+--      NULL (greatest ignores NULLs): coalesce(x, minus infinity);
+--    - whole: db/0175 groups the survivors (part + 0 >= theta) with their
+--      minor lexemes' parts (none) and keeps sum(part) >= theta: one row per
+--      survivor, the same part, the same in_best;
+--    - scored and the final order: unchanged.
+--    From PRUNE_FROM_POSTINGS on, db/0175's query runs, with change 1.
 --
--- The same rows, step for step, as db/0175 on that path:
--- - grp: every lexeme's postings grouped per document, the same part; db/0175's
---   HAVING (part + 0 >= minus infinity) keeps every group;
--- - best, best_edge, best_scores, best_visible, best_visible_scores: unchanged;
--- - theta: greatest(minus infinity, x) is x, or minus infinity when x is NULL
---   (greatest ignores NULLs): coalesce(x, minus infinity);
--- - whole: db/0175 groups the survivors (part + 0 >= theta) with their minor
---   lexemes' parts (none) and keeps sum(part) >= theta: one row per survivor,
---   the same part, the same in_best;
--- - scored and the final order: unchanged.
--- From PRUNE_FROM_POSTINGS on, db/0175's query runs unchanged. Exact either
--- way, by the argument of gateway/store/bm25.py; tests/test_bm25_top_k.py
--- compares both paths with BM25 over every document. Signature and settings
--- are restated unchanged.
+-- Exact either way, by the argument of gateway/store/bm25.py;
+-- tests/test_bm25_top_k.py compares both paths with BM25 over every document.
+-- Signature and settings are restated unchanged.
 
 CREATE OR REPLACE FUNCTION evidence_fulltext_top_k(
     p_team text,
@@ -95,28 +114,17 @@ BEGIN
     ),
     seed_scores AS (
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM seed o))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM seed o) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
@@ -178,28 +186,17 @@ BEGIN
     -- Materialised: theta reads these scores, and the answer reuses them (scored).
     best_scores AS MATERIALIZED (
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM best o))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM best o) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
@@ -225,28 +222,17 @@ BEGIN
     ),
     best_visible_scores AS (
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM best_visible o))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM best_visible o) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
@@ -304,28 +290,17 @@ BEGIN
         SELECT b.doc_id, b.score FROM best_scores b
         UNION ALL
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM whole o WHERE NOT o.in_best))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM whole o WHERE NOT o.in_best) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
@@ -375,28 +350,17 @@ BEGIN
     -- Materialised: theta reads these scores, and the answer reuses them (scored).
     best_scores AS MATERIALIZED (
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM best o))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM best o) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
@@ -422,28 +386,17 @@ BEGIN
     ),
     best_visible_scores AS (
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM best_visible o))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM best_visible o) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
@@ -478,28 +431,17 @@ BEGIN
         SELECT b.doc_id, b.score FROM best_scores b
         UNION ALL
         SELECT g.doc_id,
-               (SELECT sum(u.idf * u.tf * (CAST(0.9 AS double precision) + 1)
+               (SELECT sum(l.idf * u.tf * (CAST(0.9 AS double precision) + 1)
                            / (u.tf + CAST(0.9 AS double precision) * (1 - CAST(0.4 AS double precision)
-                              + CAST(0.4 AS double precision) * d.doc_length / g.avgdl)))
-                FROM unnest(g.idfs, g.tfs) AS u (idf, tf)) AS score
-        FROM (
-            SELECT t.doc_id, array_agg(t.idf ORDER BY t.lexeme COLLATE "C") AS idfs,
-                   array_agg(t.tf ORDER BY t.lexeme COLLATE "C") AS tfs, p_avgdl AS avgdl
-            FROM (
-                SELECT h.doc_id, l.lexeme, l.idf, h.tf
-                FROM lex l
-                CROSS JOIN LATERAL (
-                    SELECT p.evidence_id::text AS doc_id, p.tf::double precision AS tf
-                    FROM evidence_terms p
-                    WHERE p.team_id = p_team AND p.space_id = p_space AND p.lexeme = l.lexeme
-                      AND p.evidence_id = ANY (ARRAY(SELECT o.doc_id FROM whole o WHERE NOT o.in_best))
-                    OFFSET 0
-                ) h
-            ) t
-            GROUP BY t.doc_id
-        ) g
+                              + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
+                           ORDER BY u.lexeme COLLATE "C")
+                FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
+                      FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                                            '{a}')) AS t) u
+                JOIN lex l ON l.lexeme = u.lexeme) AS score
+        FROM (SELECT o.doc_id FROM whole o WHERE NOT o.in_best) g
         CROSS JOIN LATERAL (
-            SELECT d.doc_length FROM evidence d
+            SELECT d.doc_length, d.search_document FROM evidence d
             WHERE d.team_id = p_team AND d.space_id = p_space AND d.id = g.doc_id
               AND d.generation = p_generation
               AND d.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz)
