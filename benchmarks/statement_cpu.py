@@ -215,9 +215,7 @@ async def _replay(
             # the view's clock and the event's recorded_at differ by construction
             clocked = "SELECT now() AS now" in sql or "INSERT INTO recall_events" in sql
             event = "INSERT INTO recall_events" in sql  # a new event ID each time
-            rows.append(
-                [_unclocked(tuple(r)[event:], since) if clocked else tuple(r) for r in got]
-            )
+            rows.append([_unclocked(tuple(r)[event:], since) if clocked else tuple(r) for r in got])
     finally:
         await tx.rollback()
     return _cpu_ns(pid) - started, per, rows
