@@ -15,19 +15,24 @@
 -- removes none the first ef rows are the same, with the same distances. When
 -- any walked row is outside the view (an older generation after a reset, a
 -- row recorded after the view's instant, a vector without its row), the
--- filtered walk of before runs as it did, unchanged, and answers: the same
--- rows as before by construction. The evidence walk keeps its exclusion
--- filter (the caller's known IDs: a test of the row's own column, no lookup).
+-- filtered walk of before runs and answers (its query unchanged, its plan
+-- pinned as below): the same rows as before. The evidence walk keeps its
+-- exclusion filter (the caller's known IDs: a test of the row's own column,
+-- no lookup).
 --
 -- The walk's plan is pinned. With the per-row lookup, a sequential scan of the
 -- partition had to run the lookup for every row, so the planner walked the
 -- index; without it, on a small partition or a wide walk, it may prefer a
 -- sequential scan and a top-N sort of every vector: an exact list where the
--- walk's was approximate, a changed answer. The walk runs with enable_sort
+-- walk's was approximate, a changed answer. Both walks run with enable_sort
 -- off: every plan for `ORDER BY embedding <=> query LIMIT ef` other than the
 -- HNSW index's ordered scan needs a Sort node, so PostgreSQL (which since
 -- version 18 prefers the plan with fewer disabled nodes, whatever its cost)
--- has one plan left. The walked rows are collected unsorted, then sorted by
+-- has one plan left. (Before, the filtered walk's plan was the planner's
+-- choice too: on a large space the index's, as the per-row lookup made a full
+-- scan dear; on a partition holding few vectors of a large space, such as
+-- 1,500 of 10,000 evidence, it could be a sort of them all, an exact list
+-- where the design promises the walk. Now it is the walk there too.) The walked rows are collected unsorted, then sorted by
 -- (distance, ID) in a statement of their own, with sorts enabled: the sort
 -- db/0075 and db/0076 made the aggregate do (enable_incremental_sort stays
 -- off, so no sort trusts the index's order).
@@ -105,8 +110,9 @@ BEGIN
           AND e.generation = p_generation
           AND e.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz);
         IF in_view < coalesce(cardinality(walked_ids), 0) THEN
-            -- Some are not: the filtered walk of db/0076, as it was.
+            -- Some are not: the filtered walk of db/0076, pinned likewise.
             PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+            PERFORM set_config('enable_sort', 'off', true);
             SELECT array_agg(r.evidence_id), array_agg(r.distance)
             INTO walked_ids, walked_distances
             FROM (
@@ -122,6 +128,7 @@ BEGIN
                 ORDER BY ee.embedding <=> p_query
                 LIMIT ef
             ) r;
+            PERFORM set_config('enable_sort', 'on', true);
             PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
         END IF;
         IF coalesce(cardinality(walked_ids), 0) >= p_limit THEN
@@ -222,8 +229,9 @@ BEGIN
           AND r.generation = p_generation
           AND r.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz);
         IF in_view < coalesce(cardinality(walked_ids), 0) THEN
-            -- Some are not: the filtered walk of db/0075, as it was.
+            -- Some are not: the filtered walk of db/0075, pinned likewise.
             PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+            PERFORM set_config('enable_sort', 'off', true);
             SELECT array_agg(w.relationship_id), array_agg(w.distance)
             INTO walked_ids, walked_distances
             FROM (
@@ -240,6 +248,7 @@ BEGIN
                 ORDER BY re.embedding <=> p_query
                 LIMIT ef
             ) w;
+            PERFORM set_config('enable_sort', 'on', true);
             PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
         END IF;
         IF coalesce(cardinality(walked_ids), 0) >= p_limit THEN
