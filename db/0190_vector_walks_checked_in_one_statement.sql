@@ -7,35 +7,41 @@
 -- time), about ef_search index lookups per call (150 on a space of 10,000), a
 -- fifth to a quarter of each list's server CPU (docs/benchmarks.md).
 --
--- Now the walk takes its ef rows without that lookup, and one statement checks
--- them all (id = ANY of the walked IDs). When every walked row is in the view
--- (the usual case), the filtered walk would have handed over exactly those
--- rows: the index hands rows over in the same order whatever the executor's
--- filter does with them (the filter is applied above the scan), so when it
--- removes none the first ef rows are the same, with the same distances. When
--- any walked row is outside the view (an older generation after a reset, a
--- row recorded after the view's instant, a vector without its row), the
--- filtered walk of before runs and answers (its query unchanged, its plan
--- pinned as below): the same rows as before. The evidence walk keeps its
--- exclusion filter (the caller's known IDs: a test of the row's own column,
--- no lookup).
+-- Now, in a space that was never reset (the view's generation is 1), the walk
+-- takes its ef rows without that lookup, and one statement checks them all
+-- (id = ANY of the walked IDs). When every walked row is in the view (the
+-- usual case), the filtered walk would have handed over exactly those rows:
+-- the index hands rows over in the same order whatever the executor's filter
+-- does with them (the filter is applied above the scan), so when it removes
+-- none the first ef rows are the same, with the same distances. When any
+-- walked row is outside the view (recorded after the view's instant: a write
+-- committed between the recall's first statement and this one), the filtered
+-- walk of before runs and answers (its query unchanged, its plan pinned as
+-- below). Measured, that second walk costs about
+-- half a list more (docs/benchmarks.md). After a reset the older generation's
+-- rows stay in the space and may be the nearest, so that every walk would
+-- need the second one: a space of a later generation takes the filtered walk
+-- directly, as before. The evidence walk keeps its exclusion filter (the
+-- caller's known IDs: a test of the row's own column, no lookup).
 --
 -- The walk's plan is pinned. With the per-row lookup, a sequential scan of the
--- partition had to run the lookup for every row, so the planner walked the
--- index; without it, on a small partition or a wide walk, it may prefer a
--- sequential scan and a top-N sort of every vector: an exact list where the
--- walk's was approximate, a changed answer. Both walks run with enable_sort
--- off: every plan for `ORDER BY embedding <=> query LIMIT ef` other than the
--- HNSW index's ordered scan needs a Sort node, so PostgreSQL (which since
--- version 18 prefers the plan with fewer disabled nodes, whatever its cost)
--- has one plan left. (Before, the filtered walk's plan was the planner's
--- choice too: on a large space the index's, as the per-row lookup made a full
--- scan dear; on a partition holding few vectors of a large space, such as
--- 1,500 of 10,000 evidence, it could be a sort of them all, an exact list
--- where the design promises the walk. Now it is the walk there too.) The walked rows are collected unsorted, then sorted by
--- (distance, ID) in a statement of their own, with sorts enabled: the sort
--- db/0075 and db/0076 made the aggregate do (enable_incremental_sort stays
--- off, so no sort trusts the index's order).
+-- partition had to run the lookup for every row, so on a large space the
+-- planner walked the index; without it, on a small partition or a wide walk,
+-- it may prefer a sequential scan and a top-N sort of every vector: an exact
+-- list where the walk's was approximate, a changed answer. Both walks (the
+-- unfiltered one and the filtered one) run with enable_sort off: every plan
+-- for `ORDER BY embedding <=> query LIMIT ef` other than the HNSW index's
+-- ordered scan needs a Sort node, so PostgreSQL (which since version 18
+-- prefers the plan with fewer disabled nodes, whatever its cost) has one plan
+-- left. Before, even the filtered walk could be sorted instead where a space's
+-- partition holds few of its vectors (1,500 of a space of 10,000 evidence, as
+-- in tests/test_search.py): a list exact by accident of the costs, where the
+-- design promises the walk above the exact-search bound. There it is the walk
+-- now; wherever the index was walked before, the rows are the same. The walked
+-- rows are collected unsorted, then sorted by (distance, ID) in a statement of
+-- their own, with sorts enabled: the sort db/0075 and db/0076 made the
+-- aggregate do (enable_incremental_sort stays off, so that no sort trusts the
+-- index's order).
 --
 -- Planning: only the walks and the exact scan, which read the partitioned
 -- tables, are planned per call (force_custom_plan: pruned to the space's
@@ -83,34 +89,39 @@ BEGIN
         ef := evidence_vector_ef(space_size, p_limit);
         PERFORM set_config('hnsw.ef_search', ef::text, true);
         PERFORM set_config('hnsw.max_scan_tuples', greatest(ef * 4, space_size / 10)::text, true);
-        -- The walk: planned for this space's partition, sorts disabled (the
-        -- index's ordered scan is then the only plan without a disabled node).
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
-        PERFORM set_config('enable_sort', 'off', true);
-        SELECT array_agg(w.evidence_id), array_agg(w.distance)
-        INTO walked_ids, walked_distances
-        FROM (
-            SELECT ee.evidence_id::text AS evidence_id, ee.embedding <=> p_query AS distance
-            FROM evidence_embeddings ee
-            WHERE ee.team_id = p_team AND ee.space_id = p_space
-              AND NOT (ee.evidence_id = ANY (p_exclude))
-            ORDER BY ee.embedding <=> p_query
-            -- relaxed_order returns rows only roughly by distance: take ef of
-            -- them (not just the limit), so that a near row returned a little
-            -- late is not cut off, then sort them all and keep the nearest.
-            LIMIT ef
-        ) w;
-        PERFORM set_config('enable_sort', 'on', true);
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-        -- Every walked row in the view? One statement over their IDs.
-        SELECT count(*) INTO in_view
-        FROM evidence e
-        WHERE e.team_id = p_team AND e.space_id = p_space
-          AND e.id = ANY (walked_ids)
-          AND e.generation = p_generation
-          AND e.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz);
-        IF in_view < coalesce(cardinality(walked_ids), 0) THEN
-            -- Some are not: the filtered walk of db/0076, pinned likewise.
+        -- A space never reset holds no row of another generation: walk it
+        -- unfiltered, then check the walked rows. (After a reset the older
+        -- generation's rows stay, and may be the nearest: the filtered walk.)
+        IF p_generation = 1 THEN
+            -- The walk: planned for this space's partition, sorts disabled (the
+            -- index's ordered scan is then the only plan without a disabled node).
+            PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+            PERFORM set_config('enable_sort', 'off', true);
+            SELECT array_agg(w.evidence_id), array_agg(w.distance)
+            INTO walked_ids, walked_distances
+            FROM (
+                SELECT ee.evidence_id::text AS evidence_id, ee.embedding <=> p_query AS distance
+                FROM evidence_embeddings ee
+                WHERE ee.team_id = p_team AND ee.space_id = p_space
+                  AND NOT (ee.evidence_id = ANY (p_exclude))
+                ORDER BY ee.embedding <=> p_query
+                -- relaxed_order returns rows only roughly by distance: take ef of
+                -- them (not just the limit), so that a near row returned a little
+                -- late is not cut off, then sort them all and keep the nearest.
+                LIMIT ef
+            ) w;
+            PERFORM set_config('enable_sort', 'on', true);
+            PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+            -- Every walked row in the view? One statement over their IDs.
+            SELECT count(*) INTO in_view
+            FROM evidence e
+            WHERE e.team_id = p_team AND e.space_id = p_space
+              AND e.id = ANY (walked_ids)
+              AND e.generation = p_generation
+              AND e.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz);
+        END IF;
+        IF p_generation <> 1 OR in_view < coalesce(cardinality(walked_ids), 0) THEN
+            -- Some are not (or a reset space): the filtered walk of db/0076, pinned likewise.
             PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
             PERFORM set_config('enable_sort', 'off', true);
             SELECT array_agg(r.evidence_id), array_agg(r.distance)
@@ -201,35 +212,40 @@ BEGIN
         ef := evidence_vector_ef(space_size, p_limit);
         PERFORM set_config('hnsw.ef_search', ef::text, true);
         PERFORM set_config('hnsw.max_scan_tuples', greatest(ef * 4, space_size / 10)::text, true);
-        -- The walk: planned for this space's partition, sorts disabled (the
-        -- index's ordered scan is then the only plan without a disabled node).
-        PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
-        PERFORM set_config('enable_sort', 'off', true);
-        SELECT array_agg(w.relationship_id), array_agg(w.distance)
-        INTO walked_ids, walked_distances
-        FROM (
-            SELECT re.relationship_id::text AS relationship_id,
-                   re.embedding <=> p_query AS distance
-            FROM relationship_embeddings re
-            WHERE re.team_id = p_team AND re.space_id = p_space
-              AND re.projection_generation = p_projection
-            ORDER BY re.embedding <=> p_query
-            -- relaxed_order returns rows only roughly by distance: take ef of
-            -- them (not just the limit), so that a near row returned a little
-            -- late is not cut off, then sort them all and keep the nearest.
-            LIMIT ef
-        ) w;
-        PERFORM set_config('enable_sort', 'on', true);
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
-        -- Every walked row in the view? One statement over their IDs.
-        SELECT count(*) INTO in_view
-        FROM relationships r
-        WHERE r.team_id = p_team AND r.space_id = p_space
-          AND r.id = ANY (walked_ids)
-          AND r.generation = p_generation
-          AND r.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz);
-        IF in_view < coalesce(cardinality(walked_ids), 0) THEN
-            -- Some are not: the filtered walk of db/0075, pinned likewise.
+        -- A space never reset holds no row of another generation: walk it
+        -- unfiltered, then check the walked rows. (After a reset the older
+        -- generation's rows stay, and may be the nearest: the filtered walk.)
+        IF p_generation = 1 THEN
+            -- The walk: planned for this space's partition, sorts disabled (the
+            -- index's ordered scan is then the only plan without a disabled node).
+            PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
+            PERFORM set_config('enable_sort', 'off', true);
+            SELECT array_agg(w.relationship_id), array_agg(w.distance)
+            INTO walked_ids, walked_distances
+            FROM (
+                SELECT re.relationship_id::text AS relationship_id,
+                       re.embedding <=> p_query AS distance
+                FROM relationship_embeddings re
+                WHERE re.team_id = p_team AND re.space_id = p_space
+                  AND re.projection_generation = p_projection
+                ORDER BY re.embedding <=> p_query
+                -- relaxed_order returns rows only roughly by distance: take ef of
+                -- them (not just the limit), so that a near row returned a little
+                -- late is not cut off, then sort them all and keep the nearest.
+                LIMIT ef
+            ) w;
+            PERFORM set_config('enable_sort', 'on', true);
+            PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
+            -- Every walked row in the view? One statement over their IDs.
+            SELECT count(*) INTO in_view
+            FROM relationships r
+            WHERE r.team_id = p_team AND r.space_id = p_space
+              AND r.id = ANY (walked_ids)
+              AND r.generation = p_generation
+              AND r.recorded_at <= coalesce(p_known_at, 'infinity'::timestamptz);
+        END IF;
+        IF p_generation <> 1 OR in_view < coalesce(cardinality(walked_ids), 0) THEN
+            -- Some are not (or a reset space): the filtered walk of db/0075, pinned likewise.
             PERFORM set_config('plan_cache_mode', 'force_custom_plan', true);
             PERFORM set_config('enable_sort', 'off', true);
             SELECT array_agg(w.relationship_id), array_agg(w.distance)
