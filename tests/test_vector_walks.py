@@ -68,7 +68,10 @@ def _ids() -> list[str]:
     return [f"v-{i:03d}" for i in range(EARLY)] + [f"late-{i}" for i in range(LATE)]
 
 
-def _exact(w: Walked, limit: int, *, late: bool = True, exclude: frozenset[str] = frozenset()):
+def _exact(
+    w: Walked, limit: int, *, late: bool = True, exclude: frozenset[str] = frozenset()
+) -> list[str]:
+    """The exact top ``limit`` (late rows included or not, known IDs left out)."""
     distances = 1.0 - w.vectors.astype(np.float64) @ w.query.astype(np.float64)
     order = [w.ids[i] for i in np.argsort(distances, kind="stable")]
     return [i for i in order if (late or not i.startswith("late-")) and i not in exclude][:limit]
