@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from fractions import Fraction
 
 import pytest
@@ -30,6 +30,20 @@ from gateway.fusion import (
 )
 
 P, S = Branch.PRIVATE, Branch.SHARED
+
+
+@pytest.fixture(autouse=True, scope="module", params=["small", "arrays"])
+def engine(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test runs with each engine: plain Python (a recall's sizes) and the
+    arrays (large inputs). Module-scoped, so hypothesis sees no function fixture."""
+    from gateway.fusion import _core
+
+    before = _core.SMALL_ENTRIES
+    _core.SMALL_ENTRIES = 10**9 if request.param == "small" else -1
+    try:
+        yield request.param
+    finally:
+        _core.SMALL_ENTRIES = before
 
 
 # --- independent reference ---------------------------------------------------------------
@@ -173,10 +187,14 @@ def test_exact_ties_that_floats_get_wrong_are_still_ordered_by_id() -> None:
     assert fuse_equal(lists)[:2] == ["a", "b"]
 
 
-def test_runs_of_equal_terms_are_settled_without_python_sorting(monkeypatch) -> None:
+def test_runs_of_equal_terms_are_settled_without_python_sorting(
+    monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
     """Two disjoint lists make a tie at every rank (the same term, 1/(k + r), in
-    each list): a recall's usual case. Those runs are recognised by array
-    operations and need no per-item signatures; runs that differ still get them."""
+    each list): a recall's usual case. Those runs are recognised as settled (by
+    array operations, or by comparing neighbours' terms) and need no exact
+    scores (nor, with the arrays, per-item signatures); runs that differ still
+    get them."""
     from gateway.fusion import _core
 
     full = [f"f{i:03d}" for i in range(60)]
@@ -193,13 +211,16 @@ def test_runs_of_equal_terms_are_settled_without_python_sorting(monkeypatch) -> 
         raise AssertionError("signatures computed")
 
     with monkeypatch.context() as patched:
-        patched.setattr(_core, "signatures", refused)
+        patched.setattr(_core, "signatures" if engine == "arrays" else "ExactScorer", refused)
         assert fuse_weighted({"fulltext": full, "vector": vec}) == reference_order(
             {"fulltext": full, "vector": vec}, weights
         )
+        # with k = 1, 1/2 = 1/3 + 1/6: a and p against b, whose terms differ
+        unlike = {"l1": ["a", "b"], "l2": ["p", "q", "r", "s", "b"]}
         with pytest.raises(AssertionError, match="signatures computed"):
-            fuse_equal(uneven)
+            fuse_equal(unlike, k=1)
     assert fuse_equal(uneven)[:2] == ["a", "b"]
+    assert fuse_equal(unlike, k=1)[:3] == ["a", "b", "p"]
 
 
 def test_zero_weight_lists_still_contribute_candidates_last() -> None:
@@ -526,3 +547,45 @@ def test_equal_weight_scores_match_ranx() -> None:
         assert scores.tolist() == pytest.approx([theirs[i] for i in ids], rel=1e-12)
         # Our order is ranx's scores descending, ties by ID.
         assert ids == sorted(theirs, key=lambda d: (-theirs[d], d))
+
+
+# --- the two engines ---------------------------------------------------------------------
+
+
+@given(
+    lists=lists_any,
+    weights=weights_for,
+    known=st.sets(any_ids, max_size=4),
+    k=ks,
+    limit=st.none() | st.integers(0, 12),
+)
+def test_engines_agree_bit_for_bit(
+    lists: dict[str, list[str]],
+    weights: dict[str, float],
+    known: set[str],
+    k: float,
+    limit: int | None,
+) -> None:
+    """The plain-Python engine (a recall's sizes) gives the arrays' order and the
+    arrays' float scores, bit for bit, and the same branch fusion."""
+    from gateway.fusion import _core
+
+    names = sorted(lists)
+    ranked = [lists[n] for n in names]
+    weight_list = [weights[n] for n in names]
+    ids, scores, _ = _core.fuse_small(ranked, weight_list, float(k), frozenset(known), limit)
+    encoded = _core.encode(ranked, frozenset(known))
+    order, floats = _core.fused_order(encoded, weight_list, float(k), [encoded.id_order()], limit)
+    assert ids == [encoded.ids[c] for c in order.tolist()]
+    assert [s.hex() for s in scores] == [float(f).hex() for f in floats.tolist()]
+    pair = (lists.get("fulltext", []), lists.get("vector", []))
+    got, _, best = _core.fuse_small(
+        pair, [1.0, 1.0], float(k), frozenset(), limit, best_list_first=True
+    )
+    encoded = _core.encode(pair, frozenset())
+    branch_of = _core.best_list(encoded, 2)
+    order, _ = _core.fused_order(
+        encoded, [1.0, 1.0], float(k), [branch_of, encoded.id_order()], limit
+    )
+    assert got == [encoded.ids[c] for c in order.tolist()]
+    assert best == branch_of[order].tolist()

@@ -1,7 +1,8 @@
 """Rank fusion: the bottom layer of recall ranking.
 
-Pure functions over ID lists (numpy inside, no I/O, nothing else from the
-gateway), so the ranking rules can be tested exhaustively without a database:
+Pure functions over ID lists (plain Python for a recall's sizes, numpy for
+large inputs; no I/O, nothing else from the gateway), so the ranking rules
+can be tested exhaustively without a database:
 
 * :func:`fuse_evidence` / :func:`fuse_weighted`: weighted RRF of a branch's
   candidate lists (full text 1, vector 1, entity 0.5, k 60), known IDs

@@ -18,6 +18,11 @@ The two goals are met separately:
   ordered by rounding noise instead of by ID, and the result would depend on
   which list holds which ranks.
 
+A recall's inputs are small (a few dozen to a few hundred entries), where
+numpy's per-call overhead outweighs the work: up to :data:`SMALL_ENTRIES`
+entries, :func:`fuse_small` takes the same steps in plain Python, with the same
+arithmetic, so both engines give the same order and the same floats.
+
 Weights and ``k`` are taken at their exact binary value (``Fraction(0.1)``,
 not one tenth): that is the value the caller actually passed.
 """
@@ -28,7 +33,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from itertools import chain
+from itertools import chain, pairwise
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -356,3 +362,149 @@ def _settled_runs(
     unequal = np.concatenate(([0], np.cumsum(~same)))
     bounds = np.concatenate(([0], np.cumsum(pairs)))
     return np.asarray((unequal[bounds[1:]] - unequal[bounds[:-1]]) == 0, dtype=np.bool_)
+
+
+# --- the same order for small inputs, in plain Python ----------------------------------
+
+SMALL_ENTRIES = 1024
+"""Up to this many list entries in all, :func:`fuse_small` orders them: a recall's
+fusions are a few dozen to a few hundred entries (the evidence lists of one branch,
+discovery's two lists, the two branches), where numpy's per-call overhead (some
+thirty array operations, each a few microseconds) costs more than the work
+itself; above it, the arrays win. Both give the same order and the same float
+scores, bit for bit (``tests/test_fusion.py`` checks them against each other)."""
+
+
+def fuse_small(
+    ranked: Sequence[Sequence[str]],
+    weights: Sequence[float],
+    k: float,
+    known: frozenset[str],
+    limit: int | None,
+    *,
+    best_list_first: bool = False,
+) -> tuple[list[str], list[float], list[int]]:
+    """:func:`encode` and :func:`fused_order` in one pass of plain Python: the IDs in
+    fused order, their float scores, and (``best_list_first``) the list each is
+    reported from (its best rank, the first list on equal ranks; :func:`best_list`).
+
+    Every step is the arrays' own, in the same arithmetic: codes in order of first
+    appearance, ranks after known and repeated IDs are dropped, each score summed
+    term by term in list order from ``0.0`` (as :func:`numpy.bincount` does), the
+    float sort by score descending then the tie keys (``best_list_first``: the
+    best list, then the ID; else the ID), and the same near-tie runs, settled
+    runs and exact re-sorts as :func:`_settle_near_ties`."""
+    index: dict[str, int] = {}
+    ids: list[str] = []
+    terms: list[list[tuple[float, int]]] = []  # per code: (weight, rank), in list order
+    scores: list[float] = []
+    best: list[int] = []  # per code: rank * lists + list, the least
+    last: list[int] = []  # per code: the last list it was ranked in
+    count = len(ranked)
+    for position, items in enumerate(ranked):
+        if not set(map(type, items)) <= _PLAIN_STR:  # a subclass of str is a string too
+            for item in items:
+                if not isinstance(item, str):
+                    raise TypeError(f"IDs must be strings, got {type(item).__name__}")
+        if known:
+            items = [item for item in items if item not in known]
+        weight = weights[position]
+        rank = 0
+        for item in items:
+            code = index.get(item)
+            if code is None:
+                rank += 1
+                index[item] = len(ids)
+                ids.append(item)
+                last.append(position)
+                terms.append([(weight, rank)])
+                scores.append(0.0 + weight / (k + rank))
+                best.append(rank * count + position)
+            elif last[code] != position:
+                rank += 1
+                last[code] = position
+                terms[code].append((weight, rank))
+                scores[code] += weight / (k + rank)
+                if rank * count + position < best[code]:
+                    best[code] = rank * count + position
+            # else: a repeat inside this list keeps its first rank and takes none
+    if best_list_first:
+        branch = [b % count for b in best]
+        keys: list[tuple[float, int, str]] | list[tuple[float, str]] = [
+            (-score, b, item) for score, b, item in zip(scores, branch, ids, strict=True)
+        ]
+        tie_keys: list[tuple[int, str]] | list[str] = list(zip(branch, ids, strict=True))
+    else:
+        branch = []
+        keys = [(-score, item) for score, item in zip(scores, ids, strict=True)]
+        tie_keys = ids
+    order = sorted(range(len(ids)), key=keys.__getitem__)
+    if len(order) > 1:
+        _settle_small(order, terms, scores, weights, k, limit, tie_keys)
+    if limit is not None:
+        del order[limit:]
+    return (
+        [ids[c] for c in order],
+        [scores[c] for c in order],
+        [branch[c] for c in order] if best_list_first else [],
+    )
+
+
+def _settle_small(
+    order: list[int],
+    terms: list[list[tuple[float, int]]],
+    scores: list[float],
+    weights: Sequence[float],
+    k: float,
+    limit: int | None,
+    tie_keys: Sequence[Any],
+) -> None:
+    """:func:`_settle_near_ties` on lists, in place: the same bound, the same runs
+    (only those that start before ``limit``), the same settled runs (every
+    neighbour with the same signature and the same finite float), the same exact
+    re-sort of the others (by :class:`ExactScorer`)."""
+    size = len(order)
+    ordered = [scores[c] for c in order]
+    if not all(map(math.isfinite, ordered)):
+        near = [True] * (size - 1)
+    else:
+        bound = 4.0 * (len(weights) + 2) * _EPS
+        floor = 4.0 * (len(weights) + 2) * _TINY
+        near = [a - b <= bound * a + floor for a, b in pairwise(ordered)]
+    if True not in near:
+        return
+    zero = 0.0 in weights
+
+    def signature(code: int) -> Signature:
+        """:func:`signatures`: the terms of non-zero weight, sorted."""
+        mine = terms[code]
+        if zero:
+            mine = [t for t in mine if t[0] != 0.0]
+        return tuple(sorted(mine)) if len(mine) > 1 else tuple(mine)
+
+    end = size - 1 if limit is None else min(limit, size - 1)
+    start = 0
+    while start < end:
+        if not near[start]:
+            start += 1
+            continue
+        stop = start
+        while stop < size - 1 and near[stop]:
+            stop += 1
+        # items [start, stop]: settled when every neighbour has the same finite
+        # float and the same terms
+        if not all(
+            ordered[i] == ordered[i + 1]
+            and math.isfinite(ordered[i])
+            and signature(order[i]) == signature(order[i + 1])
+            for i in range(start, stop)
+        ):
+            block = order[start : stop + 1]
+            signed = {c: signature(c) for c in block}
+            if len(set(signed.values())) == 1:
+                block.sort(key=lambda c: tie_keys[c])
+            else:
+                exact = ExactScorer(k)
+                block.sort(key=lambda c: (-exact(signed[c]), tie_keys[c]))
+            order[start : stop + 1] = block
+        start = stop + 1  # runs share no item

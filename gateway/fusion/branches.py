@@ -60,6 +60,13 @@ def fuse_branches(
         _core.check_ids("private", private),
         _core.check_ids("shared", shared),
     ]
+    if sum(map(len, ranked)) <= _core.SMALL_ENTRIES:
+        ids, _, branches = _core.fuse_small(
+            ranked, [1.0, 1.0], exact_k, frozenset(), checked_limit, best_list_first=True
+        )
+        return [
+            BranchHit(item, _BRANCHES[branch]) for item, branch in zip(ids, branches, strict=True)
+        ]
     encoded = _core.encode(ranked, frozenset())
     branch_of = _core.best_list(encoded, len(ranked))
     order, _ = _core.fused_order(

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Final
 
+import numpy as np
+
 from gateway.fusion import _core
 from gateway.fusion._core import FloatArray
 
@@ -157,6 +159,11 @@ def _fuse(
     # independent of the mapping's insertion order.
     names = sorted(lists)
     ranked = [_core.check_ids(f"list {name!r}", lists[name]) for name in names]
+    if sum(map(len, ranked)) <= _core.SMALL_ENTRIES:
+        fused, floats, _ = _core.fuse_small(
+            ranked, [weights[name] for name in names], exact_k, known_ids, checked_limit
+        )
+        return fused, np.asarray(floats, dtype=np.float64)
     encoded = _core.encode(ranked, known_ids)
     order, scores = _core.fused_order(
         encoded,
