@@ -549,3 +549,59 @@ async def test_only_a_key_change_fires_the_document_update_guard(
     for g in guards:
         # VOLATILE: each query of the guard takes a new snapshot in READ COMMITTED
         assert (g["app"], g["prosecdef"], g["provolatile"]) == (False, True, "v"), g["f"]
+
+
+@pytest.mark.parametrize(
+    ("table", "text"), [("evidence", "content"), ("relationships", "statement")]
+)
+async def test_a_document_text_cannot_change_after_it_is_written(
+    writes: WriteService, admin_conn: asyncpg.Connection, table: str, text: str
+) -> None:
+    """The postings are written from a row's parsed text at insert only (db/0130),
+    and the evidence full-text function scores a picked document from its
+    search_document (db/0195): an UPDATE of the text, even by the owner, left
+    postings naming lexemes the row no longer held (a NULL score, ranked first).
+    db/0196 refuses it, and an update of another column keeps the parsed text
+    (the parse trigger ran on every UPDATE). Before: the UPDATE went through."""
+    team, _ = await _team_with_memory(writes, admin_conn)
+    doc, parsed = await admin_conn.fetchrow(
+        f"SELECT id, search_document FROM {table} WHERE team_id = $1 ORDER BY id LIMIT 1", team
+    )
+    for column, value in (
+        (text, "'completely unrelated words'"),
+        ("search_document", "to_tsvector('english', 'completely unrelated words')"),
+        ("doc_length", "doc_length + 1"),
+    ):
+        async with admin_conn.transaction():
+            with pytest.raises(asyncpg.FeatureNotSupportedError) as caught:
+                await admin_conn.execute(
+                    f"UPDATE {table} SET {column} = {value} WHERE team_id = $1 AND id = $2",
+                    team,
+                    doc,
+                )
+            assert "cannot change after it is written" in str(caught.value), column
+    # Another column: allowed, and the row keeps the parsed text its postings came
+    # from even where parsing again would give another (here: the parse function
+    # replaced inside the transaction, as a dictionary change would do).
+    parse = "evidence_search_document" if table == "evidence" else "relationship_search_document"
+    tx = admin_conn.transaction()
+    await tx.start()
+    try:
+        await admin_conn.execute(
+            f"CREATE OR REPLACE FUNCTION {parse}() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN NEW.search_document := to_tsvector('english', 'parsed again'); "
+            "NEW.doc_length := 2; RETURN NEW; END $$"
+        )
+        await admin_conn.execute(
+            f"UPDATE {table} SET recorded_by = recorded_by || '-x' WHERE team_id = $1 AND id = $2",
+            team,
+            doc,
+        )
+        assert (
+            await admin_conn.fetchval(
+                f"SELECT search_document FROM {table} WHERE team_id = $1 AND id = $2", team, doc
+            )
+            == parsed
+        )
+    finally:
+        await tx.rollback()

@@ -80,7 +80,8 @@ the rows of the read path's own rule (``search._visible``,
 Exactness rests on ``tf`` in the postings being the one the score uses: the
 postings trigger (db/0055) derives it from the same parse as ``doc_length``
 (``search_document``, from which the evidence function reads a scored
-document's ``tf``; the postings are written by their triggers only, db/0130).
+document's ``tf``; the postings are written by their triggers only, db/0130,
+and a document's text and parse cannot change after insert, db/0196).
 The functions exist for their cached plans: the dozen stages planned inside
 every candidate statement cost 4 to 6 ms of planning per list (db/0085 says
 more).
