@@ -428,10 +428,13 @@ async def test_tokens_list_and_a_revoked_token_is_refused_by_every_worker(
         # A kept-alive connection on each worker. /readyz answered from one worker;
         # the other may still be starting (loading the model: many seconds on a
         # loaded machine) and accepts nothing until then, so connect until both
-        # hold one, keeping one connection per worker.
+        # hold one, keeping one connection per worker, and asking on the kept ones
+        # meanwhile so that the keep-alive timeout does not close them.
         served_by: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
         deadline = time.monotonic() + 180
         while len(served_by) < 2 and time.monotonic() < deadline:
+            for kept_conn in connections:
+                assert await _ask_on(kept_conn, tok) == 200
             conn = await asyncio.open_connection("127.0.0.1", served.port)
             assert await _ask_on(conn, tok) == 200
             pid = _worker_of_port(workers, conn[1].get_extra_info("sockname")[1])
