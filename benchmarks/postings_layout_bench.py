@@ -8,6 +8,7 @@ changes but a scratch schema. Run it on a COPY of a dataset kept by
     python benchmarks/postings_layout_bench.py setup --data-dir HELD100K-COPY
     python benchmarks/postings_layout_bench.py insert --data-dir HELD100K-COPY --rounds 12
     python benchmarks/postings_layout_bench.py read --data-dir HELD100K-COPY --questions 60
+    python benchmarks/postings_layout_bench.py group --data-dir HELD100K-COPY --questions 40
     python benchmarks/postings_layout_bench.py drop --data-dir HELD100K-COPY
 
 ``setup`` copies every evidence posting into each layout, in load order
@@ -51,6 +52,10 @@ and the store's own, interleaved, one connection per arm (superuser: no
 row-level security on any arm), with the arguments the recall computes for
 the benchmark's questions (each question on the next team's shared space), and
 compares every list with the store's function (exit 1 if any differs).
+
+``group`` times the read path's largest step alone (every query lexeme's
+postings summed per document) from today's key and from layout ``g``'s blocks
+(the arrays unnested), and compares the sums.
 """
 
 from __future__ import annotations
@@ -277,6 +282,7 @@ async def setup(dsn: str) -> None:
             f"SELECT count(*) AS n, pg_table_size('{LAB}.blocks_g') AS t, "
             f"pg_relation_size('{LAB}.blocks_g_pkey') AS k FROM {LAB}.blocks_g"
         )
+        assert g is not None
         print(
             f"  layout g: {g['n']:,} rows, table {g['t'] / 2**20:.0f} MB, "
             f"key {g['k'] / 2**20:.0f} MB"
@@ -464,12 +470,12 @@ async def read(dsn: str, questions: int, reps: int, prune_from: int) -> int:
             "SELECT DISTINCT ON (team_id) team_id, space_id, generation FROM evidence "
             "ORDER BY team_id, space_id"
         )
-        calls = []
+        calls: list[tuple[Any, ...]] = []
         for i, q in enumerate(recall_ab._questions(questions)):
             t = spaces[i % len(spaces)]
-            lex, idf, df, max_tf, avgdl = await setup_conn.fetchrow(
-                _ARGS, q, t["team_id"], t["space_id"]
-            )
+            found = await setup_conn.fetchrow(_ARGS, q, t["team_id"], t["space_id"])
+            assert found is not None
+            lex, idf, df, max_tf, avgdl = found
             if lex:
                 calls.append(
                     (
@@ -529,6 +535,70 @@ async def read(dsn: str, questions: int, reps: int, prune_from: int) -> int:
     return sum(differ.values())
 
 
+_GROUP_KEY = """SELECT count(*), sum(s) FROM (
+  SELECT p.evidence_id, sum(i.idf * p.tf / (p.tf + 0.9)) AS s
+  FROM unnest($3::text[], $4::float8[]) AS i (lexeme, idf)
+  CROSS JOIN LATERAL (SELECT p.evidence_id, p.tf::float8 AS tf FROM evidence_terms p
+      WHERE p.team_id = $1 AND p.space_id = $2 AND p.lexeme = i.lexeme OFFSET 0) p
+  GROUP BY p.evidence_id) x"""
+_GROUP_BLOCKS = f"""SELECT count(*), sum(s) FROM (
+  SELECT u.id, sum(i.idf * u.tf / (u.tf + 0.9)) AS s
+  FROM unnest($3::text[], $4::float8[]) AS i (lexeme, idf)
+  CROSS JOIN LATERAL (SELECT l.id FROM {LAB}.lexemes l WHERE l.lexeme = i.lexeme) l
+  CROSS JOIN LATERAL (SELECT b.evidence_ids, b.tfs FROM {LAB}.blocks_g b
+      WHERE b.space_id = $2 AND b.lexeme_id = l.id AND b.team_id = $1 OFFSET 0) b
+  CROSS JOIN LATERAL unnest(b.evidence_ids, b.tfs) AS u (id, tf)
+  GROUP BY u.id) x"""
+
+
+async def group(dsn: str, questions: int, reps: int) -> int:
+    """The read path's largest step, every query lexeme's postings summed per
+    document, from the postings' key and from layout g's blocks: CPU, sums compared."""
+    conn0 = await asyncpg.connect(dsn)
+    try:
+        spaces = await conn0.fetch(
+            "SELECT DISTINCT ON (team_id) team_id, space_id FROM evidence ORDER BY team_id, space_id"
+        )
+        calls: list[tuple[Any, ...]] = []
+        for i, q in enumerate(recall_ab._questions(questions)):
+            t = spaces[i % len(spaces)]
+            found = await conn0.fetchrow(_ARGS, q, t["team_id"], t["space_id"])
+            assert found is not None
+            lex, idf, *_ = found
+            if lex:
+                calls.append((t["team_id"], t["space_id"], lex, idf))
+    finally:
+        await conn0.close()
+    arms = {"key": _GROUP_KEY, "blocks": _GROUP_BLOCKS}
+    conns = {a: await _connect(dsn) for a in arms}
+    cpu: dict[str, list[float]] = {a: [] for a in arms}
+    differ, load0 = 0, os.getloadavg()[0]
+    try:
+        for rep in range(reps + 1):
+            for j, args in enumerate(calls):
+                got = {}
+                for a in list(arms) if j % 2 else list(arms)[::-1]:
+                    conn, pid = conns[a]
+                    c0 = _cpu_ns(pid)
+                    row = await conn.fetchrow(arms[a], *args)
+                    assert row is not None
+                    if rep:
+                        cpu[a].append((_cpu_ns(pid) - c0) / 1e3)
+                    got[a] = (row[0], round(row[1], 6))
+                differ += got["key"] != got["blocks"]
+    finally:
+        for conn, _ in conns.values():
+            await conn.close()
+    print(
+        f"{len(calls)} questions x {reps} (+1 warm-up), every query lexeme's postings summed per "
+        f"document; load average {load0:.1f} -> {os.getloadavg()[0]:.1f}; sums differing {differ}"
+    )
+    for a in arms:
+        ratio = statistics.median(x / y for x, y in zip(cpu[a], cpu["key"], strict=True))
+        print(f"  {a:7} CPU p50 {statistics.median(cpu[a]) / 1e3:.2f} ms, ratio to key {ratio:.3f}")
+    return differ
+
+
 async def drop(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
@@ -542,7 +612,7 @@ async def drop(dsn: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=["setup", "insert", "read", "drop"])
+    parser.add_argument("step", choices=["setup", "insert", "read", "group", "drop"])
     parser.add_argument("--data-dir", type=Path, required=True, help="a COPY of a kept dataset")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--docs", type=int, default=500)
@@ -565,6 +635,8 @@ def main() -> None:
             asyncio.run(insert(dsn, arms, args.rounds, args.docs, args.team, args.cold))
         elif args.step == "read":
             sys.exit(1 if asyncio.run(read(dsn, args.questions, args.reps, args.prune_from)) else 0)
+        elif args.step == "group":
+            sys.exit(1 if asyncio.run(group(dsn, args.questions, args.reps)) else 0)
         else:
             asyncio.run(drop(dsn))
 
