@@ -9,6 +9,7 @@ changes but a scratch schema. Run it on a COPY of a dataset kept by
     python benchmarks/postings_layout_bench.py insert --data-dir HELD100K-COPY --rounds 12
     python benchmarks/postings_layout_bench.py read --data-dir HELD100K-COPY --questions 60
     python benchmarks/postings_layout_bench.py group --data-dir HELD100K-COPY --questions 40
+    python benchmarks/postings_layout_bench.py migration --data-dir HELD100K-COPY
     python benchmarks/postings_layout_bench.py drop --data-dir HELD100K-COPY
 
 ``setup`` copies every evidence posting into each layout, in load order
@@ -55,7 +56,9 @@ compares every list with the store's function (exit 1 if any differs).
 
 ``group`` times the read path's largest step alone (every query lexeme's
 postings summed per document) from today's key and from layout ``g``'s blocks
-(the arrays unnested), and compares the sums.
+(the arrays unnested), and compares the sums. ``migration`` times what a
+migration to layout ``b`` (the key rebuilt) or ``c`` (dictionary, postings
+rewritten in key order, key, statistics) costs on this store.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ import asyncio
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -599,6 +603,68 @@ async def group(dsn: str, questions: int, reps: int) -> int:
     return differ
 
 
+_MIGRATION = [
+    (
+        "b: the key rebuilt (the heap kept)",
+        f"CREATE UNIQUE INDEX mig_b ON {LAB}.terms_a (space_id, lexeme, evidence_id) "
+        "INCLUDE (team_id, recorded_at, tf)",
+    ),
+    (
+        "c: the dictionary built",
+        f"CREATE TABLE {LAB}.mig_lexemes AS SELECT row_number() OVER "
+        '(ORDER BY lexeme COLLATE "C")::integer AS id, lexeme FROM (SELECT DISTINCT lexeme '
+        "FROM evidence_terms UNION SELECT DISTINCT lexeme FROM relationship_terms) x",
+    ),
+    (
+        "c: its keys",
+        f"ALTER TABLE {LAB}.mig_lexemes ADD PRIMARY KEY (id), ADD UNIQUE (lexeme)",
+    ),
+    (
+        "c: the postings rewritten in key order",
+        f"CREATE TABLE {LAB}.mig_c AS SELECT t.space_id, l.id AS lexeme_id, t.evidence_id, "
+        f"t.team_id, t.tf, t.recorded_at FROM evidence_terms t JOIN {LAB}.mig_lexemes l "
+        "USING (lexeme) ORDER BY 1, 2, 3",
+    ),
+    (
+        "c: their key built",
+        f"ALTER TABLE {LAB}.mig_c ADD PRIMARY KEY (space_id, lexeme_id, evidence_id) "
+        "INCLUDE (team_id, recorded_at, tf)",
+    ),
+    (
+        "c: the statistics rewritten",
+        f"CREATE TABLE {LAB}.mig_stats AS SELECT s.space_id, l.id AS lexeme_id, s.shard, "
+        f"s.team_id, s.df, s.max_tf FROM evidence_lexeme_stats s JOIN {LAB}.mig_lexemes l "
+        "USING (lexeme)",
+    ),
+]
+
+
+async def migration(dsn: str) -> None:
+    """What a migration to layout b or c costs on this store: server CPU and wall per step
+    (the evidence postings only; scratch objects, dropped after)."""
+    conn, pid = await _connect(dsn)
+    cleanup = (
+        f"DROP INDEX IF EXISTS {LAB}.mig_b; "
+        f"DROP TABLE IF EXISTS {LAB}.mig_lexemes, {LAB}.mig_c, {LAB}.mig_stats"
+    )
+    try:
+        await conn.execute(cleanup)
+        await conn.execute("SET maintenance_work_mem = '1GB'; SET work_mem = '256MB'")
+        n = await conn.fetchval("SELECT count(*) FROM evidence_terms")
+        print(f"{n:,} evidence postings; load average {os.getloadavg()[0]:.1f}")
+        for name, sql in _MIGRATION:
+            c0, t0 = _cpu_ns(pid), time.perf_counter()
+            await conn.execute(sql)
+            print(
+                f"  {name:40} CPU {(_cpu_ns(pid) - c0) / 1e9:6.2f} s, "
+                f"wall {time.perf_counter() - t0:6.2f} s"
+            )
+        print(f"  (load average {os.getloadavg()[0]:.1f})")
+        await conn.execute(cleanup)
+    finally:
+        await conn.close()
+
+
 async def drop(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
@@ -612,7 +678,7 @@ async def drop(dsn: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("step", choices=["setup", "insert", "read", "group", "drop"])
+    parser.add_argument("step", choices=["setup", "insert", "read", "group", "migration", "drop"])
     parser.add_argument("--data-dir", type=Path, required=True, help="a COPY of a kept dataset")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--docs", type=int, default=500)
@@ -635,6 +701,8 @@ def main() -> None:
             asyncio.run(insert(dsn, arms, args.rounds, args.docs, args.team, args.cold))
         elif args.step == "read":
             sys.exit(1 if asyncio.run(read(dsn, args.questions, args.reps, args.prune_from)) else 0)
+        elif args.step == "migration":
+            asyncio.run(migration(dsn))
         elif args.step == "group":
             sys.exit(1 if asyncio.run(group(dsn, args.questions, args.reps)) else 0)
         else:
