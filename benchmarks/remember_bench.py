@@ -12,7 +12,9 @@ returns: authentication, validation, the checks and inserts in one
 transaction, and the embeddings of the evidence and the relationship computed
 by the configured provider (the local MiniLM model by default). Prints p50 and
 p95, and the same for an evidence-only call (the two kinds interleaved, so both
-see the same machine load), and the local model embedding two texts alone.
+see the same machine load), and the local model embedding two texts alone: in
+one call (the floor printed since the first runs), and the call's own two texts
+as the gateway embeds them (a call each, back to back).
 
 With no DATABASE_URL, an embedded server is started in a temporary folder and
 removed afterwards.
@@ -145,6 +147,7 @@ class Phases:
 
         phases = self
         apply, pending = service.WriteService._apply, service._Batch.embed_pending
+        store = service._Batch._store_vectors
         embedder = app.state.services.embedder
         embed = embedder.embed
 
@@ -160,6 +163,10 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
+        async def timed_store(self: Any, *args: Any) -> None:
+            phases.marks["storing"] = time.perf_counter()
+            await store(self, *args)
+
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
             try:
@@ -169,6 +176,7 @@ class Phases:
 
         service.WriteService._apply = timed_apply  # type: ignore[method-assign]
         service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
+        service._Batch._store_vectors = timed_store  # type: ignore[method-assign]
         embedder.embed = timed_embed
 
     def start(self) -> None:
@@ -182,13 +190,25 @@ class Phases:
             "to the write service": m["apply"] - m["sent"],
             "records' checks and inserts": m["records"] - m["apply"],
             "vectors (await, embed, store)": m["vectors"] - m["records"],
+            "  of which storing them (one statement)": m["vectors"] - m["storing"],
             "commit": m["committed"] - m["vectors"],
             "answer back": m["received"] - m["committed"],
             "SQL send-to-answer, all statements": sql_seconds,
         }
-        for k, (a, b, n) in enumerate(sorted(self.embeds)):
+        calls = sorted(self.embeds)
+        for k, (a, b, n) in enumerate(calls):
             row[f"embedding call {k + 1} ({n} text{'s' if n > 1 else ''})"] = b - a
             row[f"embedding call {k + 1} starts after send"] = a - m["sent"]
+            row[f"embedding call {k + 1} ends after send"] = b - m["sent"]
+        if calls:
+            # The request lane runs one call at a time (gateway/embeddings/local.py):
+            # a call that starts after the one before it ended left the lane idle.
+            idle, busy_until = 0.0, calls[0][1]
+            for a, b, _ in calls[1:]:
+                idle += max(0.0, a - busy_until)
+                busy_until = max(busy_until, b)
+            row["embedding lane idle between calls"] = idle
+            row["after the last embedding ends"] = m["received"] - max(b for _, b, _ in calls)
         self.rows.append(row)
 
     def report(self) -> None:
@@ -297,17 +317,31 @@ def measure(
     return latencies, statements
 
 
-async def embedding_alone(calls: int) -> list[float]:
-    """The local model embedding two texts in this process: the floor of `remember`."""
+# The text the gateway renders for the benchmark's relationship (its entities' names
+# in the demo data) and embeds for it.
+RELATIONSHIP_TEXT = "Billing service reviewed by Payments team"
+
+
+async def embedding_alone(calls: int) -> tuple[list[float], list[float]]:
+    """The local model embedding two texts in this process: the floor of `remember`.
+    First as printed since 2026-12-02 (an evidence text and a short second text,
+    in one call); then the two texts a call embeds (its evidence and its
+    relationship's rendered statement) as the gateway embeds them, one call each,
+    back to back (texts of different lengths in one call are padded to the
+    longest: the short one costs as much as the long one)."""
     embedder = create_provider(Settings(embedding_provider="local"))
     try:
-        out = []
+        together, apart = [], []
         for i in range(calls):
-            texts = [remember_input(i, False)["evidence"][0]["content"], f"Billing service {i}"]
+            evidence = remember_input(i, False)["evidence"][0]["content"]
             started = time.perf_counter()
-            await embedder.embed(texts)
-            out.append((time.perf_counter() - started) * 1000)
-        return out
+            await embedder.embed([evidence, f"Billing service {i}"])
+            together.append((time.perf_counter() - started) * 1000)
+            started = time.perf_counter()
+            await embedder.embed([evidence])
+            await embedder.embed([RELATIONSHIP_TEXT])
+            apart.append((time.perf_counter() - started) * 1000)
+        return together, apart
     finally:
         await embedder.aclose()
 
@@ -392,15 +426,16 @@ def main() -> None:
             for thread in threading.enumerate():
                 if thread is not threading.current_thread() and thread.daemon:
                     thread.join(timeout=10)
-    floor = asyncio.run(embedding_alone(args.calls))
+    floor, apart = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         ("  same, embedding not started ahead", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
+        ("the call's 2 texts, a call each, in-process", apart, None),
     ):
-        line = f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
+        line = f"  {name:44} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)

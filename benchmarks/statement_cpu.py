@@ -40,7 +40,8 @@ call them unqualified); ``--functions SCHEMA=FILE`` makes it anew from a file of
 embedding LRU (a repeated question's recall sends its vector lists with the
 view, one statement fewer). ``capture --prune-from N`` captures with the full-text lists'
 ``PRUNE_FROM_POSTINGS`` at ``N`` (0: the pruned path of large spaces, see
-``recall_ab.py --prune-from``).
+``recall_ab.py --prune-from``). ``capture --known-at`` captures the recall of the
+view at the team's knownAt instant, as the benchmark's knownAt step asks it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import pickle
 import statistics
 import sys
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,11 +77,15 @@ def _cpu_ns(pid: int) -> int:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
-async def capture(dsn: str, seed: int, fresh: bool = False) -> list[Statement]:
+async def capture(
+    dsn: str, seed: int, fresh: bool = False, known_at: bool = False
+) -> list[Statement]:
     """The statements (and arguments) of one full recall, after two warm-up recalls.
     ``fresh``: the query embedding LRU emptied before each, so the recall is that
     of a new question (since the scope round, one statement more than a repeated
-    one's)."""
+    one's). ``known_at``: the recall of the view at the team's knownAt instant
+    (``recall_bench.known_instant``: the newest tenth of its space hidden), as the
+    benchmark's knownAt step asks it."""
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -95,6 +101,9 @@ async def capture(dsn: str, seed: int, fresh: bool = False) -> list[Statement]:
     if data is None:
         raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")
     question = rb.Zipf(np.random.default_rng(10)).query(np.random.default_rng(9), 3)
+    variables: dict[str, Any] = {"q": question}
+    if known_at:
+        variables["knownAt"] = await rb.known_instant(dsn)
     app = create_app(Settings(database_url=dsn, migrate_on_start=False, log_level="warning"))
     async with (
         app.router.lifespan_context(app),
@@ -106,7 +115,7 @@ async def capture(dsn: str, seed: int, fresh: bool = False) -> list[Statement]:
                 app.state.services.recall.embeddings._cache.clear()
             r = await client.post(
                 "/graphql",
-                json={"query": rb.FULL, "variables": {"q": question}},
+                json={"query": rb.FULL_AT if known_at else rb.FULL, "variables": variables},
                 headers={"Authorization": f"Bearer {data['token']}"},
             )
             if "errors" in r.json():
@@ -197,6 +206,7 @@ async def _replay(
             args[0] = role
         await conn.execute(tenant[0], *args)
         for sql, values in unit:
+            since = datetime.now(UTC) - timedelta(seconds=1)
             mark = _cpu_ns(pid)
             if "INSERT INTO recall_events" in sql:  # a new event ID each time
                 values = (values[0], uuid.uuid4(), *values[2:])
@@ -204,10 +214,22 @@ async def _replay(
             per.append(_cpu_ns(pid) - mark)
             # the view's clock and the event's recorded_at differ by construction
             clocked = "SELECT now() AS now" in sql or "INSERT INTO recall_events" in sql
-            rows.append([tuple(r)[1:] if clocked else tuple(r) for r in got])
+            event = "INSERT INTO recall_events" in sql  # a new event ID each time
+            rows.append([_unclocked(tuple(r)[event:], since) if clocked else tuple(r) for r in got])
     finally:
         await tx.rollback()
     return _cpu_ns(pid) - started, per, rows
+
+
+def _unclocked(value: Any, since: datetime) -> Any:
+    """``value`` with the view's clock and the event's instants (every timestamp
+    from ``since`` on, nested in records and arrays too: the scope round returns
+    them inside its records and beside them) left out."""
+    if isinstance(value, datetime):
+        return "now" if value >= since else value
+    if isinstance(value, (tuple, list, asyncpg.Record)):
+        return tuple(_unclocked(v, since) for v in value)
+    return value
 
 
 Arm = tuple[list[Statement], str | None, str | None]  # statements, role, schema
@@ -282,6 +304,9 @@ def main() -> None:
     cap.add_argument(
         "--fresh", action="store_true", help="a new question's recall (the LRU emptied first)"
     )
+    cap.add_argument(
+        "--known-at", action="store_true", help="a knownAt view's recall (the team's instant)"
+    )
     snap = sub.add_parser("snapshot-role")
     snap.add_argument("--data-dir", type=Path, required=True)
     snap.add_argument("--role", required=True)
@@ -300,7 +325,7 @@ def main() -> None:
 
                 bm25.PRUNE_FROM_POSTINGS = args.prune_from
             asyncio.run(database_module.prepare(dsn, migrate=True))
-            statements = asyncio.run(capture(dsn, args.seed, args.fresh))
+            statements = asyncio.run(capture(dsn, args.seed, args.fresh, args.known_at))
             args.out.write_bytes(pickle.dumps(statements))
             print(f"{len(statements)} statements written to {args.out}")
         elif args.command == "snapshot-role":

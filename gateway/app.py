@@ -276,6 +276,7 @@ def create_app(
                 dsn,
                 warm_up_budget(settings.warm_up_mb, embedded=local),
                 settings.statement_timeout_ms,
+                machine_mb=machine_memory_mb() if local else None,
             )
             app.state.warmup = warm
             warming = asyncio.create_task(warm.run(), name="warm-up")

@@ -1,8 +1,9 @@
 """The pool's reset statement on release (gateway/store/database.py, ``PooledConnection``).
 
-A recall's connections (the token lookup's and the recall's unit) go back to the
-pool without asyncpg's reset statement, because the read path leaves no session
-state: its tenant settings are transaction-local. These tests hold the pool to
+A recall's connections (the token lookup's and the recall's unit) and a
+committed tenant transaction's (a ``remember``) go back to the pool without
+asyncpg's reset statement, because they leave no session state: their tenant
+settings and counter shard are transaction-local. These tests hold the pool to
 one connection, so every request of two teams runs on the same session, and
 check what that session holds between requests; other uses keep the reset."""
 
@@ -19,7 +20,8 @@ from gateway.services.writes import WriteService
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import recall, token
+from .test_mutations import incident_memory, mutate, remember
+from .test_recall import ids, recall, token
 
 RESET_MARK = "RESET ALL"
 
@@ -61,6 +63,8 @@ async def _session_state(app: Any) -> dict[str, Any]:
                      WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS advisory,
                    (SELECT count(*) FROM pg_listening_channels()) AS listening,
                    (SELECT count(*) FROM pg_cursors) AS cursors,
+                   (SELECT count(*) FROM pg_class
+                     WHERE relnamespace = pg_my_temp_schema()) AS temp_tables,
                    pg_backend_pid() AS pid
             """
         )
@@ -132,3 +136,82 @@ async def test_other_uses_of_a_connection_keep_the_reset(
     async with db.acquire() as conn:  # not said to be stateless
         await conn.execute("SET lock_timeout = '1234ms'")
     assert await _session_state(one_connection_app) == fresh
+
+
+def _receipts(body: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    assert "errors" not in body, body
+    return [(r["kind"], r["id"], r["created"]) for r in body["data"]["remember"]["receipts"]]
+
+
+async def test_writes_of_two_teams_release_their_connection_without_a_reset_statement(
+    one_connection_app: Any, writes: WriteService
+) -> None:
+    """``remember`` of two teams, one after the other on the pool's only session:
+    no reset statement between them, each write whole, each team's rows its own
+    (its recall finds them, the other's does not), a re-run writes nothing and
+    says so, and the session is afterwards what it was before the requests."""
+    a, tok_a, b, tok_b = await _two_teams(writes)
+    fresh = await _session_state(one_connection_app)
+    sent: list[str] = []
+    async with _pool(one_connection_app).acquire() as conn:
+        conn.add_query_logger(lambda record: sent.append(str(record.query)))
+    transport = httpx.ASGITransport(app=one_connection_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        sent.clear()  # the acquire above ends with a reset of its own
+        first: dict[str, list[tuple[str, str, bool]]] = {}
+        for tok, team in ((tok_a, a), (tok_b, b), (tok_a, a)):
+            space = "PRIVATE" if team in first else "SHARED"
+            data = incident_memory(space, suffix=f"-{team}-{space.lower()}")
+            receipts = _receipts(await remember(client, tok, data))
+            assert receipts and all(created for _, _, created in receipts), receipts
+            first.setdefault(team, []).extend(receipts)
+        for tok, team in ((tok_b, b), (tok_a, a)):
+            found = ids(await recall(client, tok, q="nightly export job warehouse", limit=20))
+            assert f"ev-export-{team}-shared" in found, found
+            other = b if team == a else a
+            assert not [i for i in found if other in i], found
+        # the same call again: nothing written, and said so
+        again = _receipts(
+            await remember(client, tok_b, incident_memory("SHARED", suffix=f"-{b}-shared"))
+        )
+        assert again == [(k, i, False) for k, i, _ in first[b]], again
+    assert any(q.strip().upper().startswith("COMMIT") for q in sent), "written on that session"
+    assert not [q for q in sent if RESET_MARK in q], sent
+    assert await _session_state(one_connection_app) == fresh
+
+
+async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missing(
+    one_connection_app: Any, writes: WriteService
+) -> None:
+    """Team b names team a's evidence right after team a wrote it on the same
+    session: refused as an evidence that does not exist (same code and message as
+    one nobody wrote), nothing of the call written, the refused use's release
+    keeps the reset statement, and the session is left as it was."""
+    _, tok_a, b, tok_b = await _two_teams(writes)
+    fresh = await _session_state(one_connection_app)
+    transport = httpx.ASGITransport(app=one_connection_app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        _receipts(await remember(client, tok_a, incident_memory("SHARED", suffix="-x")))
+        sent: list[str] = []
+        async with _pool(one_connection_app).acquire() as conn:
+            conn.add_query_logger(lambda record: sent.append(str(record.query)))
+        answers = {}
+        for name, evidence in (("foreign", "ev-export-x"), ("unknown", "ev-nobody")):
+            data = incident_memory("SHARED", suffix=f"-{name}")
+            data["relationships"][0]["supports"][0] = {"id": f"sup-{name}", "evidence": evidence}
+            sent.clear()
+            body = await mutate(
+                client, tok_b, "remember", "RememberInput", data, "receipts { id }"
+            )
+            assert body.get("data") is None and body["errors"], body
+            answers[name] = body["errors"][0]
+            assert [q for q in sent if RESET_MARK in q], sent
+            assert await _session_state(one_connection_app) == fresh
+    foreign, unknown = answers["foreign"], answers["unknown"]
+    assert foreign["extensions"]["code"] == unknown["extensions"]["code"] == "NOT_FOUND"
+    assert foreign["message"].replace("ev-export-x", "ev-nobody") == unknown["message"]
+    async with _pool(one_connection_app).acquire() as conn:
+        written = await conn.fetchval(
+            "SELECT count(*) FROM write_log WHERE team_id = $1 AND client_id LIKE '%-foreign'", b
+        )
+    assert written == 0

@@ -13,6 +13,7 @@ the vectors stored are the provider's for each text alone, bit for bit.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -164,6 +165,141 @@ async def test_remember_embeds_its_relationship_early_and_sends_no_needless_stat
         await db.close()
 
 
+async def _stored_vectors(db: Database, team: str, ev: str, rel: str) -> dict[str, Any]:
+    async with db.acquire() as conn:
+        return {
+            "evidence": await conn.fetchval(
+                "SELECT embedding FROM evidence_embeddings WHERE team_id = $1 "
+                "AND evidence_id = $2",
+                team,
+                ev,
+            ),
+            "relationship": await conn.fetchval(
+                "SELECT embedding FROM relationship_embeddings WHERE team_id = $1 "
+                "AND relationship_id = $2",
+                team,
+                rel,
+            ),
+        }
+
+
+@pytest.mark.parametrize("entities", ["existing", "in the call"])
+async def test_the_relationships_text_is_embedded_before_the_evidence_is_written(
+    dsn: str,
+    writes: WriteService,
+    embedder: EmbeddingProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    entities: str,
+) -> None:
+    """The relationship's text goes to the provider before any record's insert: with
+    the first claim's answer when its entities exist (the claim reads their names;
+    the statement count is unchanged), at once when the call creates them; the
+    relationship's own checks run as before, and the stored vectors are the
+    provider's for each text alone, bit for bit."""
+    team = unique("rt-foresee")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    raw = await token(writes, team, "alice")
+    monkeypatch.setattr(database, "StatementCounter", _Recording)
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    try:
+        recorder = db.counter
+        assert isinstance(recorder, _Recording)
+        watched = _Watched(embedder, recorder)
+        mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
+        principal = await authenticate(db, raw)
+        recorder.statements.clear()
+        if entities == "existing":
+            data, statement = _bench_like("f"), "Billing service reviewed by Payments team"
+            ev, rel = "ev-f", "rel-f"
+        else:
+            data, statement = _remember("g"), "Export job g runs on Ingest cluster"
+            ev, rel = "ev-g", "rel-g"
+        receipts = await mutations.apply(principal, remember_items(principal, data))
+        assert all(r.created for r in receipts), receipts
+        sent = list(recorder.statements)
+
+        calls = {tuple(texts): before for texts, before in watched.calls}
+        assert (statement,) in calls, watched.calls
+        before = calls[(statement,)]
+        assert not [s for s in before if "INSERT INTO" in s and "write_log" not in s], before
+        claims = [s for s in before if "INSERT INTO write_log" in s]
+        assert len(claims) == (1 if entities == "existing" else 0), before
+        if entities == "existing":
+            assert len(sent) == 10, sent  # the names ride with the first claim
+        stored = await _stored_vectors(db, team, ev, rel)
+        alone = {
+            "evidence": (await embedder.embed([data["evidence"][0]["content"]]))[0],
+            "relationship": (await embedder.embed([statement]))[0],
+        }
+        for kind, vector in stored.items():
+            assert np.array_equal(vector.to_numpy(), alone[kind]), kind
+    finally:
+        await db.close()
+
+
+class _Held(_Watched):
+    """The embedder of :class:`_Watched`, holding every call with ``text`` until
+    released (a call nothing waits for then never ends before the request does)."""
+
+    def __init__(self, inner: EmbeddingProvider, recorder: _Recording, text: str) -> None:
+        super().__init__(inner, recorder)
+        self.text = text
+        self.release = asyncio.Event()
+
+    async def embed(self, texts: Sequence[str]) -> Any:
+        if self.text in texts:
+            self.calls.append((list(texts), list(self.recorder.statements)))
+            await self.release.wait()
+            return await self.inner.embed(texts)
+        return await super().embed(texts)
+
+
+async def test_a_text_embedded_ahead_that_its_record_did_not_need_is_not_waited_for(
+    dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new evidence with a relationship written before (same content): the
+    relationship's text is embedded ahead, but its record turns out to be a
+    re-run; the call stores the evidence's vector and ends without waiting for
+    that embedding. A whole re-run embeds no relationship text at all."""
+    team = unique("rt-unneeded")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    raw = await token(writes, team, "alice")
+    monkeypatch.setattr(database, "StatementCounter", _Recording)
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    statement = "Billing service reviewed by Payments team"
+    recorder = db.counter
+    assert isinstance(recorder, _Recording)
+    held = _Held(embedder, recorder, statement)
+    try:
+        first = _bench_like("u")
+        principal = await authenticate(db, raw)
+        await MutationService(WriteService(db, embedder)).apply(
+            principal, remember_items(principal, first)
+        )
+        mutations = MutationService(WriteService(db, held))  # type: ignore[arg-type]
+        second = _bench_like("v")
+        second["relationships"] = first["relationships"]  # the same relationship again
+        receipts = await asyncio.wait_for(
+            mutations.apply(principal, remember_items(principal, second)), timeout=60
+        )
+        assert [(r.kind, r.id, r.created) for r in receipts] == [
+            ("evidence", "ev-v", True),
+            ("relationship", "rel-u", False),
+        ]
+        assert [texts for texts, _ in held.calls].count([statement]) == 1, held.calls
+        stored = await _stored_vectors(db, team, "ev-v", "rel-u")
+        alone = (await embedder.embed([second["evidence"][0]["content"]]))[0]
+        assert np.array_equal(stored["evidence"].to_numpy(), alone)
+
+        held.calls.clear()
+        again = await mutations.apply(principal, remember_items(principal, second))
+        assert not any(r.created for r in again)
+        assert [statement] not in [texts for texts, _ in held.calls], held.calls
+    finally:
+        held.release.set()
+        await db.close()
+
+
 async def test_a_reset_in_the_batch_forgets_what_the_batch_knew(writes: WriteService) -> None:
     """The operator's batch, record by record: evidence, then a reset of its space,
     then a relationship of the new generation supported by that evidence. The
@@ -248,16 +384,18 @@ async def _mutations(writes: WriteService, team: str, who: str = "alice") -> Any
     return MutationService(writes), await authenticate(writes.db, raw)
 
 
-async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
+async def test_a_remember_sends_ten_statements_and_a_rerun_five(
     dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The benchmark's call: BEGIN, the tenant settings, the evidence's claim with
-    its source and mentioned entity, the evidence with its lifecycle event, its
-    occurrence with its mention, the relationship's claim with its entities, the
-    relationship with its status event, the support with its decision, the model
-    with the projection, both vectors, COMMIT: 11 statements (21 before). The same
-    call again writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a
-    replay read the earlier claim in a statement of its own)."""
+    its source and mentioned entity (and the relationship's entities' names, the
+    store's model and the team's projection), the evidence with its lifecycle
+    event, its occurrence with its mention, the relationship's claim with its
+    entities, the relationship with its status event, the support with its
+    decision, both vectors, COMMIT: 10 statements (21 before; 11 when the model
+    and projection were read in a statement of their own). The same call again
+    writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a replay
+    read the earlier claim in a statement of its own)."""
     team = unique("rt-count")
     await load_jsonl(writes, jsonl(team_records(team)))
     raw = await token(writes, team, "alice")
@@ -275,11 +413,11 @@ async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
             sent.append(list(recorder.statements))
             assert [r.kind for r in receipts] == ["evidence", "relationship"]
         first, again = sent
-        assert len(first) == 11, first
+        assert len(first) == 10, first
         assert len(again) == 5, again
         assert all(r.created is False for r in receipts)
         # nothing read in a statement of its own that the claims carry
-        for table in ("sources", "entities", "memory_spaces", "write_log"):
+        for table in ("sources", "entities", "memory_spaces", "write_log", "embedding_models"):
             alone = [s for s in first + again if s.lstrip().startswith("SELECT") and table in s]
             assert not alone, alone
     finally:

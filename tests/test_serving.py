@@ -425,18 +425,24 @@ async def test_tokens_list_and_a_revoked_token_is_refused_by_every_worker(
         await asyncio.to_thread(served.wait_ready)
         workers = psutil.Process(served.proc.pid).children(recursive=True)
         workers = [w for w in workers if "python" in w.name().lower()]
-        # Keep-alive connections until both workers hold at least one.
-        served_by: dict[int, int] = {}
-        for _ in range(60):
+        # A kept-alive connection on each worker. /readyz answered from one worker;
+        # the other may still be starting (loading the model: many seconds on a
+        # loaded machine) and accepts nothing until then, so connect until both
+        # hold one, keeping one connection per worker.
+        served_by: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+        deadline = time.monotonic() + 180
+        while len(served_by) < 2 and time.monotonic() < deadline:
             conn = await asyncio.open_connection("127.0.0.1", served.port)
             assert await _ask_on(conn, tok) == 200
             pid = _worker_of_port(workers, conn[1].get_extra_info("sockname")[1])
             assert pid is not None
-            connections.append(conn)
-            served_by[len(connections) - 1] = pid
-            if len(set(served_by.values())) == 2:
-                break
-        assert len(set(served_by.values())) == 2, "one worker served every connection"
+            if pid in served_by:
+                conn[1].close()
+                await asyncio.sleep(0.1)
+            else:
+                served_by[pid] = conn
+                connections.append(conn)
+        assert len(served_by) == 2, "one worker served every connection for 180 s"
 
         revoked = run(["tokens", "revoke", token_id], dsn)
         assert revoked.returncode == 0, revoked.stderr

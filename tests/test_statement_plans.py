@@ -234,6 +234,33 @@ async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -
     assert rows["ev-owner"].relationship_ids == ("rel-owner",)
 
 
+async def test_hydration_checks_each_source_once(db: Database) -> None:
+    """Hydration's generic plan reads a candidate's source lifecycle once per
+    distinct source (``active_sources``), not once per candidate: the candidates
+    of a recall mostly share a few sources (every candidate of a benchmark team
+    shares one), and before, each of the 60 to 120 candidates ran the same
+    lookup (a scan and a sort of the source's events; docs/benchmarks.md, "The
+    scope round's evidence parts at 100k"). Same rows: tests/test_recall.py
+    (``ev-withdrawn-src``) and tests/test_scope_round.py."""
+    from gateway.store import recall as recall_store
+
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            await conn.execute(f"PREPARE hydsrc AS {recall_store.ELIGIBLE_SQL}")
+            plan = "\n".join(
+                r[0]
+                for r in await conn.fetch(
+                    "EXPLAIN EXECUTE hydsrc('t-plan', ARRAY['ev-a', 'ev-b'], "
+                    "ARRAY[gen_random_uuid()], now(), now())"
+                )
+            )
+            await conn.execute("DEALLOCATE hydsrc")
+    assert "CTE active_sources" in plan, plan
+    assert plan.count("on source_lifecycle_events") == 1, plan
+    assert "source_lifecycle_events" in _cte(plan, "active_sources"), plan
+    assert "source_lifecycle_events" not in _cte(plan, "ev_any_source"), plan
+
+
 async def _function_body_plan(
     conn: asyncpg.Connection, function: str, args: list[str], which: int = 0
 ) -> str:
@@ -346,10 +373,14 @@ async def test_evidence_fulltext_groups_its_postings_by_hashing(db: Database) ->
     ]
     async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
-            plan = await _function_body_plan(conn, "evidence_fulltext_top_k", args)
-    grp = _cte(plan, "grp")
-    assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
-    assert "Sort" not in grp, grp
+            plans = [
+                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
+                for which in (0, 1)  # both paths (db/0195)
+            ]
+    for plan in plans:
+        grp = _cte(plan, "grp")
+        assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
+        assert "Sort" not in grp, grp
 
 
 async def test_relationship_fulltext_scores_the_floors_documents_once(db: Database) -> None:
@@ -416,8 +447,98 @@ async def test_evidence_fulltext_scores_best_once(db: Database) -> None:
     ]
     async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
-            plan = await _function_body_plan(conn, "evidence_fulltext_top_k", args)
-    assert "CTE best_scores" in plan, plan  # computed once
-    assert plan.count("CTE Scan on best_scores") == 2, plan  # by theta and by the answer
-    # the answer's own lookups read only the documents of whole that best lacks
-    assert "Filter: (NOT in_best)" in plan, plan
+            plans = [
+                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
+                for which in (0, 1)  # both paths (db/0195)
+            ]
+    for plan in plans:
+        assert "CTE best_scores" in plan, plan  # computed once
+        assert plan.count("CTE Scan on best_scores") == 2, plan  # by theta and by the answer
+        # the answer's own lookups read only the documents of whole that best lacks
+        assert "Filter: (NOT in_best)" in plan, plan
+
+
+async def test_evidence_fulltext_scores_from_the_documents_own_lexemes(db: Database) -> None:
+    """The evidence full-text function's exact scores take each document's term
+    frequencies from its ``search_document`` (the row is looked up for its length
+    and visibility anyway; the postings' tf is defined from it, db/0055), not
+    from the postings: the postings are read by the grouping only (and, on the
+    path of large spaces, by the first floor's walk and the minor lexemes' parts
+    of the survivors). Before db/0195 every set of scored documents read every
+    query lexeme's postings again for their IDs, then sorted and grouped them:
+    about a third of the list's server CPU at 100,000 evidence
+    (docs/benchmarks.md, "The scope round's evidence parts at 100k"). The
+    lists are unchanged (tests/test_bm25_top_k.py, both paths)."""
+    args = [
+        "'t-plan'",
+        "'00000000-0000-0000-0000-000000000000'::uuid",
+        "1",
+        "NULL::timestamptz",
+        "'{}'::text[]",
+        "60",
+        "20000",
+        "'{a,b}'::text[]",
+        "'{1,2}'::float8[]",
+        "'{5,9}'::float8[]",
+        "'{1,2}'::integer[]",
+        "10.0",
+    ]
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            pruned, small = [
+                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
+                for which in (0, 1)
+            ]
+    # seed's walk, grp, the minor parts of whole; grp only
+    assert pruned.count("on evidence_terms") == 3, pruned
+    assert small.count("on evidence_terms") == 1, small
+    for plan, steps in (
+        (pruned, ("seed_scores", "best_scores", "scored")),
+        (small, ("best_scores", "scored")),
+    ):
+        assert "on evidence_terms" in _cte(plan, "grp"), plan
+        for step in steps:
+            if f"CTE {step}" in plan:
+                assert "evidence_terms" not in _cte(plan, step), plan
+
+
+async def test_evidence_fulltext_small_path_has_no_floor(db: Database) -> None:
+    """Below ``PRUNE_FROM_POSTINGS`` (every question of a space of 10,000 evidence:
+    about 7,000 postings) the evidence full-text function runs a query without the
+    first floor, the lexeme bounds and the minor lexemes, which decide nothing
+    there (theta0 minus infinity, rest 0, no minor lexeme; db/0195, as db/0170 for
+    the relationship function): a plan about half the size, which the function
+    starts at every call (about 8 % of the list's samples under perf;
+    docs/benchmarks.md, "The scope round's evidence parts at 100k"). From the
+    threshold on, the query with them runs. The lists are unchanged
+    (tests/test_bm25_top_k.py, both paths)."""
+    args = [
+        "'t-plan'",
+        "'00000000-0000-0000-0000-000000000000'::uuid",
+        "1",
+        "NULL::timestamptz",
+        "'{}'::text[]",
+        "60",
+        "20000",
+        "'{a,b}'::text[]",
+        "'{1,2}'::float8[]",
+        "'{5,9}'::float8[]",
+        "'{1,2}'::integer[]",
+        "10.0",
+    ]
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            src = await conn.fetchval(
+                "SELECT prosrc FROM pg_proc WHERE oid = 'evidence_fulltext_top_k'::regproc"
+            )
+            assert src.count("RETURN QUERY") == 2, "one query per path"
+            pruned, small = [
+                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
+                for which in (0, 1)
+            ]
+    for step in ("seed", "theta0", "ranked", "rest", "surv"):
+        assert f"CTE {step}" in pruned, pruned
+        assert f"CTE {step}" not in small, small
+    assert "WindowAgg" not in small.split("CTE grp")[0], small  # no lexeme bounds
+    for step in ("grp", "best", "best_edge", "best_scores", "best_visible", "theta", "whole"):
+        assert f"CTE {step}" in small, small

@@ -114,6 +114,28 @@ async def test_a_budget_bounds_the_reads(vectors_db: Database, vectors_dsn: str)
     assert warm.read == warm.planned == 2**20
 
 
+async def test_the_default_budget_stops_at_what_the_page_cache_can_hold(
+    vectors_db: Database, vectors_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """effective_cache_size (the suite's 4 GB) is more than a machine of
+    shared_buffers + 1 MB can cache: the derived budget is that 1 MB, and the
+    log says why (it read up to effective_cache_size, past memory)."""
+    async with vectors_db.pool.acquire() as conn:
+        buffers = await store.shared_buffers_bytes(conn)
+        total = sum(r.size for r in await store.relations(conn))
+    assert total > 2**20
+    warm = WarmUp(vectors_dsn, None, machine_mb=buffers // 2**20 + 1)
+    with caplog.at_level("WARNING", logger="gateway.warmup"):
+        await warm.run()
+    assert warm.state == "done"
+    assert warm.read == warm.planned == 2**20
+    assert "is more than the page cache can hold" in caplog.text
+
+    roomy = WarmUp(vectors_dsn, None, machine_mb=buffers // 2**20 + 2 * total // 2**20 + 1)
+    await roomy.run()
+    assert roomy.read == roomy.planned == total  # not capped when it all fits
+
+
 async def test_zero_turns_it_off(vectors_dsn: str) -> None:
     warm = WarmUp(vectors_dsn, 0)
     assert warm.state == "skipped" and not warm.warming
@@ -135,8 +157,10 @@ async def _until_waiting(client: httpx.AsyncClient) -> None:
 
 async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
     """Another process of the store is warming (it holds the lock): this one
-    waits for it, /readyz says 503 with the reason meanwhile, then ready, and
-    this process reads nothing itself."""
+    waits for it, /readyz says 503 with the reason meanwhile; then it reads the
+    files itself, and is ready. The holder here read nothing, as one that died
+    halfway would (its lock goes with its connection): the lock cannot tell
+    that from a finished warm-up. (The waiter went ready without reading.)"""
     holder = await asyncpg.connect(vectors_dsn)
     try:
         await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
@@ -158,7 +182,8 @@ async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
                         break
                     await asyncio.sleep(0.05)
                 assert r.status_code == 200 and r.json() == {"status": "ready"}
-                assert app.state.warmup.state == "done" and app.state.warmup.read == 0
+                warm = app.state.warmup
+                assert warm.state == "done" and warm.read == warm.planned > 0
     finally:
         await holder.close()
 

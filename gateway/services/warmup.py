@@ -79,12 +79,22 @@ def check_budget(setting: int | None, machine_mb: int) -> None:
 class WarmUp:
     """One warm-up of a store, and where it is (for ``/readyz``)."""
 
-    def __init__(self, dsn: str, budget_mb: int | None, statement_timeout_ms: int = 5000) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        budget_mb: int | None,
+        statement_timeout_ms: int = 5000,
+        machine_mb: int | None = None,
+    ) -> None:
         """``budget_mb``: at most this much is read; None: the server's
-        effective_cache_size; 0: nothing (the state is ``skipped`` at once).
-        The reads run on a connection of their own to ``dsn`` (not the request
-        pool's), each statement bounded by ``statement_timeout_ms``."""
+        effective_cache_size, but no more than ``machine_mb`` (the machine's
+        memory, given for the embedded server, whose machine this is) less
+        shared_buffers, since the page cache cannot hold more; 0: nothing (the
+        state is ``skipped`` at once). The reads run on a connection of their
+        own to ``dsn`` (not the request pool's), each statement bounded by
+        ``statement_timeout_ms``."""
         self.dsn = dsn
+        self.machine_mb = machine_mb
         self.statement_timeout_ms = statement_timeout_ms
         self.budget_mb = budget_mb
         self.state: State = "pending" if budget_mb != 0 else "skipped"
@@ -130,12 +140,14 @@ class WarmUp:
             try:
                 # the lock is the session's: closing the connection releases it
                 if not await store.lock(conn, self._waiting):
+                    # It finished, or its process died halfway (the lock goes with
+                    # its connection): the lock cannot tell, so read too; whatever
+                    # it read is in the page cache and costs memory copies now.
                     log.info(
-                        "warm-up: another process of this store did it (waited %.1f s)",
+                        "warm-up: another process of this store held the warm-up lock "
+                        "for %.1f s; reading the files too (cached by now as far as it got)",
                         time.monotonic() - self._started,
                     )
-                    self.state = "done"
-                    return
                 self.state = "running"
                 await self._read(conn)
             finally:
@@ -175,10 +187,33 @@ class WarmUp:
         self.state = "waiting"
         self._log_progress(force=True)
 
+    async def _derived_budget(self, conn: Conn) -> int:
+        """effective_cache_size, capped by what the page cache can hold: an
+        operator's RECALL_PG_EFFECTIVE_CACHE_SIZE_MB may exceed the machine's
+        memory (the planner takes it as a hint), and reads past the page cache
+        would evict the vector indexes read first."""
+        budget = await store.effective_cache_bytes(conn)
+        if self.machine_mb is None:
+            return budget
+        buffers = await store.shared_buffers_bytes(conn)
+        room = max(self.machine_mb * 2**20 - buffers, 0)
+        if budget > room:
+            log.warning(
+                "warm-up: effective_cache_size (%.0f MB) is more than the page cache can "
+                "hold (this machine's %d MB less shared_buffers' %.0f MB); reading at most "
+                "%.0f MB",
+                budget / 2**20,
+                self.machine_mb,
+                buffers / 2**20,
+                room / 2**20,
+            )
+            return room
+        return budget
+
     async def _read(self, conn: Conn) -> None:
         relations = await store.relations(conn)
         if self.budget_mb is None:
-            budget = await store.effective_cache_bytes(conn)
+            budget = await self._derived_budget(conn)
         else:
             budget = self.budget_mb * 2**20
         segment = await store.segment_bytes(conn)

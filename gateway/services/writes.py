@@ -14,7 +14,7 @@ import contextlib
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -193,10 +193,12 @@ class _EarlyEmbeddings:
         self.calls: list[tuple[list[str], asyncio.Task[np.ndarray]]] = []
         self.started: set[str] = set()
 
-    def add(self, text: str) -> None:
-        if text in self.started or text in self.waiting:
+    def add(self, *texts: str) -> None:
+        """Start embedding ``texts`` (those not started yet), in one call."""
+        fresh = [t for t in dict.fromkeys(texts) if t not in self.started and t not in self.waiting]
+        if not fresh:
             return
-        self.waiting.append(text)
+        self.waiting.extend(fresh)
         if not self.calls or self.calls[-1][1].done():
             self._start()
 
@@ -211,15 +213,20 @@ class _EarlyEmbeddings:
         if self.waiting and not task.cancelled() and task.exception() is None:
             self._start()
 
-    async def vectors(self) -> dict[str, np.ndarray]:
-        """Every text added, with its vector (the provider's errors are raised)."""
+    async def vectors(self, needed: Collection[str]) -> dict[str, np.ndarray]:
+        """The ``needed`` texts among those added, with their vectors (the provider's
+        errors are raised). A call with none of them is not waited for: a text
+        embedded ahead of its record (:meth:`_Batch.foresee`) that the record did
+        not need after all (its entities not the ones foreseen)."""
+        wanted = set(needed)
         out: dict[str, np.ndarray] = {}
         done = 0
-        while done < len(self.calls) or self.waiting:
+        while done < len(self.calls) or wanted.intersection(self.waiting):
             if done == len(self.calls):
                 self._start()
             texts, task = self.calls[done]
-            out.update(zip(texts, await task, strict=True))
+            if wanted.intersection(texts):
+                out.update(zip(texts, await task, strict=True))
             done += 1
         return out
 
@@ -273,6 +280,19 @@ class _Batch:
         # idempotency claim (:meth:`reads_of`), by (kind, team, IDs); emptied after
         # each record.
         self.ahead: dict[tuple[str, str, tuple[str, ...]], dict[str, store.Visible]] = {}
+        # A principal's relationships whose texts are embedded before their turn
+        # (:meth:`foresee`), the names the batch's entity records give, and the
+        # lookup of the other names, sent with the batch's first claim.
+        self.foreseen: list[rec.RelationshipRecord] = []
+        self.names: dict[str, str] = {}
+        self.foresight: store.ReadVisible | None = None
+        # A principal's batch that will store vectors reads the store's model and
+        # its team's projection with its first claim (:meth:`foresee`), not in a
+        # statement of its own before the vectors are stored.
+        self.model_read: store.ReadModel | None = None
+        self.model_ahead: tuple[tuple[str, int] | None, int | None] | None = None
+        self.stores_vectors = False
+        self.asked_ahead = False  # the reads above rode with a claim already
 
     # --- lookups sent with the idempotency claim --------------------------------------
 
@@ -305,12 +325,82 @@ class _Batch:
         elif kind in _TARGET_FIRST:
             target_kind, attr = _TARGET_FIRST[kind]
             reads.append(store.ReadVisible(target_kind, (getattr(record, attr),)))
+        if team == self.actor.team and not self.asked_ahead:
+            self.asked_ahead = True
+            if self.foreseen:
+                self.foresight = store.ReadVisible("entity", self._unnamed())
+                reads.append(self.foresight)
+            if self.stores_vectors:
+                self.model_read = store.ReadModel()
+                reads.append(self.model_read)
         return reads
+
+    # --- relationship texts embedded before their records' turn -----------------------
+
+    def foresee(self, records: Sequence[Any]) -> None:
+        """A principal's relationship texts start embedding before their records'
+        turn: a text is its entities' names, which the batch's entity records give
+        or the batch's first idempotency claim reads (:meth:`reads_of`), so the
+        relationship's embedding no longer waits for the statements of the
+        records before it (the evidence's). The local model's request lane runs
+        one small call at a time: the relationship's call now queues behind the
+        evidence's at once, where it could find the lane idle when those
+        statements were slow (a loaded host). Nothing is checked or written from what is read
+        here: the relationship's own checks read its entities as before, render
+        its text again, and its vector comes from that text (the same text: the
+        call already started is used; another: embedded then, as before). A
+        first claim that finds an earlier write (a re-run) drops the foresight:
+        nothing would use it.
+
+        The same first claim reads the store's embedding model and the team's
+        active projection for a batch that will store vectors, instead of a
+        statement of its own before they are stored (:meth:`embed_pending`): one
+        round trip fewer. No record of a principal's batch writes either table.
+        Another transaction may register the model or make the projection after
+        the read, as it could before between that read and the vectors' insert
+        (which waited for the embeddings): making the projection tolerates a
+        concurrent twin, and so does registering the model."""
+        if self.early is None:
+            return
+        team = self.actor.team
+        self.stores_vectors = any(r.kind in ("evidence", "relationship") for r in records)
+        self.names = {
+            r.id: r.name for r in records if r.kind == "entity" and rec.record_team(r) == team
+        }
+        self.foreseen = [
+            r
+            for r in records
+            if r.kind == "relationship" and r.team == team and r.embedding is None
+        ]
+        if self.foreseen and not self._unnamed():
+            self._render_foreseen({})  # every name is in the batch: start now
+
+    def _unnamed(self) -> tuple[str, ...]:
+        """The foreseen relationships' entities that the batch's records do not name."""
+        ids = {i for r in self.foreseen for i in (r.subject, r.object) if i is not None}
+        return tuple(sorted(ids - set(self.names)))
+
+    def _render_foreseen(self, found: dict[str, store.Visible]) -> None:
+        names = {**{k: v.extra["name"] for k, v in found.items()}, **self.names}
+        texts = []
+        for r in self.foreseen:
+            obj = names.get(r.object) if r.object is not None else r.object_value
+            if r.subject in names and obj is not None:
+                texts.append(
+                    render_statement(names[r.subject], r.predicate, obj, r.object_unit, r.polarity)
+                )
+        self.foreseen = []
+        if texts and self.early is not None:
+            self.early.add(*texts)
 
     def read_ahead(self, team: str, reads: Sequence[store.Read], answers: Sequence[Any]) -> None:
         """Keep what :meth:`reads_of`'s lookups found, for the record's checks."""
         for read, answer in zip(reads, answers, strict=True):
-            if isinstance(read, store.ReadSpace):
+            if read is self.foresight:
+                self._render_foreseen(answer)  # never the record's own checks'
+            elif isinstance(read, store.ReadModel):
+                self.model_ahead = answer
+            elif isinstance(read, store.ReadSpace):
                 if answer is not None:
                     self.spaces[(team, read.owner)] = answer
             else:
@@ -792,12 +882,11 @@ class _Batch:
                 f"provider '{model}' makes {dims}: configure it for {STORE_DIMENSIONS}"
             )
         # A principal's batch (one team): the model and the team's projection in one
-        # statement, read while the texts may still be embedding.
-        mine = (
-            await store.embedding_model_and_projection(self.conn, self.actor.team)
-            if self.actor.team is not None and self.deferral is None
-            else None
-        )
+        # statement, read while the texts may still be embedding, unless the
+        # batch's first claim read them (:meth:`foresee`).
+        mine = self.model_ahead
+        if mine is None and self.actor.team is not None and self.deferral is None:
+            mine = await store.embedding_model_and_projection(self.conn, self.actor.team)
         registered = mine[0] if mine is not None else await store.store_embedding_model(self.conn)
         if registered is None:
             await store.register_embedding_model(self.conn, model, dims)
@@ -950,7 +1039,7 @@ class _Batch:
             ahead, task = self.prefetch
             ready = dict(zip(ahead, await task, strict=True))
         if self.early is not None and self.early.calls:
-            ready.update(await self.early.vectors())
+            ready.update(await self.early.vectors([texts[k] for k in missing]))
         for k in [k for k in missing if texts[k] in ready]:
             out[k] = ready[texts[k]]
         missing = [k for k in missing if texts[k] not in ready]
@@ -1397,6 +1486,7 @@ class WriteService:
                 batch = _Batch(conn, actor, self.embedder, deferral=deferral)
                 batches.append(batch)
                 batch.prefetch = prefetch
+                batch.foresee(records)
                 if short_locks:
                     batch.short_locks = True
                     await vector_partitions.wait_briefly_for_locks(conn)

@@ -48,7 +48,12 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    them only), those whose whole bound reaches ``theta`` are looked up and
    scored, and the best ``k`` returned. Every document scored (here and for
    the floors) gets each query lexeme's term frequency from the postings' key,
-   read for those documents only. The evidence function scores each document
+   read for those documents only; the evidence function reads it from the
+   document's own ``search_document`` instead (db/0195: its row is looked up
+   anyway, and the postings' ``tf`` is defined from it, the number of the
+   lexeme's positions), and below :data:`PRUNE_FROM_POSTINGS` runs its steps
+   without the first floor and the minor lexemes, as the relationship
+   function does (db/0170). The evidence function scores each document
    once (db/0175): the scores of step 3's ``2 k`` are candidates of the answer
    too, and only the survivors outside them are scored here (one of the ``2 k``
    whose whole bound is below ``theta`` scores below the ``k`` documents that
@@ -73,7 +78,9 @@ the rows of the read path's own rule (``search._visible``,
 ``related.visible_relationship``) in current, ``validAt`` and ``knownAt`` views.
 
 Exactness rests on ``tf`` in the postings being the one the score uses: the
-postings trigger (db/0055) derives it from the same parse as ``doc_length``.
+postings trigger (db/0055) derives it from the same parse as ``doc_length``
+(``search_document``, from which the evidence function reads a scored
+document's ``tf``; the postings are written by their triggers only, db/0130).
 The functions exist for their cached plans: the dozen stages planned inside
 every candidate statement cost 4 to 6 ms of planning per list (db/0085 says
 more).

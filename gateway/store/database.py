@@ -220,10 +220,12 @@ class PooledConnection(asyncpg.Connection):
 
     So a use that knows it left no session state says so (:meth:`skip_reset`)
     after it has closed its transaction, and that one release skips the reset
-    statement. Every other release (admin work, writes, the loader, a failed or
-    cancelled use) keeps asyncpg's full reset, and asyncpg still rolls back a
-    transaction left open, whatever was said. ``tests/test_pool_reset.py``
-    checks the session of a connection after recalls of two teams."""
+    statement: a recall's unit, the token lookup, and every tenant transaction
+    that committed (writes as ``recall_app`` too, :meth:`Database.tenant`).
+    Every other release (admin work, the loader, a failed or cancelled use)
+    keeps asyncpg's full reset, and asyncpg still rolls back a transaction left
+    open, whatever was said. ``tests/test_pool_reset.py`` checks the session of
+    a connection after recalls and writes of two teams."""
 
     __slots__ = ("_skip_reset",)
 
@@ -357,27 +359,40 @@ class Database:
         timeout bounds a wait, as for the loader). ``claim_counter_shard`` (writes):
         the transaction's counter shard is claimed with the settings, before any
         other lock (db/0160); if every shard stays held past the statement
-        timeout, that is DATABASE_UNAVAILABLE, as any write too busy to go on."""
+        timeout, that is DATABASE_UNAVAILABLE, as any write too busy to go on.
+
+        After a commit, the connection goes back to the pool without the reset
+        statement: a tenant transaction's settings, role and counter shard (a
+        transaction-level advisory lock, db/0160) end with it, and the
+        statements run in it (gateway/store/, the triggers of db/) set no session
+        setting, take no session lock, listen to nothing and keep no cursor open
+        (``tests/test_pool_reset.py`` checks the session after writes of two
+        teams). That is one round trip fewer at the end of every ``remember``."""
         budget = str(deadline.remaining_ms(self.statement_timeout_ms))
-        async with self.acquire() as conn, conn.transaction(readonly=readonly):
-            try:
-                await conn.execute(
-                    _ENTER_TENANT_WRITING if claim_counter_shard else _ENTER_TENANT,
-                    APP_ROLE,
-                    team_id,
-                    _space_literal(space_ids),
-                    self.lock_timeout if lock_timeout is None else lock_timeout,
-                    budget,
-                )
-            except asyncpg.QueryCanceledError as exc:
-                if not claim_counter_shard or deadline.remaining() == 0.0:
-                    raise  # the request's deadline, not the shards: RequestTimeout
-                raise DatabaseUnavailable(
-                    "every counter shard was held by other writers for longer than the "
-                    "statement timeout; nothing was written, and retrying with the same "
-                    "IDs is safe"
-                ) from exc
-            yield conn
+        async with self.acquire() as conn:
+            async with conn.transaction(readonly=readonly):
+                try:
+                    await conn.execute(
+                        _ENTER_TENANT_WRITING if claim_counter_shard else _ENTER_TENANT,
+                        APP_ROLE,
+                        team_id,
+                        _space_literal(space_ids),
+                        self.lock_timeout if lock_timeout is None else lock_timeout,
+                        budget,
+                    )
+                except asyncpg.QueryCanceledError as exc:
+                    if not claim_counter_shard or deadline.remaining() == 0.0:
+                        raise  # the request's deadline, not the shards: RequestTimeout
+                    raise DatabaseUnavailable(
+                        "every counter shard was held by other writers for longer than the "
+                        "statement timeout; nothing was written, and retrying with the same "
+                        "IDs is safe"
+                    ) from exc
+                yield conn
+            # Committed (a failure or a cancellation does not come here): what the
+            # transaction set was transaction-local, so the release skips the reset
+            # statement (see PooledConnection).
+            _skip_reset(conn)
 
     @asynccontextmanager
     async def unit(

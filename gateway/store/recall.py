@@ -71,7 +71,7 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 # valid at t_valid, of the same generation, and not on the losing side of a
 # conflict case resolved at t_sys. Hypotheses never count: they are not supports.
 #
-# Two shapes chosen for the generic plan a recall's connection keeps
+# Three shapes chosen for the generic plan a recall's connection keeps
 # (docs/benchmarks.md, "What a recall costs the server"):
 # - each candidate is looked up by its primary key in a LATERAL subquery (a
 #   nested loop on ``evidence_pkey`` whatever the estimates): written as
@@ -86,7 +86,13 @@ def _latest(table: str, fk: str, col: str, alias: str, ref: str) -> str:
 #   evidence's columns, so the answer is one grouping of ``paths``: joined
 #   back to ``ev``, both CTEs estimated at one row, the plan was a nested loop
 #   rescanning ``paths`` once per candidate (14,280 text comparisons for 120
-#   candidates).
+#   candidates);
+# - a candidate's source is checked once per source (``active_sources``), not
+#   once per candidate: a source holds many evidence (every candidate of a
+#   benchmark team shares one), and its latest lifecycle event is the same
+#   lookup whichever candidate asks (docs/benchmarks.md, "The scope round's
+#   evidence parts at 100k"). Same rows: a candidate is kept when its source's
+#   latest status is active, as before.
 ELIGIBLE_SQL = f"""
 WITH gen AS MATERIALIZED (
     SELECT g.space_id, max(g.generation) AS generation
@@ -94,7 +100,7 @@ WITH gen AS MATERIALIZED (
     WHERE g.team_id = $1 AND g.space_id = ANY($3::uuid[]) AND g.recorded_at <= $4
     GROUP BY g.space_id
 ),
-ev AS MATERIALIZED (
+ev_any_source AS MATERIALIZED (
     SELECT e.id, e.space_id, e.source_id, e.content, e.observed_at, e.recorded_at
     FROM (SELECT DISTINCT w.id FROM unnest($2::text[]) AS w (id)) want
     CROSS JOIN LATERAL (
@@ -104,10 +110,18 @@ ev AS MATERIALIZED (
         WHERE e.team_id = $1 AND e.id = want.id AND e.space_id = ANY($3::uuid[])
           AND e.recorded_at <= $4
           AND {_latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id")} = 'active'
-          AND {_latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id")} = 'active'
         OFFSET 0
     ) e
     JOIN gen ON gen.space_id = e.space_id AND gen.generation = e.generation
+),
+active_sources AS MATERIALIZED (
+    SELECT o.source_id::text AS source_id
+    FROM (SELECT DISTINCT a.source_id FROM ev_any_source a) o
+    WHERE {_latest("source_lifecycle_events", "source_id", "status", "ls", "o.source_id")} = 'active'
+),
+ev AS MATERIALIZED (
+    SELECT a.* FROM ev_any_source a
+    WHERE a.source_id::text = ANY (ARRAY(SELECT o.source_id FROM active_sources o))
 ),
 paths AS MATERIALIZED (
     SELECT ev.id, ev.space_id, ev.source_id, ev.content, ev.observed_at, ev.recorded_at,

@@ -4,8 +4,9 @@ A recall's statements form a short chain of data dependencies (the view, then
 the candidate lists, then fusion in Python, ...). Statements that do not
 depend on each other's answers in Python are sent together here, each keeping
 its own SQL text (the modules that own them stay the one place of their
-rules): every part's parameters are renumbered after the previous parts', and
-each part's rows come back as one array of records in one row. The rounds:
+rules): every part's parameters are renumbered after the previous parts'
+(gateway/store/placement.py), and each part's rows come back as one array of
+records in one row. The rounds:
 
 - :func:`scope_round`: the view (the readable spaces' generations at the
   view's instant, the database's ``now()``) and, computed from it in SQL, the
@@ -38,8 +39,7 @@ PostgreSQL); the parsers that depend on an order sort again anyway.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +47,7 @@ from uuid import UUID
 
 from gateway.store import conflicts, feedback, hypotheses, recall, related, search
 from gateway.store.connection import Conn
+from gateway.store.placement import Placer as _Placer
 
 __all__ = [
     "AnswerRound",
@@ -60,73 +61,6 @@ __all__ = [
     "merge_rounds",
     "scope_round",
 ]
-
-_PARAM = re.compile(r"\$(\d+)")
-
-_PLACED_MAX = 512
-_PLACED: dict[
-    tuple[str, tuple[tuple[int, str], ...], int, tuple[tuple[int, str], ...]],
-    tuple[str, tuple[int, ...], tuple[tuple[int, str], ...]],
-] = {}
-"""Placements already made: (part SQL, its expressions, parameters bound before,
-the part's numbers so far) -> (rewritten SQL, the part's parameter numbers bound
-by it in order, the part's numbers after). The rewriting depends on nothing
-else, and a recall's statements take a handful of shapes, so the regular
-expression runs once per shape and process, not about 240 times per recall
-(0.2-0.3 ms of a worker's CPU per full recall; docs/benchmarks.md, "Worker CPU
-per recall at 100k")."""
-
-
-def _place(
-    sql: str, given: Mapping[int, str], bound: int, numbers: Mapping[int, str]
-) -> tuple[str, tuple[int, ...], tuple[tuple[int, str], ...]]:
-    """One part's SQL with its ``$n`` renumbered (see ``_Placer.part``), the part's
-    parameter numbers newly bound, and the part's numbers afterwards."""
-    mine = dict(numbers)
-    added: list[int] = []
-
-    def sub(m: re.Match[str]) -> str:
-        n = int(m.group(1))
-        if n in given:
-            return given[n]
-        if n not in mine:
-            added.append(n)
-            mine[n] = f"${bound + len(added)}"
-        return mine[n]
-
-    return _PARAM.sub(sub, sql), tuple(added), tuple(mine.items())
-
-
-class _Placer:
-    """Parameters of several statements, numbered for one combined statement."""
-
-    def __init__(self) -> None:
-        self.args: list[Any] = []
-
-    def part(
-        self, args: Sequence[Any], exprs: Mapping[int, str] | None = None
-    ) -> Callable[[str], str]:
-        """A function that rewrites one part's SQL: its ``$n`` become the combined
-        statement's numbers (bound once per part), or the SQL expression
-        ``exprs[n]`` (a value that another part computes)."""
-        numbers: dict[int, str] = {}
-        given = exprs or {}
-        given_key = tuple(given.items())
-
-        def place(sql: str) -> str:
-            key = (sql, given_key, len(self.args), tuple(numbers.items()))
-            placed = _PLACED.get(key)
-            if placed is None:
-                placed = _place(sql, given, len(self.args), numbers)
-                if len(_PLACED) >= _PLACED_MAX:
-                    _PLACED.clear()
-                _PLACED[key] = placed
-            text, added, after = placed
-            self.args.extend(args[n - 1] for n in added)
-            numbers.update(after)
-            return text
-
-        return place
 
 
 def _rows(value: Sequence[Any] | None) -> list[Any]:

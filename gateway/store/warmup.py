@@ -33,6 +33,7 @@ __all__ = [
     "read_chunk",
     "relations",
     "segment_bytes",
+    "shared_buffers_bytes",
 ]
 
 # The store's relations (main forks; not the system catalogs, which every
@@ -75,6 +76,11 @@ SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'segment_size')
 
 _EFFECTIVE_CACHE_BYTES = """
 SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'effective_cache_size')
+     * (SELECT setting::bigint FROM pg_settings WHERE name = 'block_size')
+"""
+
+_SHARED_BUFFERS_BYTES = """
+SELECT (SELECT setting::bigint FROM pg_settings WHERE name = 'shared_buffers')
      * (SELECT setting::bigint FROM pg_settings WHERE name = 'block_size')
 """
 
@@ -140,6 +146,11 @@ async def effective_cache_bytes(conn: Conn) -> int:
     return int(await conn.fetchval(_EFFECTIVE_CACHE_BYTES))
 
 
+async def shared_buffers_bytes(conn: Conn) -> int:
+    """The server's shared_buffers in bytes (memory the page cache cannot use)."""
+    return int(await conn.fetchval(_SHARED_BUFFERS_BYTES))
+
+
 async def read_chunk(conn: Conn, path: str, offset: int, length: int) -> int:
     """Read ``length`` bytes of the file at ``offset`` (server side; only the
     count comes back). Returns the bytes read (0 past the end or if the file
@@ -153,16 +164,18 @@ async def read_chunk(conn: Conn, path: str, offset: int, length: int) -> int:
 # One process warms a store at a time (several uvicorn workers, replicas of the
 # gateway on one server): the others wait for it (on their own warm-up
 # connection, not a pool's) instead of reading it at the same time. The lock
-# only keeps runs apart: a process that starts after another's warm-up ended
-# (a worker respawned late) takes the free lock and reads everything again,
-# cheaply since the files are cached by then.
+# only keeps runs apart: a process that gets the lock after another's warm-up
+# (it waited, or it started late: a worker respawned) reads everything again,
+# cheaply since the files are cached by then, because the lock cannot tell a
+# warm-up that finished from one whose process died halfway.
 LOCK_KEY = 0x7761726D  # "warm"
 
 
 async def lock(conn: Conn, waiting: Callable[[], None] | None = None) -> bool:
     """Take the store's warm-up lock (session level), waiting for it as long as
     another process holds it (the statement timeout lifted for the wait). True
-    if it was free at once: this process warms; False: another one just did.
+    if it was free at once; False if another process held it (which finished,
+    or stopped halfway: it cannot be told here).
     ``waiting`` is called before the wait (so /readyz can say why it waits)."""
     if await conn.fetchval("SELECT pg_try_advisory_lock($1::bigint)", LOCK_KEY):
         return True

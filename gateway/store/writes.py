@@ -9,7 +9,6 @@ latest event (recorded_at, then seq), the same rule the read path uses.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -21,6 +20,7 @@ from pgvector import Vector
 
 from gateway.store.bulk_writes import copy_rows
 from gateway.store.connection import Conn
+from gateway.store.placement import Placer
 
 # --- idempotency -------------------------------------------------------------
 
@@ -42,7 +42,13 @@ class ReadSpace:
     owner: str | None
 
 
-Read = ReadVisible | ReadSpace
+@dataclass(frozen=True, slots=True)
+class ReadModel:
+    """An :func:`embedding_model_and_projection` of the claim's team, to send with
+    a claim (:func:`claim_write`)."""
+
+
+Read = ReadVisible | ReadSpace | ReadModel
 
 _CLAIM = """
 WITH claim AS (
@@ -59,16 +65,6 @@ _PRIOR = (
     "SELECT payload_sha256, recorded_by, recorded_at FROM write_log "
     "WHERE team_id = $1 AND kind = $2 AND client_id = $3"
 )
-
-
-def _renumber(sql: str, second: int) -> str:
-    """A lookup's SQL (``$1`` the team, ``$2`` its other argument) as part of a
-    statement whose ``$1`` is the team too and whose ``$second`` is that argument.
-    A lookup with a third parameter would bind the claim's own arguments silently:
-    refused here, where it is written, rather than found in a wrong answer."""
-    if any(int(n) > 2 for n in re.findall(r"\$(\d+)", sql)):
-        raise ValueError("a lookup riding with a claim takes $1 (team) and $2 only")
-    return re.sub(r"\$2\b", f"${second}", sql)
 
 
 async def claim_write(
@@ -90,26 +86,28 @@ async def claim_write(
     ``reads``: the lookups the record's checks start with (the visible rows of
     some IDs, a space), answered in the same statement as the claim, in order
     (the rows of a :class:`ReadVisible` as :func:`find_visible` gives them, a
-    :class:`ReadSpace`'s space or None). Each round trip of a ``remember`` is
+    :class:`ReadSpace`'s space or None, a :class:`ReadModel`'s model and
+    projection as :func:`embedding_model_and_projection` gives them). Each round trip of a ``remember`` is
     paid for by its caller; the reads see what the claim's next statement would
     have seen (the claim writes nothing they read). A replay or a conflict
     ignores them. The earlier write is read in the same statement; only when it
     committed while the claim waited for it (invisible to the statement's
     snapshot) is it read again in a statement of its own."""
-    args: list[Any] = [team, kind, client_id, digest, by]
+    placer = Placer()
+    place_claim = placer.part([team, kind, client_id, digest, by])
+    claim = place_claim(_CLAIM)
+    # A lookup's $1 is the team, bound once with the claim; its $2 after the claim's.
+    same_team = {1: place_claim("$1")}
     columns = []
     for i, read in enumerate(reads):
         if isinstance(read, ReadSpace):
-            sql = _SPACE
-            args.append(read.owner)
+            sql = placer.part([team, read.owner], same_team)(_SPACE)
+        elif isinstance(read, ReadModel):
+            sql = placer.part([team], same_team)(_MODEL_AND_PROJECTION)
         else:
-            sql = _visible_sql(read.kind)
-            args.append(list(read.ids))
-        columns.append(
-            f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({_renumber(sql, len(args))}) v)"
-            f" AS read_{i}"
-        )
-    row = await conn.fetchrow(_CLAIM.format(reads="".join(columns)), *args)
+            sql = placer.part([team, list(read.ids)], same_team)(_visible_sql(read.kind))
+        columns.append(f",\n       (SELECT coalesce(json_agg(v), '[]') FROM ({sql}) v) AS read_{i}")
+    row = await conn.fetchrow(claim.replace("{reads}", "".join(columns)), *placer.args)
     assert row is not None
     answers: list[Any] = []
     for i, read in enumerate(reads):
@@ -118,6 +116,8 @@ async def claim_write(
             answers.append(
                 Space(**{**found[0], "id": UUID(found[0]["id"])}) if found else None
             )
+        elif isinstance(read, ReadModel):
+            answers.append(_model_and_projection(found[0]))
         else:
             answers.append(_visible_rows(found))
     if row["claimed"] is not None:
@@ -993,13 +993,20 @@ async def embedding_model_and_projection(
     """:func:`store_embedding_model` and the team's active projection generation
     (None when there is none yet: :func:`active_projection` makes it), one
     statement for the two reads every write of relationships makes."""
-    row = await conn.fetchrow(
-        "SELECT m.name, m.dimensions, (SELECT p.generation FROM relationship_projections p "
-        "WHERE p.team_id = $1 AND p.status = 'active') AS generation "
-        "FROM (SELECT NULL) AS one LEFT JOIN embedding_models m ON true",
-        team,
-    )
+    row = await conn.fetchrow(_MODEL_AND_PROJECTION, team)
     assert row is not None
+    return _model_and_projection(dict(row))
+
+
+_MODEL_AND_PROJECTION = (
+    "SELECT m.name, m.dimensions, (SELECT p.generation FROM relationship_projections p "
+    "WHERE p.team_id = $1 AND p.status = 'active') AS generation "
+    "FROM (SELECT NULL) AS one LEFT JOIN embedding_models m ON true"
+)
+
+
+def _model_and_projection(row: dict[str, Any]) -> tuple[tuple[str, int] | None, int | None]:
+    """A row of :data:`_MODEL_AND_PROJECTION`, from asyncpg or as JSON."""
     model = (row["name"], row["dimensions"]) if row["name"] is not None else None
     return model, row["generation"]
 
