@@ -153,6 +153,11 @@ class LocalEmbeddingProvider:
     constant folding (about 165 MB over the 23 MB file; keeping them int8
     made a query 8x slower), and no arena (see ``_load``).
 
+    ``threads`` (intra-op) is 2: one thread spent about 11 % less CPU per query
+    but lost a new question's latency on a busy two-core host, where two
+    threads get two shares of the cores (docs/benchmarks.md, "Worker CPU per
+    recall at 100k: what is left").
+
     ``allow_spinning`` is off by default: onnxruntime's spinning worker threads
     cut a single query's latency by a few milliseconds but keep a core busy
     between runs, which on a small host takes it from PostgreSQL and the
