@@ -364,11 +364,19 @@ def compare(here: Path, there: Path, port: int, calls: int, warmup: int) -> None
     finally:
         for arm in arms:
             arm.close()
+    # The floor, in this process once both gateways have stopped: the client has
+    # no gateway in its process here, so this is also the model alone.
+    floor, apart = asyncio.run(embedding_alone(calls))
     load = os.getloadavg()
     print(
         f"remember over HTTP on the demo data, {calls} calls of each kind, interleaved; "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
+    for name, values in (
+        ("embedding 2 texts alone, in one call", floor),
+        ("the call's 2 texts, a call each", apart),
+    ):
+        print(f"  {name:40} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms")
     for name, kind in (
         ("evidence + relationship (2 embeddings)", "full"),
         ("evidence only (1 embedding)", "bare"),
