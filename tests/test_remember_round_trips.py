@@ -191,11 +191,13 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
     monkeypatch: pytest.MonkeyPatch,
     entities: str,
 ) -> None:
-    """The relationship's text goes to the provider before any record's insert: with
-    the first claim's answer when its entities exist (the claim reads their names;
-    the statement count is unchanged), at once when the call creates them; the
-    relationship's own checks run as before, and the stored vectors are the
-    provider's for each text alone, bit for bit."""
+    """The relationship's text goes to the provider before any record's insert, with
+    the first claim's answer: when its entities exist the claim reads their names
+    (the statement count is unchanged); when the call creates them, the names are
+    the call's, and the claim coming back new says the call is not a re-run (a
+    re-run sends nothing: the next test). The relationship's own checks run as
+    before, and the stored vectors are the provider's for each text alone, bit
+    for bit."""
     team = unique("rt-foresee")
     await load_jsonl(writes, jsonl(team_records(team)))
     raw = await token(writes, team, "alice")
@@ -223,7 +225,7 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         before = calls[(statement,)]
         assert not [s for s in before if "INSERT INTO" in s and "write_log" not in s], before
         claims = [s for s in before if "INSERT INTO write_log" in s]
-        assert len(claims) == (1 if entities == "existing" else 0), before
+        assert len(claims) == 1, before
         if entities == "existing":
             assert len(sent) == 10, sent  # the names ride with the first claim
         stored = await _stored_vectors(db, team, ev, rel)
@@ -297,6 +299,43 @@ async def test_a_text_embedded_ahead_that_its_record_did_not_need_is_not_waited_
         assert [statement] not in [texts for texts, _ in held.calls], held.calls
     finally:
         held.release.set()
+        await db.close()
+
+
+async def test_a_whole_rerun_naming_its_entities_in_the_call_embeds_no_relationship_text(
+    dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call whose relationship's entities are records of the call itself, sent
+    again (an agent's retry with the same IDs): nothing is written, and its
+    relationship's text is not sent to the provider again (a remote provider
+    bills for it; the local model's lane would queue the next request behind it).
+    Before, the text started embedding before any claim, as soon as the names
+    were known from the call (review of 2026-12-05, M3)."""
+    team = unique("rt-rerun")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    raw = await token(writes, team, "alice")
+    monkeypatch.setattr(database, "StatementCounter", _Recording)
+    db = await Database.open(dsn, min_size=1, max_size=2)
+    recorder = db.counter
+    assert isinstance(recorder, _Recording)
+    watched = _Watched(embedder, recorder)
+    try:
+        principal = await authenticate(db, raw)
+        mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
+        data = _remember("g")
+        evidence_text = data["evidence"][0]["content"]
+        first = await mutations.apply(principal, remember_items(principal, data))
+        assert first and all(r.created for r in first)
+        relationship_texts = {t for texts, _ in watched.calls for t in texts} - {evidence_text}
+        assert relationship_texts, watched.calls
+
+        watched.calls.clear()
+        again = await mutations.apply(principal, remember_items(principal, data))
+        assert again and not any(r.created for r in again)
+        await asyncio.sleep(0.2)  # a call started and not awaited would be noted by now
+        sent = {t for texts, _ in watched.calls for t in texts}
+        assert not sent & relationship_texts, watched.calls
+    finally:
         await db.close()
 
 

@@ -286,6 +286,9 @@ class _Batch:
         self.foreseen: list[rec.RelationshipRecord] = []
         self.names: dict[str, str] = {}
         self.foresight: store.ReadVisible | None = None
+        # Every foreseen name is in the batch: the texts start embedding once a
+        # claim of the principal's team comes back new (never for a whole re-run).
+        self.foresee_on_claim = False
         # A principal's batch that will store vectors reads the store's model and
         # its team's projection with its first claim (:meth:`foresee`), not in a
         # statement of its own before the vectors are stored.
@@ -328,8 +331,12 @@ class _Batch:
         if team == self.actor.team and not self.asked_ahead:
             self.asked_ahead = True
             if self.foreseen:
-                self.foresight = store.ReadVisible("entity", self._unnamed())
-                reads.append(self.foresight)
+                unnamed = self._unnamed()
+                if unnamed:
+                    self.foresight = store.ReadVisible("entity", unnamed)
+                    reads.append(self.foresight)
+                else:
+                    self.foresee_on_claim = True
             if self.stores_vectors:
                 self.model_read = store.ReadModel()
                 reads.append(self.model_read)
@@ -348,9 +355,12 @@ class _Batch:
         statements were slow (a loaded host). Nothing is checked or written from what is read
         here: the relationship's own checks read its entities as before, render
         its text again, and its vector comes from that text (the same text: the
-        call already started is used; another: embedded then, as before). A
-        first claim that finds an earlier write (a re-run) drops the foresight:
-        nothing would use it.
+        call already started is used; another: embedded then, as before). The
+        texts start once the first claim of the principal's team comes back new
+        (with the lookup of the names the batch does not give, riding on it), also
+        when the batch names every entity itself: a first claim that finds an
+        earlier write (a re-run: an agent's retry) drops the foresight, and nothing
+        is sent to the provider for it.
 
         The same first claim reads the store's embedding model and the team's
         active projection for a batch that will store vectors, instead of a
@@ -372,8 +382,6 @@ class _Batch:
             for r in records
             if r.kind == "relationship" and r.team == team and r.embedding is None
         ]
-        if self.foreseen and not self._unnamed():
-            self._render_foreseen({})  # every name is in the batch: start now
 
     def _unnamed(self) -> tuple[str, ...]:
         """The foreseen relationships' entities that the batch's records do not name."""
@@ -394,7 +402,11 @@ class _Batch:
             self.early.add(*texts)
 
     def read_ahead(self, team: str, reads: Sequence[store.Read], answers: Sequence[Any]) -> None:
-        """Keep what :meth:`reads_of`'s lookups found, for the record's checks."""
+        """Keep what :meth:`reads_of`'s lookups found, for the record's checks
+        (called only for a claim that came back new)."""
+        if self.foresee_on_claim and team == self.actor.team:
+            self.foresee_on_claim = False
+            self._render_foreseen({})  # every name is in the batch
         for read, answer in zip(reads, answers, strict=True):
             if read is self.foresight:
                 self._render_foreseen(answer)  # never the record's own checks'
