@@ -424,8 +424,11 @@ async def vector_recall(dsn: str, queries: int, seed: int, vectors: str = "rando
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
     try:
-        team, space = TEAM, await conn.fetchval(
-            "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", TEAM
+        team, space = (
+            TEAM,
+            await conn.fetchval(
+                "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", TEAM
+            ),
         )
         rng = np.random.default_rng(seed)
         sql = (
@@ -460,7 +463,7 @@ async def measure(
             admin = await asyncpg.connect(dsn)
             try:
                 name = await admin.fetchval("SELECT current_database()")
-                await admin.execute(f'ALTER DATABASE "{name}" SET track_functions = \'pl\'')
+                await admin.execute(f"ALTER DATABASE \"{name}\" SET track_functions = 'pl'")
             finally:
                 await admin.close()
         before = await wal_and_checkpoints(dsn)
@@ -643,9 +646,7 @@ async def postings_costs(conn: asyncpg.Connection, rows: int) -> None:
         )
     finally:
         await tx.rollback()
-    postings = max(
-        p.get("Actual Rows", 0) for p in plans["as loaded"]["Plan"].get("Plans", [{}])
-    )
+    postings = max(p.get("Actual Rows", 0) for p in plans["as loaded"]["Plan"].get("Plans", [{}]))
     print(
         f"  server: the postings of {rows} evidence rows ({postings} postings; indexes "
         f"{', '.join(r['name'] for r in indexes)})"
@@ -696,8 +697,7 @@ async def vector_index_costs(conn: asyncpg.Connection) -> None:
     # ordinary tables (temporary ones would use the small local buffers), numbered
     # so that each batch reads only its rows
     source = [
-        "CREATE TABLE load_bench_src AS SELECT row_number() OVER () AS k, embedding "
-        f"FROM {part}",
+        f"CREATE TABLE load_bench_src AS SELECT row_number() OVER () AS k, embedding FROM {part}",
         "CREATE INDEX ON load_bench_src (k)",
         "CREATE TABLE load_bench_v AS SELECT embedding FROM load_bench_src WITH NO DATA",
     ]

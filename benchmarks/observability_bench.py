@@ -104,17 +104,23 @@ def main() -> None:
                 arms[arm] += latencies
                 rb.log(f"round {round_ + 1} {arm}: p50 {statistics.median(latencies):.1f} ms")
     load = os.getloadavg()
-    print(f"recallMemory over HTTP, {args.queries} queries x {args.rounds} rounds per arm, "
-          f"{args.evidence} evidence, {args.teams} teams; load average {load[0]:.2f}")
+    print(
+        f"recallMemory over HTTP, {args.queries} queries x {args.rounds} rounds per arm, "
+        f"{args.evidence} evidence, {args.teams} teams; load average {load[0]:.2f}"
+    )
     for arm, values in arms.items():
         values.sort()
-        print(f"  tracing {arm:3}: p50 {statistics.median(values):6.1f} ms   "
-              f"p95 {values[int(0.95 * (len(values) - 1))]:6.1f} ms")
+        print(
+            f"  tracing {arm:3}: p50 {statistics.median(values):6.1f} ms   "
+            f"p95 {values[int(0.95 * (len(values) - 1))]:6.1f} ms"
+        )
     ratio = statistics.median(arms["on"]) / statistics.median(arms["off"])
     print(f"  on/off ratio of medians: {ratio:.3f}; OTLP exports received: {Sink.received}")
     marked, plain = stage_overhead()
-    print(f"  a recall stage with tracing off: {marked:.0f} ns per call against {plain:.0f} ns "
-          f"unmarked ({marked - plain:.0f} ns more; a recall passes about 10 stages)")
+    print(
+        f"  a recall stage with tracing off: {marked:.0f} ns per call against {plain:.0f} ns "
+        f"unmarked ({marked - plain:.0f} ns more; a recall passes about 10 stages)"
+    )
 
 
 def stage_overhead(calls: int = 200_000) -> tuple[float, float]:
@@ -148,7 +154,9 @@ def _latencies(port: int, token: str, queries: list[str]) -> list[float]:
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         headers = {"Authorization": f"Bearer {token}"}
         for q in queries[:5]:  # warm-up: model, plans, caches
-            client.post("/graphql", json={"query": rb.QUERY, "variables": {"q": q}}, headers=headers)
+            client.post(
+                "/graphql", json={"query": rb.QUERY, "variables": {"q": q}}, headers=headers
+            )
         for q in queries:
             body = {"query": rb.QUERY, "variables": {"q": q}}
             started = time.perf_counter()

@@ -693,9 +693,7 @@ def main() -> None:
         if len({name for name, _, _ in args.dataset}) != len(args.dataset):
             parser.error("two datasets of one name")
         with contextlib.ExitStack() as stack:
-            dsns = [
-                (name, stack.enter_context(rb.database(d, mb))) for name, d, mb in args.dataset
-            ]
+            dsns = [(name, stack.enter_context(rb.database(d, mb))) for name, d, mb in args.dataset]
             asyncio.run(run_datasets(dsns, args.queries, kinds, args.team, args.parts))
         return
     if not (args.data_dir and args.arm):

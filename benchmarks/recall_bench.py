@@ -390,8 +390,8 @@ async def generate(
                     )
                     if rel_vectors[part]:
                         await _copy(
-                        conn,
-                        planned,
+                            conn,
+                            planned,
                             detached.get("relationship_embeddings", "relationship_embeddings"),
                             records=rel_vectors[part],
                             columns=[
@@ -766,8 +766,9 @@ def collect_answers(
         headers = {"Authorization": f"Bearer {token}"}
 
         def ask(variables: dict[str, Any]) -> dict[str, Any]:
-            r = client.post("/graphql", json={"query": ANSWERS, "variables": variables},
-                            headers=headers)
+            r = client.post(
+                "/graphql", json={"query": ANSWERS, "variables": variables}, headers=headers
+            )
             body = r.json()
             if "errors" in body:
                 raise SystemExit(f"recall failed: {body['errors']}")
@@ -783,8 +784,11 @@ def collect_answers(
                     "kr": [h["representativeId"] for h in current["relatedRelationships"][:1]],
                 }
             )
-            for variant, answer in (("current", current), ("known_at", temporal),
-                                    ("known_ids", known)):
+            for variant, answer in (
+                ("current", current),
+                ("known_at", temporal),
+                ("known_ids", known),
+            ):
                 row = {"query": i, "text": q, "variant": variant, "answer": answer}
                 if variant == "known_at":
                     row["known_at"] = known_at  # what a later compare checks first
@@ -822,13 +826,20 @@ def compare_answers(
             if differ <= 5:
                 for key in a["answer"]:
                     if before["answer"][key] != a["answer"][key]:
-                        log(f"  query {a['query']} {a['variant']}: {key} differs:\n"
+                        log(
+                            f"  query {a['query']} {a['variant']}: {key} differs:\n"
                             f"    before {json.dumps(before['answer'][key])[:600]}\n"
-                            f"    now    {json.dumps(a['answer'][key])[:600]}")
+                            f"    now    {json.dumps(a['answer'][key])[:600]}"
+                        )
     counts = {
         name: sum(1 for a in got if a["answer"][name])
-        for name in ("results", "relatedRelationships", "relatedCommunities",
-                     "relatedHypotheses", "conflicts")
+        for name in (
+            "results",
+            "relatedRelationships",
+            "relatedCommunities",
+            "relatedHypotheses",
+            "conflicts",
+        )
     }
     compared = len(got) - incomparable
     print(
@@ -1243,9 +1254,7 @@ async def filtered_vector_recall(
         'ORDER BY s.distance, s.evidence_id COLLATE "C" LIMIT $4'
     )
     rng = np.random.default_rng(seed + 1)
-    return await _recall_against_exact(
-        dsn, data, n_queries, rng, overfetch(10), exact_sql, approx
-    )
+    return await _recall_against_exact(dsn, data, n_queries, rng, overfetch(10), exact_sql, approx)
 
 
 async def relationship_vector_recall(
@@ -1285,9 +1294,7 @@ async def relationship_vector_recall(
     rng = np.random.default_rng(seed + 5)
     # relationshipLimit 5, communityLimit 3: discovery asks for overfetch(5)
     # (gateway/services/related.py)
-    return await _recall_against_exact(
-        dsn, data, n_queries, rng, overfetch(5), exact_sql, approx
-    )
+    return await _recall_against_exact(dsn, data, n_queries, rng, overfetch(5), exact_sql, approx)
 
 
 async def query_lexeme_spread(

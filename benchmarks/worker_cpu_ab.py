@@ -61,8 +61,16 @@ def start(source: Path, dsn: str, port: int, workers: int) -> subprocess.Popen[b
         "PYTHONPATH": str(source),
     }
     return subprocess.Popen(  # noqa: S603 - the gateway's own CLI
-        [sys.executable, "-m", "gateway.cli", "serve", "--port", str(port),
-         "--workers", str(workers)],
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+        ],
         env=env,
         cwd=source,
     )
@@ -85,23 +93,39 @@ def one_run(
     spies: list[subprocess.Popen[bytes]] = []
     try:
         load_test.wait_ready(args.port)
-        asyncio.run(load_test.run_load(args.port, token, args.warmup, args.clients,
-                                       recall_bench.FULL))
+        asyncio.run(
+            load_test.run_load(args.port, token, args.warmup, args.clients, recall_bench.FULL)
+        )
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if args.profile is not None:
             args.profile.mkdir(parents=True, exist_ok=True)
             for pid in workers_of(proc):
                 out = args.profile / f"{label}.{pid}.txt"
-                spies.append(subprocess.Popen(  # noqa: S603
-                    [py_spy, "record", "--pid", str(pid), "--format", "raw", "-o", str(out),
-                     "--rate", "250", "--nonblocking"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                ))
+                spies.append(
+                    subprocess.Popen(  # noqa: S603
+                        [
+                            py_spy,
+                            "record",
+                            "--pid",
+                            str(pid),
+                            "--format",
+                            "raw",
+                            "-o",
+                            str(out),
+                            "--rate",
+                            "250",
+                            "--nonblocking",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
             time.sleep(1.0)
         load_before = os.getloadavg()[0]
         gw0, pg0 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
-        result = asyncio.run(load_test.run_load(args.port, token, args.requests, args.clients,
-                                                recall_bench.FULL))
+        result = asyncio.run(
+            load_test.run_load(args.port, token, args.requests, args.clients, recall_bench.FULL)
+        )
         gw1, pg1 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
         result["load"] = (load_before, os.getloadavg()[0])
     finally:

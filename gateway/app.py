@@ -339,7 +339,12 @@ def create_app(
             CORSMiddleware,
             allow_origins=origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type", "x-request-id", "x-recall-min-position"],
+            allow_headers=[
+                "authorization",
+                "content-type",
+                "x-request-id",
+                "x-recall-min-position",
+            ],
             expose_headers=["x-request-id", "x-recall-position"],
             max_age=600,
         )
@@ -349,9 +354,7 @@ def create_app(
     return app
 
 
-def _persisted(
-    settings: Settings, limits: http_limits.Limits, db: Database
-) -> PersistedQueries:
+def _persisted(settings: Settings, limits: http_limits.Limits, db: Database) -> PersistedQueries:
     """The persisted-query resolver of the configured mode (``off`` refuses the extension)."""
     manifest = None
     if settings.persisted_queries == "allowlist":

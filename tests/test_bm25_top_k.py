@@ -92,8 +92,7 @@ async def _documents_looked_up(db: Database, team: str, q: CandidateQuery) -> in
     not in EXPLAIN."""
     sql, args = build_statement(q, ["fulltext"])
     count = (
-        "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_xact_user_tables "
-        "WHERE relname = 'evidence'"
+        "SELECT coalesce(sum(idx_scan), 0) FROM pg_stat_xact_user_tables WHERE relname = 'evidence'"
     )
     async with db.tenant(team, [b.space_id for b in q.branches]) as conn:
         before = await conn.fetchval(count)

@@ -88,7 +88,9 @@ async def test_builder_is_deterministic_drops_singletons_and_reads_only_eligible
     assert set(orders["top_predicates"]) == {"accessed_through", "max_connections"}
     assert orders["group_count"] == 2 and orders["relationship_count"] == 2
     assert orders["summary"].startswith("Connection pool")
-    assert [r["group_count"] for r in rows] == sorted((r["group_count"] for r in rows), reverse=True)
+    assert [r["group_count"] for r in rows] == sorted(
+        (r["group_count"] for r in rows), reverse=True
+    )
 
 
 def test_clustering_is_pure_and_seeded() -> None:
@@ -99,7 +101,11 @@ def test_clustering_is_pure_and_seeded() -> None:
     graph = communities.build_graph(rels)
     # three entities, each shared by three groups: three triangles, no edge between them
     assert len(graph.edges) == 9 and graph.complete
-    assert communities.cluster(graph) == [["g0", "g1", "g2"], ["g3", "g4", "g5"], ["g6", "g7", "g8"]]
+    assert communities.cluster(graph) == [
+        ["g0", "g1", "g2"],
+        ["g3", "g4", "g5"],
+        ["g6", "g7", "g8"],
+    ]
     assert communities.cluster(graph, seed=7) == communities.cluster(graph, seed=7)
     assert not communities.build_graph(rels, max_edges=4).complete
 
@@ -113,7 +119,10 @@ async def test_missing_snapshot_degrades(client, writes) -> None:
     assert result["relatedCommunities"] == []
     assert result["searchStates"]["communities"]["complete"] is False
     off = await related(client, tok, q="billing ledger", limit=1, com=0)
-    assert codes(off, "COMMUNITIES") == [] and off["searchStates"]["communities"]["status"] == "DISABLED"
+    assert (
+        codes(off, "COMMUNITIES") == []
+        and off["searchStates"]["communities"]["status"] == "DISABLED"
+    )
 
 
 async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch) -> None:
@@ -176,9 +185,20 @@ def hub_records(team: str, n: int) -> list[dict[str, Any]]:
     ]
     for i in range(n):
         records += [
-            {"kind": "entity", "team": team, "id": f"leaf-{i}", "name": f"Leaf {i}", "type": "thing"},
-            {"kind": "evidence", "team": team, "id": f"e-{i}", "source": "src",
-             "content": f"Leaf {i} feeds the hub."},
+            {
+                "kind": "entity",
+                "team": team,
+                "id": f"leaf-{i}",
+                "name": f"Leaf {i}",
+                "type": "thing",
+            },
+            {
+                "kind": "evidence",
+                "team": team,
+                "id": f"e-{i}",
+                "source": "src",
+                "content": f"Leaf {i} feeds the hub.",
+            },
             rel(team, f"r-{i:02d}", f"leaf-{i}", "feeds", "hub", evidence=(f"e-{i}",)),
         ]
     return records
@@ -376,7 +396,12 @@ async def test_statements_do_not_grow_with_related_limits(client, gateway_app, w
         limit, rel_limit, com, com_rel = limits
         before = counter.count
         result = await related(
-            client, tok, q="billing ledger invoices", limit=limit, rel=rel_limit, com=com,
+            client,
+            tok,
+            q="billing ledger invoices",
+            limit=limit,
+            rel=rel_limit,
+            com=com,
             comRel=com_rel,
         )
         counts[limits] = counter.count - before

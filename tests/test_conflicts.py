@@ -52,8 +52,6 @@ query Recall(
 """
 
 
-
-
 async def post(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",

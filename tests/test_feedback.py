@@ -1,8 +1,6 @@
 """Recall events, suggested actions and the two feedback operations, over HTTP
 against the real database, with other principals and another team."""
 
-
-
 from __future__ import annotations
 
 import asyncio
@@ -96,10 +94,10 @@ async def feedback_rows(db: Any, team: str) -> tuple[int, int]:
 # --- the snapshot and the suggestion ---------------------------------------------------------
 
 
-
 def feedback_degradations(result: dict[str, Any]) -> list[dict[str, Any]]:
     """This frontier's degradations (the others degrade on their own)."""
     return [d for d in result["degradations"] if d["frontier"] == "FEEDBACK"]
+
 
 async def test_recall_is_recorded_and_suggests_feedback(client, writes, db) -> None:
     team = unique("fbev")
@@ -570,7 +568,9 @@ async def test_an_event_is_citable_only_by_a_binding_that_reads_its_spaces(
         return [{"frontier": "EVIDENCE", "id": evidence}]
 
     answers = [
-        error_of(await submit(client, shared, feedbackId=fid, recallEventId=rid, used=True, **extra))
+        error_of(
+            await submit(client, shared, feedbackId=fid, recallEventId=rid, used=True, **extra)
+        )
         for fid, rid, extra in (
             ("b1", event, {"irrelevantResults": cite("ev-private")}),  # returned, private
             ("b2", event, {"irrelevantResults": cite("ev-owner")}),  # not returned
@@ -589,7 +589,11 @@ async def test_an_event_is_citable_only_by_a_binding_that_reads_its_spaces(
 
     # another private-bound token reads every space the event read: citable
     ok = await submit(
-        client, private_again, feedbackId="b5", recallEventId=event, used=True,
+        client,
+        private_again,
+        feedbackId="b5",
+        recallEventId=event,
+        used=True,
         irrelevantResults=cite("ev-private"),
     )
     assert ok["data"]["submitRecallSessionFeedback"]["created"] is True, ok
@@ -598,7 +602,11 @@ async def test_an_event_is_citable_only_by_a_binding_that_reads_its_spaces(
     assert ids(made_shared) == ["ev-owner"]
     for fid, tok in (("b6", shared), ("b7", private)):
         body = await submit(
-            client, tok, feedbackId=fid, recallEventId=made_shared["recallEventId"], used=True,
+            client,
+            tok,
+            feedbackId=fid,
+            recallEventId=made_shared["recallEventId"],
+            used=True,
             irrelevantResults=cite("ev-owner"),
         )
         assert body["data"]["submitRecallSessionFeedback"]["created"] is True, body

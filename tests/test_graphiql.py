@@ -32,8 +32,15 @@ def test_the_examples_are_valid_and_cheap_enough_for_production() -> None:
         assert errors == [], (example.name, errors)
         json.loads(example.variables)
     recall = found[0].query
-    for frontier in ("results", "relatedRelationships", "relatedCommunities",
-                     "relatedHypotheses", "conflicts", "degradations", "suggestedActions"):
+    for frontier in (
+        "results",
+        "relatedRelationships",
+        "relatedCommunities",
+        "relatedHypotheses",
+        "conflicts",
+        "degradations",
+        "suggestedActions",
+    ):
         assert frontier in recall
 
 

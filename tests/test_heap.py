@@ -26,9 +26,7 @@ def collector() -> Iterator[None]:
 
 
 async def test_a_served_app_settles_its_heap_when_ready(dsn: str, collector: None) -> None:
-    app = app_module.create_app(
-        Settings(database_url=dsn, pool_max_size=2), settle_heap=True
-    )
+    app = app_module.create_app(Settings(database_url=dsn, pool_max_size=2), settle_heap=True)
     assert gc.get_freeze_count() == 0
     async with app.router.lifespan_context(app):
         # everything start-up made (schema, pool, model) is out of the collector's walks

@@ -34,8 +34,6 @@ query Recall($q: String, $hl: Int, $knownAt: DateTime, $validAt: DateTime, $rl: 
 """
 
 
-
-
 async def recall(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",

@@ -242,9 +242,12 @@ async def test_a_load_aborted_between_batches_loses_nothing_and_a_rerun_finishes
         await loader.load(writes, _parsed(extra), batch_size=50)
     assert caught.value.errors[0].code == "VECTOR_INDEX_PENDING"
     assert "build-vector-indexes" in caught.value.errors[0].message
-    assert await admin_conn.fetchval(
-        "SELECT count(*) FROM evidence WHERE team_id = $1 AND id = 'ev-extra'", team
-    ) == 0
+    assert (
+        await admin_conn.fetchval(
+            "SELECT count(*) FROM evidence WHERE team_id = $1 AND id = 'ev-extra'", team
+        )
+        == 0
+    )
 
     # The application role cannot read the detached table at all.
     async with admin_conn.transaction():
@@ -332,9 +335,12 @@ async def test_a_killed_load_is_finished_by_running_it_again(
     written = await admin_conn.fetchval("SELECT count(*) FROM evidence WHERE team_id = $1", team)
     assert 0 < written < docs, "killed in the middle"
     assert await admin_conn.fetchval(f'SELECT count(*) FROM "{table}"') == written
-    assert await admin_conn.fetchval(
-        "SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)", table
-    ) is False
+    assert (
+        await admin_conn.fetchval(
+            "SELECT relispartition FROM pg_class WHERE oid = to_regclass($1)", table
+        )
+        is False
+    )
 
     again = run(["load", "--index-after", "--batch-size", "10", str(path)], dsn)
     assert again.returncode == 0, again.stderr

@@ -823,11 +823,17 @@ def test_one_document_cache_keeps_answers_apart_by_limits() -> None:
         documents.parse(aliases, roomy.rules, max_tokens=40)
     schema = build_schema()._schema
     assert _kept(documents, roomy, schema, aliases, max_tokens=1000)
-    assert documents.errors(
-        documents.key(aliases, {"max_tokens": 1000}, roomy.rules),
-        documents.parse(aliases, roomy.rules, max_tokens=1000),
-    ) == []
+    assert (
+        documents.errors(
+            documents.key(aliases, {"max_tokens": 1000}, roomy.rules),
+            documents.parse(aliases, roomy.rules, max_tokens=1000),
+        )
+        == []
+    )
     document = documents.parse(aliases, strict.rules, max_tokens=1000)
-    assert documents.errors(documents.key(aliases, {"max_tokens": 1000}, strict.rules), document) is None
+    assert (
+        documents.errors(documents.key(aliases, {"max_tokens": 1000}, strict.rules), document)
+        is None
+    )
     errors = asyncio.run(strict.validate(schema, document, specified_rules))
     assert [e.extensions["code"] for e in errors if e.extensions] == ["TOO_MANY_ALIASES"]

@@ -515,14 +515,10 @@ async def test_two_transactions_make_a_new_teams_projection_at_once(
                 waiting = second.transaction()
                 await waiting.start()
                 try:
-                    task = asyncio.create_task(
-                        store_writes.active_projection(second, team, model)
-                    )
+                    task = asyncio.create_task(store_writes.active_projection(second, team, model))
                     blockers: list[int] = []
                     for _ in range(1000):
-                        blockers = await bulk_store.lock_blockers(
-                            watcher, second.get_server_pid()
-                        )
+                        blockers = await bulk_store.lock_blockers(watcher, second.get_server_pid())
                         if blockers or task.done():
                             break
                         await asyncio.sleep(0.01)

@@ -49,7 +49,7 @@ async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bo
     text = result.content[0].text  # type: ignore[union-attr]
     if result.is_error:  # the SDK says which tool failed, then our JSON
         assert text.startswith(f"Error executing tool {tool}: {{"), text
-        text = text[text.index("{"):]
+        text = text[text.index("{") :]
     return bool(result.is_error), json.loads(text)
 
 
@@ -67,8 +67,16 @@ async def test_tools_and_their_inputs(mcp_server: LiveServer, writes: WriteServi
     assert set(tools) == {"recall_memory", "trace_memory", "remember"}
     recall_args = set(tools["recall_memory"].input_schema["properties"])
     assert recall_args == {
-        "query", "limit", "relationshipLimit", "communityLimit", "communityRelationshipLimit",
-        "hypothesisLimit", "validAt", "knownAt", "knownEvidenceIds", "knownRelationshipIds",
+        "query",
+        "limit",
+        "relationshipLimit",
+        "communityLimit",
+        "communityRelationshipLimit",
+        "hypothesisLimit",
+        "validAt",
+        "knownAt",
+        "knownEvidenceIds",
+        "knownRelationshipIds",
         "expandFromEntityIds",
     }
     assert tools["trace_memory"].input_schema["required"] == ["relationshipId"]
@@ -101,8 +109,10 @@ async def test_the_same_answer_as_graphql(
         _, answer = await call(mcp, "recall_memory", {"query": "billing latency", "limit": 3})
     response = await client.post(
         "/graphql",
-        json={"query": '{ recallMemory(query: "billing latency", limit: 3) '
-              "{ results { evidenceId spaceKind } } }"},
+        json={
+            "query": '{ recallMemory(query: "billing latency", limit: 3) '
+            "{ results { evidenceId spaceKind } } }"
+        },
         headers={"authorization": f"Bearer {secret}"},
     )
     graphql = response.json()["data"]["recallMemory"]["results"]
@@ -186,8 +196,13 @@ async def test_stdio_with_the_sdk_client(dsn: str, writes: WriteService) -> None
     team, _ = await two_teams(writes)
     secret = await token(writes, team, "alice")
     command = Path(sys.executable).with_name("recall-gateway")
-    env = {**os.environ, "DATABASE_URL": dsn, "RECALL_MCP_TOKEN": secret,
-           "RECALL_POOL_MAX_SIZE": "2", "RECALL_POOL_MIN_SIZE": "1"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": dsn,
+        "RECALL_MCP_TOKEN": secret,
+        "RECALL_POOL_MAX_SIZE": "2",
+        "RECALL_POOL_MIN_SIZE": "1",
+    }
     params = StdioServerParameters(command=str(command), args=["mcp"], env=env)
     async with Client(params, read_timeout_seconds=120) as client:
         failed, answer = await call(client, "recall_memory", {"query": "billing owner"})

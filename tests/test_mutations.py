@@ -2,8 +2,6 @@
 through the same WriteService, authorised, transactional, idempotent and
 history-keeping; with other principals and another team."""
 
-
-
 from __future__ import annotations
 
 import asyncio

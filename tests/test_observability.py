@@ -114,9 +114,11 @@ async def test_one_span_per_operation_with_recall_embedding_and_statements(
     # No per-field spans: besides SQL, only the request's, the operation's, recall's,
     # its stages' and embed's (asgi adds one per receive/send message of the request).
     rest = {s.name for s in spans if s not in statements}
-    assert {
-        n for n in rest if not n.startswith(("POST /graphql", STAGE_PREFIX))
-    } == {"query WhoOwnsBilling", "recall", "embed"}, rest
+    assert {n for n in rest if not n.startswith(("POST /graphql", STAGE_PREFIX))} == {
+        "query WhoOwnsBilling",
+        "recall",
+        "embed",
+    }, rest
 
     # The request's one log line carries the trace ID, as JSON when asked for.
     lines = [r for r in caplog.records if r.name == "gateway.request"]
@@ -158,8 +160,7 @@ async def test_recall_stages_are_child_spans_without_text(
     def parent(span: Any) -> str:
         return str(by_id[span.parent.span_id].name)
 
-    for name in ("query_embedding", "scope", "search", "evidence", "related", "answer",
-                 "nested"):
+    for name in ("query_embedding", "scope", "search", "evidence", "related", "answer", "nested"):
         (one,) = by_name[STAGE_PREFIX + name]
         assert parent(one) == "recall", name
         assert one.context.trace_id == recall.context.trace_id
@@ -172,9 +173,7 @@ async def test_recall_stages_are_child_spans_without_text(
     # and the recall event in recall.nested.
     statements = [s for s in spans if s.attributes.get("db.system") == "postgresql"]
     parents = {parent(s) for s in statements}
-    assert {"recall.scope", "recall.search", "recall.answer", "recall.nested"} <= parents, (
-        parents
-    )
+    assert {"recall.scope", "recall.search", "recall.answer", "recall.nested"} <= parents, parents
 
     # Untrusted, private text stays out of every span: the question, the stored
     # texts (evidence content, names, titles) and the returned contexts.
@@ -227,7 +226,9 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-async def test_metrics_after_a_few_requests(client: httpx.AsyncClient, writes: WriteService) -> None:
+async def test_metrics_after_a_few_requests(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("prom")
     await load_jsonl(writes, jsonl(team_records(team)))
     secret = await token(writes, team, "alice")
@@ -235,8 +236,11 @@ async def test_metrics_after_a_few_requests(client: httpx.AsyncClient, writes: W
     # Distinct questions: the recall service caches query embeddings.
     for q in ("who owns billing?", "billing latency at noon", "the payments team"):
         assert (await _recall(client, secret, q)).status_code == 200
-    bad = await client.post("/graphql", json={"query": "{ recallMemory(limit: 500) { recallId } }"},
-                            headers={"authorization": f"Bearer {secret}"})
+    bad = await client.post(
+        "/graphql",
+        json={"query": "{ recallMemory(limit: 500) { recallId } }"},
+        headers={"authorization": f"Bearer {secret}"},
+    )
     assert bad.status_code == 200
     response = await client.get("/metrics")
     assert response.headers["content-type"].startswith("text/plain")
@@ -249,10 +253,18 @@ async def test_metrics_after_a_few_requests(client: httpx.AsyncClient, writes: W
     ok = {"operation": "WhoOwnsBilling", "outcome": "ok"}
     assert delta("recall_gateway_requests_total", **ok) == 3
     assert delta("recall_gateway_request_duration_seconds_count", **ok) == 3
-    assert delta("recall_gateway_requests_total", operation="(anonymous)",
-                 outcome="BAD_USER_INPUT") == 1
-    assert delta("recall_gateway_degradations_total", frontier="communities",
-                 code="community_snapshot_unavailable") >= 3
+    assert (
+        delta("recall_gateway_requests_total", operation="(anonymous)", outcome="BAD_USER_INPUT")
+        == 1
+    )
+    assert (
+        delta(
+            "recall_gateway_degradations_total",
+            frontier="communities",
+            code="community_snapshot_unavailable",
+        )
+        >= 3
+    )
     assert delta("recall_gateway_embedding_duration_seconds_count") >= 3
     assert delta("recall_gateway_statements_per_request_count") == 4
     assert delta("recall_gateway_statements_per_request_sum") >= 3 * 5

@@ -18,8 +18,15 @@ def _rows() -> list[tuple[Any, ...]]:
     now = datetime.now(UTC)
     space = uuid4()
     return [
-        (f"ev-{i % 7}", space, f"src-{i}", f"text {i}", None if i % 3 else now, now + timedelta(i),
-         [f"rel-{j}" for j in range(i % 4)])
+        (
+            f"ev-{i % 7}",
+            space,
+            f"src-{i}",
+            f"text {i}",
+            None if i % 3 else now,
+            now + timedelta(i),
+            [f"rel-{j}" for j in range(i % 4)],
+        )
         for i in range(20)  # repeated IDs: the last row of an ID wins, at its first place
     ]
 
@@ -27,8 +34,13 @@ def _rows() -> list[tuple[Any, ...]]:
 def _by_constructor(rows: list[tuple[Any, ...]]) -> dict[str, EligibleEvidence]:
     return {
         r[0]: EligibleEvidence(
-            id=r[0], space_id=r[1], source_id=r[2], content=r[3], observed_at=r[4],
-            recorded_at=r[5], relationship_ids=tuple(r[6]),
+            id=r[0],
+            space_id=r[1],
+            source_id=r[2],
+            content=r[3],
+            observed_at=r[4],
+            recorded_at=r[5],
+            relationship_ids=tuple(r[6]),
         )
         for r in rows
     }

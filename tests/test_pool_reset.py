@@ -201,9 +201,7 @@ async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missin
             data = incident_memory("SHARED", suffix=f"-{name}")
             data["relationships"][0]["supports"][0] = {"id": f"sup-{name}", "evidence": evidence}
             sent.clear()
-            body = await mutate(
-                client, tok_b, "remember", "RememberInput", data, "receipts { id }"
-            )
+            body = await mutate(client, tok_b, "remember", "RememberInput", data, "receipts { id }")
             assert body.get("data") is None and body["errors"], body
             answers[name] = body["errors"][0]
             assert [q for q in sent if RESET_MARK in q], sent

@@ -37,10 +37,6 @@ query Recall($q: String, $limit: Int, $knownAt: DateTime, $validAt: DateTime,
 """
 
 
-
-
-
-
 async def token(writes: WriteService, team: str, principal: str, binding: str = "private") -> str:
     token_id, secret = tokens.new_token_id(), tokens.new_secret()
     record = TokenRecord(
@@ -551,9 +547,9 @@ async def test_nested_fields_cost_no_statement_of_their_own(client, gateway_app,
     assert counts["nested"] == counts["bare"], counts
     results = bodies["nested"]["data"]["recallMemory"]["results"]
     assert results and all(r["source"]["status"] == "ACTIVE" for r in results), results
-    assert all(
-        rel["subject"]["name"] for r in results for rel in r["supportingRelationships"]
-    ), results
+    assert all(rel["subject"]["name"] for r in results for rel in r["supportingRelationships"]), (
+        results
+    )
 
 
 async def _hold_lock(

@@ -195,9 +195,7 @@ async def test_interrupted_run_keeps_serving_old_vectors_then_resumes_and_switch
         }
         assert await conn.fetchval("SELECT count(*) FROM reembed_evidence") == 0
         assert await conn.fetchval("SELECT count(*) FROM reembed_relationships") == 0
-        assert await conn.fetch("SELECT status FROM reembed_runs ORDER BY id") == [
-            ("completed",)
-        ]
+        assert await conn.fetch("SELECT status FROM reembed_runs ORDER BY id") == [("completed",)]
 
     # The new vectors serve: a question embedded by the new model finds its evidence.
     owner = texts[("evidence", "ev-owner")]

@@ -125,7 +125,13 @@ def graph_records(team: str, *, secret: bool = False) -> list[dict[str, Any]]:
         rel(team, "r-inv-billing", "invoices", "feeds", "billing", evidence=("e-invoice",)),
         rel(team, "r-inv-ledger", "invoices", "writes_to", "ledger", evidence=("e-invoice",)),
         rel(
-            team, "r-ledger", "payments", "reconciles", "ledger", owner="bob", evidence=("e-ledger",)
+            team,
+            "r-ledger",
+            "payments",
+            "reconciles",
+            "ledger",
+            owner="bob",
+            evidence=("e-ledger",),
         ),
         rel(team, "r-orders", "orders", "accessed_through", "pool", evidence=("e-orders",)),
         rel(team, "r-pool", "pool", "max_connections", value="400", evidence=("e-pool",)),
@@ -234,7 +240,9 @@ async def test_related_relationships_collapse_equivalents_and_keep_owners(client
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")  # bob's private space is empty
     # limit 1: only the Stripe evidence is returned, so the ownership group is not covered.
-    result = await related(client, tok, q="billing charges cards through Stripe", limit=1, rel=20, com=0)
+    result = await related(
+        client, tok, q="billing charges cards through Stripe", limit=1, rel=20, com=0
+    )
     assert [r["evidenceId"] for r in result["results"]] == ["e-stripe"]
     handles = {h["semanticGroup"]: h for h in result["relatedRelationships"]}
     own = next(h for h in handles.values() if h["representativeId"] in ("r-own-alice", "r-own-bob"))
@@ -257,9 +265,7 @@ async def test_related_relationships_collapse_equivalents_and_keep_owners(client
     assert codes(result, "RELATIONSHIPS") == []
 
 
-async def test_ineligible_private_and_other_team_relationships_never_appear(
-    client, writes
-) -> None:
+async def test_ineligible_private_and_other_team_relationships_never_appear(client, writes) -> None:
     team, other = unique("relx"), unique("rely")
     await load_graph(writes, team)
     await load_graph(writes, other, secret=True)
@@ -272,7 +278,9 @@ async def test_ineligible_private_and_other_team_relationships_never_appear(
     assert all(h["representative"]["spaceKind"] == "SHARED" for h in result["relatedRelationships"])
     # the other team's own recall does see its secret relationship (the scenario is live)
     other_tok = await token(writes, other, "alice")
-    seen = await related(client, other_tok, q="billing owned secretly by vault", limit=1, rel=20, com=0)
+    seen = await related(
+        client, other_tok, q="billing owned secretly by vault", limit=1, rel=20, com=0
+    )
     assert "r-secret" in all_ids(seen) or "r-secret" in {
         r["id"] for x in seen["results"] for r in x["supportingRelationships"]
     }
@@ -452,4 +460,3 @@ async def test_known_at_view_of_related_is_unchanged_by_later_writes(client, wri
         (h["representativeId"], h["equivalentIds"]) for h in r["relatedRelationships"]
     ]
     assert strip(past) == strip(before)
-

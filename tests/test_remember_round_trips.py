@@ -169,8 +169,7 @@ async def _stored_vectors(db: Database, team: str, ev: str, rel: str) -> dict[st
     async with db.acquire() as conn:
         return {
             "evidence": await conn.fetchval(
-                "SELECT embedding FROM evidence_embeddings WHERE team_id = $1 "
-                "AND evidence_id = $2",
+                "SELECT embedding FROM evidence_embeddings WHERE team_id = $1 AND evidence_id = $2",
                 team,
                 ev,
             ),

@@ -17,8 +17,11 @@ from .test_recall import token
 
 ANSWERS: list[Any] = [
     {"data": {"viewer": {"principalId": "alice", "readableSpaces": ["SHARED", "PRIVATE"]}}},
-    {"data": None, "errors": [{"message": "x", "path": ["a", 0, "b"], "extensions": {"code": "C"}}]},
-    {"data": {"t": "Zoë — 東京 \u2028 \x00 \\ \" /", "n": [0, -1, 2**62, 1.5, True, None]}},
+    {
+        "data": None,
+        "errors": [{"message": "x", "path": ["a", 0, "b"], "extensions": {"code": "C"}}],
+    },
+    {"data": {"t": 'Zoë — 東京 \u2028 \x00 \\ " /', "n": [0, -1, 2**62, 1.5, True, None]}},
 ]
 
 
@@ -38,6 +41,7 @@ def test_what_orjson_refuses_is_still_encoded() -> None:
     # a lone surrogate (orjson refuses it) and an integer beyond 64 bits
     for odd in ({"t": "a\ud800b"}, {"n": 2**70}):
         assert json.loads(encode_json(odd)) == odd
+
     # a key that is not a string, a subclass of float: as the standard library writes them
     class Score(float):
         pass

@@ -64,8 +64,18 @@ async def test_first_round_is_the_three_statements(
             team, tuple(branches), QUERY, vector, ("billing",), (), overfetch(10), now
         )
         dq = related.DiscoveryQuery(
-            team, shared.space_id, shared.generation, spaces, now, now, QUERY, vector,
-            overfetch(5), [], [], [],
+            team,
+            shared.space_id,
+            shared.generation,
+            spaces,
+            now,
+            now,
+            QUERY,
+            vector,
+            overfetch(5),
+            [],
+            [],
+            [],
         )
         combined = await round_trips.first_round(conn, cq, now, dq)
         lists = await search.evidence_candidates(conn, cq)
@@ -76,13 +86,26 @@ async def test_first_round_is_the_three_statements(
         with_returned = await related.discover(
             conn,
             related.DiscoveryQuery(
-                team, shared.space_id, shared.generation, spaces, now, now, QUERY, vector,
-                overfetch(5), returned, [], [],
+                team,
+                shared.space_id,
+                shared.generation,
+                spaces,
+                now,
+                now,
+                QUERY,
+                vector,
+                overfetch(5),
+                returned,
+                [],
+                [],
             ),
         )
     assert combined is not None and combined.discovery is not None
     assert {k for k, v in lists.items() if v} >= {
-        ("shared", "fulltext"), ("shared", "vector"), ("shared", "entity"), ("private", "fulltext")
+        ("shared", "fulltext"),
+        ("shared", "vector"),
+        ("shared", "entity"),
+        ("private", "fulltext"),
     }
     assert combined.lists == lists
     assert combined.eligible == eligible and eligible
@@ -133,7 +156,14 @@ async def test_answer_and_last_rounds_are_their_statements(writes: Any, db: Data
         assert nested.sources and nested.relationships and nested.entities
     # With the recall event: written by the same statement, and read back.
     event = NewRecallEvent(
-        team, uuid.uuid4(), "alice", "tok-none", None, ["shared"], now, now,
+        team,
+        uuid.uuid4(),
+        "alice",
+        "tok-none",
+        None,
+        ["shared"],
+        now,
+        now,
         [("evidence", evidence[0]["id"], 1)],
     )
     async with db.tenant(team, spaces, readonly=False) as conn:

@@ -664,8 +664,15 @@ async def test_vector_list_is_complete_despite_crowding_teams(
         *, force_index: bool = False, as_of: datetime | None = None
     ) -> tuple[list[str], dict[tuple[str, str], int]]:
         return await _vector_search_with_scans(
-            dsn, team_a, branch, query, known_at, excluded, per_list,
-            force_index=force_index, as_of=as_of,
+            dsn,
+            team_a,
+            branch,
+            query,
+            known_at,
+            excluded,
+            per_list,
+            force_index=force_index,
+            as_of=as_of,
         )
 
     # A small space: the exact scan, of team A's partition only.

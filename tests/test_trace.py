@@ -46,8 +46,6 @@ query Trace($id: ID!, $depth: Int, $edges: Int, $events: Int, $content: Boolean,
 """
 
 
-
-
 async def post(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",

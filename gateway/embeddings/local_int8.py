@@ -405,4 +405,3 @@ def main() -> None:
     folder = derived_cache()
     cached_graph(source, folder)
     print(f"minilm-int8: derived graph {DERIVED_SHA256[:16]} in {folder}")
-

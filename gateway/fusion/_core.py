@@ -349,9 +349,11 @@ def _settled_runs(
         np.arange(int(pairs.sum()), dtype=np.int64)
     )
     rows = np.sort(table[order], axis=1)
-    same = (rows[positions] == rows[positions + 1]).all(axis=1) & (
-        sorted_scores[positions] == sorted_scores[positions + 1]
-    ) & np.isfinite(sorted_scores[positions])
+    same = (
+        (rows[positions] == rows[positions + 1]).all(axis=1)
+        & (sorted_scores[positions] == sorted_scores[positions + 1])
+        & np.isfinite(sorted_scores[positions])
+    )
     # A run is settled when every one of its neighbour pairs is the same.
     unequal = np.concatenate(([0], np.cumsum(~same)))
     bounds = np.concatenate(([0], np.cumsum(pairs)))

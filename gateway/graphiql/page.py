@@ -124,15 +124,18 @@ class GraphiQLPage:
         config = {
             "endpoint": endpoint,
             "examples": [
-                {"name": e.name, "query": e.query, "variables": e.variables}
-                for e in self._examples
+                {"name": e.name, "query": e.query, "variables": e.variables} for e in self._examples
             ],
         }
         # Inside <script>, "</" would end the block: JSON allows escaping "<".
         data = json.dumps(config).replace("<", "\\u003c")
         scripts = "\n".join(
             f'<script src="{self._url(name, files)}"></script>'
-            for name in ("react.production.min.js", "react-dom.production.min.js", "graphiql.min.js")
+            for name in (
+                "react.production.min.js",
+                "react-dom.production.min.js",
+                "graphiql.min.js",
+            )
         )
         page = f"""<!doctype html>
 <html lang="en">

@@ -195,7 +195,9 @@ def estimate(
                 if selection.type_condition is not None:
                     on = schema.get_type(selection.type_condition.name.value) or frame.parent
                 pending.append(
-                    _Frame(selection.selection_set, on, frame.owners, frame.multiplier, frame.visiting)
+                    _Frame(
+                        selection.selection_set, on, frame.owners, frame.multiplier, frame.visiting
+                    )
                 )
             elif isinstance(selection, FragmentSpreadNode):
                 name = selection.name.value
@@ -251,15 +253,11 @@ def _field(
     if node.selection_set is not None:
         owners = {**frame.owners, coordinate: node} if coordinate in _OWNERS else frame.owners
         pending.append(
-            _Frame(
-                node.selection_set, named, owners, frame.multiplier * size, frame.visiting
-            )
+            _Frame(node.selection_set, named, owners, frame.multiplier * size, frame.visiting)
         )
 
 
-def check(
-    schema: GraphQLSchema, document: DocumentNode, max_cost: int
-) -> list[GraphQLError]:
+def check(schema: GraphQLSchema, document: DocumentNode, max_cost: int) -> list[GraphQLError]:
     """Bound arguments out of range (``BAD_USER_INPUT`` naming the argument), then
     operations costing more than ``max_cost`` (``QUERY_TOO_COSTLY``)."""
     fragments = fragments_of(document)

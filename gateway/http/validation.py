@@ -110,9 +110,7 @@ class DocumentValidation(SchemaExtension):
             ]
         else:
             document = ctx.graphql_document
-            key = self.documents.key(
-                ctx.query or "", dict(ctx.parse_options), self.validator.rules
-            )
+            key = self.documents.key(ctx.query or "", dict(ctx.parse_options), self.validator.rules)
             errors = self.documents.errors(key, document)
             if errors is None:
                 errors = await self.validator.validate(

@@ -102,6 +102,7 @@ def _failed_for_the_database(data: GraphQLHTTPResponse) -> bool:
         and (answered is None or all(v is None for v in answered.values()))
     )
 
+
 MAX_JSON_DEPTH = 64
 """Nesting of a request's JSON (body, GET ``variables`` and ``extensions``):
 far above any real input, far below Python's recursion limit."""
@@ -347,7 +348,9 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             charset = _charset(request.content_type)
             if charset not in (None, "utf-8", "utf8"):
                 raise RequestRejected(
-                    415, "UNSUPPORTED_MEDIA_TYPE", f"charset={charset} is not supported: send UTF-8."
+                    415,
+                    "UNSUPPORTED_MEDIA_TYPE",
+                    f"charset={charset} is not supported: send UTF-8.",
                 )
         return await super().parse_http_body(request)
 

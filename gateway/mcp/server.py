@@ -62,8 +62,10 @@ class Gateway:
         services = self.app.state.services
         view = self.app.state.graphql
         headers = (ctx.headers if ctx is not None else None) or {}
-        raw = bearer(headers.get("authorization")) if headers else bearer(
-            f"Bearer {self.token}" if self.token else None
+        raw = (
+            bearer(headers.get("authorization"))
+            if headers
+            else bearer(f"Bearer {self.token}" if self.token else None)
         )
         context = RequestContext(
             request=None, response=None, services=services, request_id=uuid.uuid4().hex
@@ -176,7 +178,9 @@ def build_server(gateway: Gateway) -> MCPServer:
         ctx: Context,
         relationshipId: Annotated[str, Field(description="The relationship to explain")],
         maxDepth: Annotated[int | None, Field(description="Lineage hops, 0..4 (2)")] = None,
-        maxEdges: Annotated[int | None, Field(description="Bound of each list, 1..200 (25)")] = None,
+        maxEdges: Annotated[
+            int | None, Field(description="Bound of each list, 1..200 (25)")
+        ] = None,
         maxEvents: Annotated[int | None, Field(description="History events, 1..1000 (100)")] = None,
         includeEvidenceContent: Annotated[
             bool | None, Field(description="Return evidence text (false)")

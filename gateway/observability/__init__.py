@@ -35,9 +35,7 @@ class Observability:
     log line and the metrics' samples are always kept (a few counter increments per
     request); ``metrics_enabled`` serves ``/metrics``; tracing needs an exporter."""
 
-    def __init__(
-        self, *, metrics_enabled: bool, provider: TracerProvider | None = None
-    ) -> None:
+    def __init__(self, *, metrics_enabled: bool, provider: TracerProvider | None = None) -> None:
         self.metrics_enabled = metrics_enabled
         self.provider = provider
         self.tracer: Tracer | None = provider.get_tracer(TRACER_NAME) if provider else None

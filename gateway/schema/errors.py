@@ -34,8 +34,12 @@ log = logging.getLogger("gateway.errors")
 _LIBRARY_CODES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"Document contains more than \d+ tokens"), "TOO_MANY_TOKENS"),
     (re.compile(r"^GraphQL introspection has been disabled"), "INTROSPECTION_DISABLED"),
-    (re.compile(r"^Variable '\$[^']+' (has invalid value|got invalid value|of required type|of non-null type)"),
-     "BAD_USER_INPUT"),
+    (
+        re.compile(
+            r"^Variable '\$[^']+' (has invalid value|got invalid value|of required type|of non-null type)"
+        ),
+        "BAD_USER_INPUT",
+    ),
 )
 _SUGGESTION = re.compile(r"\s*Did you mean .*$", re.DOTALL)
 

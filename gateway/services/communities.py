@@ -186,9 +186,7 @@ def describe(
         touching[r.subject_id].add(r.group)
         if r.object_id is not None:
             touching[r.object_id].add(r.group)
-    entity_order = sorted(
-        touching, key=lambda e: (-len(touching[e]), names.get(e, e), e)
-    )
+    entity_order = sorted(touching, key=lambda e: (-len(touching[e]), names.get(e, e), e))
     top_entities = tuple(names.get(e, e) for e in entity_order[:TOP_ENTITIES])
     predicates = Counter(r.predicate for r in in_it)
     top_predicates = tuple(

@@ -274,9 +274,7 @@ async def _hydrate(
     spaces = [b.space_id for b in branches if b.branch in fused]
     try:
         async with unit.step(spaces) as conn:
-            return await store.eligible_evidence(
-                conn, team, ids, spaces, view.t_sys, view.t_valid
-            )
+            return await store.eligible_evidence(conn, team, ids, spaces, view.t_sys, view.t_valid)
     except STORE_FAILURES as exc:
         if "private" not in fused:
             raise DatabaseUnavailable("canonical evidence could not be loaded") from exc

@@ -194,9 +194,7 @@ class RelatedFrontiers:
         out.states["relationships"] = SearchState(
             "relationships", "complete" if rel_on else "disabled"
         )
-        out.states["communities"] = SearchState(
-            "communities", "complete" if com_on else "disabled"
-        )
+        out.states["communities"] = SearchState("communities", "complete" if com_on else "disabled")
         if not (rel_on or com_on):
             return out
         if com_on and request.temporal:
@@ -233,9 +231,7 @@ class RelatedFrontiers:
             chosen, run_id = await self._communities(view, shared, request, anchors, covered, out)
         emitted = {g for _, shown, _ in chosen for g in shown}
         direct = (
-            direct_fallback(anchors, covered, emitted, request.relationship_limit)
-            if rel_on
-            else []
+            direct_fallback(anchors, covered, emitted, request.relationship_limit) if rel_on else []
         )
         # The groups in the order the answer returns them (their handles reach
         # conflicts in that order): the direct fallback, then each community's.
@@ -259,9 +255,8 @@ class RelatedFrontiers:
             starved = len(out.relationships) < request.relationship_limit and any(
                 len(hits) >= per_list for hits in lists.values()
             )
-            lost = (
-                any(d.frontier == "relationships" for d in out.degradations)
-                or (request.query is not None and vector is None)
+            lost = any(d.frontier == "relationships" for d in out.degradations) or (
+                request.query is not None and vector is None
             )
             list_states = [
                 ListState(
@@ -338,11 +333,10 @@ class RelatedFrontiers:
     ) -> tuple[list[tuple[community_store.SnapshotCommunity, list[str], bool]], UUID | None]:
         def skip(code: str, message: str) -> None:
             self._skip_communities(out, code, message)
+
         try:
             async with self.unit.step() as conn:
-                snap = await community_store.snapshot(
-                    conn, view.team_id, shared.space_id, anchors
-                )
+                snap = await community_store.snapshot(conn, view.team_id, shared.space_id, anchors)
         except STORE_FAILURES as exc:
             log.warning("community snapshot could not be read: %s", exc)
             skip("community_snapshot_unavailable", "the community snapshot could not be read")

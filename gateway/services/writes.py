@@ -266,8 +266,8 @@ class _Batch:
         # (WriteService.apply): a lock timeout leaves it as it is, not as a refusal.
         self.short_locks = False
         # A principal's relationship texts, embedded as soon as they are rendered.
-        self.early: _EarlyEmbeddings | None = None if actor.is_operator else _EarlyEmbeddings(
-            embedder
+        self.early: _EarlyEmbeddings | None = (
+            None if actor.is_operator else _EarlyEmbeddings(embedder)
         )
         # Spaces looked up in this batch, by (team, owner): a space's ID, kind and
         # owner never change, and its generation only by a reset, which empties this.
@@ -319,9 +319,7 @@ class _Batch:
         if kind == "evidence":
             reads.append(store.ReadVisible("source", (record.source,)))
             if record.mentions:
-                reads.append(
-                    store.ReadVisible("entity", tuple(m.entity for m in record.mentions))
-                )
+                reads.append(store.ReadVisible("entity", tuple(m.entity for m in record.mentions)))
         elif kind == "relationship":
             names = [record.subject] + ([record.object] if record.object else [])
             reads.append(store.ReadVisible("entity", tuple(names)))
@@ -1491,7 +1489,10 @@ class WriteService:
         )
         batches: list[_Batch] = []  # its early embeddings stopped whatever happens
         try:
-            async with self._prefetched(records, actor, embed_ahead) as prefetch, transaction as conn:
+            async with (
+                self._prefetched(records, actor, embed_ahead) as prefetch,
+                transaction as conn,
+            ):
                 if turn is not None:
                     turn.started = await bulk_store.transaction_start(conn)
                     turn.began.set()
@@ -1533,7 +1534,9 @@ class WriteService:
                             result.created[record.kind] += 1
                         else:
                             result.unchanged[record.kind] += 1
-                        result.receipts.append(Receipt(record.kind, record.id, created, recorded_at))
+                        result.receipts.append(
+                            Receipt(record.kind, record.id, created, recorded_at)
+                        )
                     except _FieldError as exc:
                         raise RecordError(index, exc.field, exc.error) from None
                     except _BUSY as exc:

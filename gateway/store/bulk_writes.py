@@ -299,8 +299,7 @@ async def analyze_in_batch(conn: Conn, tables: Sequence[str]) -> None:
     try:
         async with conn.transaction():
             before = await conn.fetchval(
-                "SELECT current_setting('lock_timeout'), "
-                "set_config('lock_timeout', $1, true)",
+                "SELECT current_setting('lock_timeout'), set_config('lock_timeout', $1, true)",
                 ANALYZE_LOCK_TIMEOUT,
             )
             await conn.execute(f"ANALYZE (SKIP_LOCKED) {', '.join(tables)}")

@@ -123,11 +123,8 @@ _GRAPH_SQL = _GRAPH.format(
 )
 
 
-_GROUP_KEYS_SQL = (
-    "SELECT r.semantic_group_key FROM relationships r WHERE "
-    + eligible_relationship(
-        "r", "$1::text", "$2::uuid", "$3::integer", "$4::timestamptz", "$4::timestamptz"
-    )
+_GROUP_KEYS_SQL = "SELECT r.semantic_group_key FROM relationships r WHERE " + eligible_relationship(
+    "r", "$1::text", "$2::uuid", "$3::integer", "$4::timestamptz", "$4::timestamptz"
 )
 
 
@@ -183,9 +180,7 @@ async def shared_graph(
         )
 
 
-async def entity_names(
-    conn: Conn, team: str, space_id: UUID, ids: Sequence[str]
-) -> dict[str, str]:
+async def entity_names(conn: Conn, team: str, space_id: UUID, ids: Sequence[str]) -> dict[str, str]:
     rows = await conn.fetch(
         "SELECT e.id, e.name FROM entities e "
         "WHERE e.team_id = $1 AND e.space_id = $2 AND e.id = ANY ($3::text[])",
@@ -258,7 +253,9 @@ async def finish_run(
         await conn.copy_records_to_table(
             "community_members",
             records=[
-                (team, run_id, c.ordinal, group, rid) for c in communities for group, rid in c.members
+                (team, run_id, c.ordinal, group, rid)
+                for c in communities
+                for group, rid in c.members
             ],
             columns=["team_id", "run_id", "ordinal", "semantic_group_key", "relationship_id"],
         )

@@ -101,9 +101,7 @@ async def event_items(
     shared-only token of the principal whose private-bound token made the event
     would otherwise learn which private IDs it returned. So the event is citable
     by the token that made it, or by one that reads every kind of space it read."""
-    row = await conn.fetchrow(
-        _EVENT_ITEMS, team, event_id, principal, token, list(readable_kinds)
-    )
+    row = await conn.fetchrow(_EVENT_ITEMS, team, event_id, principal, token, list(readable_kinds))
     if row is None:
         return None
     return set(zip(row["frontiers"], row["item_ids"], strict=True))

@@ -57,5 +57,7 @@ async def count(conn: Conn, team_id: str | None = None) -> int:
     if team_id is None:
         n: int = await conn.fetchval("SELECT count(*) FROM persisted_queries")
     else:
-        n = await conn.fetchval("SELECT count(*) FROM persisted_queries WHERE team_id = $1", team_id)
+        n = await conn.fetchval(
+            "SELECT count(*) FROM persisted_queries WHERE team_id = $1", team_id
+        )
     return n

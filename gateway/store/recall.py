@@ -197,9 +197,7 @@ async def eligible_evidence(
     """The candidates that pass canonical eligibility for the view; others are absent."""
     if not evidence_ids:
         return {}
-    rows = await conn.fetch(
-        ELIGIBLE_SQL, team, list(evidence_ids), list(space_ids), t_sys, t_valid
-    )
+    rows = await conn.fetch(ELIGIBLE_SQL, team, list(evidence_ids), list(space_ids), t_sys, t_valid)
     return parse_eligible(rows)
 
 
@@ -351,11 +349,13 @@ async def entities(
 # $1 team, $2 source IDs, $3 spaces, $4 t_sys, $5 relationship IDs, $6 entity IDs.
 NESTED_CTES = f"""src AS ({_SOURCES}),
 rel AS ({_RELATIONSHIPS.replace("$2::text[]", "$5::text[]")}),
-ent AS ({_ENTITIES.replace(
-    "$2::text[]",
-    "ARRAY(SELECT subject_entity_id FROM rel "
-    "UNION SELECT object_entity_id FROM rel UNION SELECT unnest($6::text[]))",
-)})"""
+ent AS ({
+    _ENTITIES.replace(
+        "$2::text[]",
+        "ARRAY(SELECT subject_entity_id FROM rel "
+        "UNION SELECT object_entity_id FROM rel UNION SELECT unnest($6::text[]))",
+    )
+})"""
 
 NESTED_SELECT = """(SELECT array_agg(ROW(src.*)) FROM src) AS sources,
        (SELECT array_agg(ROW(rel.*)) FROM rel) AS relationships,
@@ -414,7 +414,5 @@ def parse_nested(
     return NestedRows(
         sources={r[0]: SourceRow(*r) for r in sources or ()},
         relationships={r[0]: RelationshipRow(*r) for r in relationships or ()},
-        entities={
-            r[0]: EntityRow(r[0], r[1], r[2], r[3], tuple(r[4])) for r in entities or ()
-        },
+        entities={r[0]: EntityRow(r[0], r[1], r[2], r[3], tuple(r[4])) for r in entities or ()},
     )

@@ -100,10 +100,14 @@ def eligible_relationship(r: str, team: str, space: str, gen: str, t: str, tv: s
     in a losing position of a case resolved at ``t``, with an eligible support
     path.
     """
-    status = _latest("relationship_status_events", "relationship_id", "status", "rs", f"{r}.id", team, t)
+    status = _latest(
+        "relationship_status_events", "relationship_id", "status", "rs", f"{r}.id", team, t
+    )
     decision = _latest("support_decisions", "support_id", "decision", "sd", "s.id", team, t)
     ev_status = _latest("evidence_lifecycle_events", "evidence_id", "status", "le", "e.id", team, t)
-    src_status = _latest("source_lifecycle_events", "source_id", "status", "ls", "e.source_id", team, t)
+    src_status = _latest(
+        "source_lifecycle_events", "source_id", "status", "ls", "e.source_id", team, t
+    )
     return f"""(
     {visible_relationship(r, team, space, gen, t)}
     AND {status} = 'active'

@@ -325,7 +325,9 @@ async def try_hold_building(conn: Conn, space: UUID) -> bool:
 
 
 async def release_building(conn: Conn, space: UUID) -> None:
-    await conn.execute("SELECT pg_advisory_unlock($1, hashtext($2::uuid::text))", _SPACE_LOCK, space)
+    await conn.execute(
+        "SELECT pg_advisory_unlock($1, hashtext($2::uuid::text))", _SPACE_LOCK, space
+    )
 
 
 async def build_and_attach(

@@ -113,17 +113,17 @@ async def claim_write(
     for i, read in enumerate(reads):
         found = json.loads(row[f"read_{i}"])
         if isinstance(read, ReadSpace):
-            answers.append(
-                Space(**{**found[0], "id": UUID(found[0]["id"])}) if found else None
-            )
+            answers.append(Space(**{**found[0], "id": UUID(found[0]["id"])}) if found else None)
         elif isinstance(read, ReadModel):
             answers.append(_model_and_projection(found[0]))
         else:
             answers.append(_visible_rows(found))
     if row["claimed"] is not None:
         return "new", row["claimed"], answers
-    stored = row if row["recorded_at"] is not None else await conn.fetchrow(
-        _PRIOR, team, kind, client_id
+    stored = (
+        row
+        if row["recorded_at"] is not None
+        else await conn.fetchrow(_PRIOR, team, kind, client_id)
     )
     assert stored is not None  # write_log rows are never deleted
     same = stored["payload_sha256"] == digest and (any_writer or stored["recorded_by"] == by)
