@@ -12,7 +12,7 @@
 5. **Conflicts** (:mod:`gateway.services.conflicts`) reachable from every
    relationship the answer returns. The related frontiers' handles, the
    hypotheses and the conflicts are read in one statement (the handles reach
-   relationship cases, numbered in SQL; see ``load_handles`` below).
+   relationship cases, numbered in SQL; see ``_AnswerWithHandles`` below).
 6. **Feedback snapshot** (:mod:`gateway.services.feedback`), when enabled.
 
 Every statement of every stage runs in one unit of work: one pooled
@@ -32,7 +32,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Final
 
@@ -294,32 +294,9 @@ class RecallService:
                 )
             # The handles' relationships are read in the answer round (hypotheses and
             # conflicts, with the handles' reach of cases in SQL): one round trip less.
-            answered: list[round_trips.AnswerRound] = []
-            reach = answer_reach(results)
-            after = max((r.rank for r in results), default=0)
-
-            async def load_handles(
-                groups: Sequence[str], first_ranked: dict[str, str]
-            ) -> dict[str, list[RelationshipRow]] | None:
-                got = await self._answer_with_handles(
-                    unit,
-                    view,
-                    branches,
-                    request,
-                    results,
-                    reach,
-                    shared,
-                    groups,
-                    first_ranked,
-                    after,
-                )
-                if got is None:
-                    return None
-                answered.append(got)
-                return got.members
-
+            answer = _AnswerWithHandles(unit, view, branches, request, results, shared)
             related = await self._related(
-                unit, view, shared, request, vector, returned, discovered, load_handles
+                unit, view, shared, request, vector, returned, discovered, answer.load_handles
             )
             degradations += related.degradations
             if any(d.code == MODEL_MISMATCH for d in degradations) and related.states[
@@ -350,8 +327,8 @@ class RecallService:
                 ]
                 for rid in (handle.representative.id, *handle.equivalent_ids)
             ]
-            if answered:
-                hyps, conflicts = self._answered(view, branches, request, results, answered[0])
+            if answer.read is not None:
+                hyps, conflicts = self._answered(view, branches, request, results, answer.read)
             else:
                 hyps, conflicts = await self._answer_round(
                     unit, view, branches, request, results, answer_reach(results, more)
@@ -439,48 +416,6 @@ class RecallService:
                 )
         except STORE_FAILURES as exc:
             log.warning("combined evidence search failed (%s); searching step by step", exc)
-            return None
-
-    @staticmethod
-    @stage("answer")
-    async def _answer_with_handles(
-        unit: Unit,
-        view: ReadView,
-        branches: Sequence[search.BranchSearch],
-        request: RecallRequest,
-        results: Sequence[EvidenceResult],
-        reach: Reach,
-        shared: SharedBranch | None,
-        groups: Sequence[str],
-        first_ranked: dict[str, str],
-        after: int,
-    ) -> round_trips.AnswerRound | None:
-        """The related frontiers' handles, hypotheses and conflicts in one statement
-        (the handles reach relationship cases after every evidence result); None
-        when it fails (the handles, then the answer round, are then read as
-        without it)."""
-        if shared is None:
-            return None
-        query = hypothesis_frontier.hypothesis_query(view, branches, request, results)
-        try:
-            async with unit.step() as conn:
-                return await round_trips.answer_round(
-                    conn,
-                    None if isinstance(query, hypothesis_frontier.HypothesisFrontier) else query,
-                    conflict_frontier.conflict_query(view, reach, always=True),
-                    round_trips.HandlesQuery(
-                        team=view.team_id,
-                        space_id=shared.space_id,
-                        generation=shared.generation,
-                        t_sys=view.t_sys,
-                        t_valid=view.t_valid,
-                        groups=list(groups),
-                        representatives=[first_ranked.get(g) for g in groups],
-                        after=after,
-                    ),
-                )
-        except STORE_FAILURES as exc:
-            log.warning("combined handles, hypotheses and conflicts failed (%s); one by one", exc)
             return None
 
     @staticmethod
@@ -715,6 +650,73 @@ class RecallService:
             await unit.commit()
         except STORE_FAILURES as exc:
             feedback.lost(outcome, exc)
+
+
+@dataclass(slots=True)
+class _AnswerWithHandles:
+    """A recall's answer round when the related frontiers ask for their handles:
+    the handles, the hypotheses and the conflicts in one statement (the handles
+    reach relationship cases after every evidence result, numbered in SQL), sent
+    from :meth:`load_handles`, the frontiers' :data:`HandleLoader`.
+
+    It holds what the statement needs from the stages before (the evidence
+    results among them), and ``read``: the round it read, which the
+    orchestrator then takes its hypotheses and conflicts from; None while the
+    frontiers have not asked (no shared branch, no handle to read) or when the
+    statement failed, and the orchestrator then sends an answer round of its own."""
+
+    unit: Unit
+    view: ReadView
+    branches: Sequence[search.BranchSearch]
+    request: RecallRequest
+    results: Sequence[EvidenceResult]
+    shared: SharedBranch | None
+    read: round_trips.AnswerRound | None = None
+
+    async def load_handles(
+        self, groups: Sequence[str], first_ranked: dict[str, str]
+    ) -> dict[str, list[RelationshipRow]] | None:
+        """The handles' relationships of ``groups`` (in the order the answer returns
+        them), read in the answer round; None when it was not sent (the frontiers
+        then read them with a statement of their own)."""
+        got = await self._send(groups, first_ranked)
+        if got is None:
+            return None
+        self.read = got
+        return got.members
+
+    @stage("answer")
+    async def _send(
+        self, groups: Sequence[str], first_ranked: dict[str, str]
+    ) -> round_trips.AnswerRound | None:
+        """The handles, hypotheses and conflicts in one statement; None without a
+        shared branch or when it fails (the handles, then the answer round, are
+        then read as without it)."""
+        if self.shared is None:
+            return None
+        view, results = self.view, self.results
+        query = hypothesis_frontier.hypothesis_query(view, self.branches, self.request, results)
+        try:
+            async with self.unit.step() as conn:
+                return await round_trips.answer_round(
+                    conn,
+                    None if isinstance(query, hypothesis_frontier.HypothesisFrontier) else query,
+                    conflict_frontier.conflict_query(view, answer_reach(results), always=True),
+                    round_trips.HandlesQuery(
+                        team=view.team_id,
+                        space_id=self.shared.space_id,
+                        generation=self.shared.generation,
+                        t_sys=view.t_sys,
+                        t_valid=view.t_valid,
+                        groups=list(groups),
+                        representatives=[first_ranked.get(g) for g in groups],
+                        # Numbered after the last evidence result's rank.
+                        after=max((r.rank for r in results), default=0),
+                    ),
+                )
+        except STORE_FAILURES as exc:
+            log.warning("combined handles, hypotheses and conflicts failed (%s); one by one", exc)
+            return None
 
 
 _UNTIL_THE_VIEW: Final = datetime(1, 1, 1, tzinfo=UTC)
