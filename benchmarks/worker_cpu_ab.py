@@ -86,6 +86,38 @@ def workers_of(proc: subprocess.Popen[bytes]) -> list[int]:
     return found
 
 
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def worker_connections(workers: list[psutil.Process], port: int) -> list[int]:
+    """The clients' connections each worker holds (established, on the gateway's
+    port): which worker accepted which keep-alive client."""
+    counts = []
+    for worker in workers:
+        held = worker.net_connections(kind="tcp")
+        counts.append(
+            sum(1 for c in held if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+        )
+    return counts
+
+
+async def _load_and_look(
+    args: argparse.Namespace, token: str, workers: list[psutil.Process]
+) -> dict[str, Any]:
+    """The measured requests; half a second in (every client connected by then),
+    the clients' connections each worker holds."""
+    load = asyncio.create_task(
+        load_test.run_load(args.port, token, args.requests, args.clients, recall_bench.FULL)
+    )
+    await asyncio.sleep(0.5)
+    held = await asyncio.to_thread(worker_connections, workers, args.port)
+    result = await load
+    result["connections"] = held
+    return result
+
+
 def one_run(
     source: Path, dsn: str, token: str, args: argparse.Namespace, server: list[int], label: str
 ) -> dict[str, Any]:
@@ -121,12 +153,13 @@ def one_run(
                     )
                 )
             time.sleep(1.0)
+        workers = [psutil.Process(pid) for pid in workers_of(proc)]
         load_before = os.getloadavg()[0]
         gw0, pg0 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
-        result = asyncio.run(
-            load_test.run_load(args.port, token, args.requests, args.clients, recall_bench.FULL)
-        )
+        each0 = [_cpu(w) for w in workers]
+        result = asyncio.run(_load_and_look(args, token, workers))
         gw1, pg1 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
+        result["worker_cpu_s"] = [_cpu(w) - c for w, c in zip(workers, each0, strict=True)]
         result["load"] = (load_before, os.getloadavg()[0])
     finally:
         for spy in spies:
@@ -140,6 +173,11 @@ def one_run(
     result["server_cpu_ms"] = (pg1 - pg0) / count * 1000
     result["per_s"] = count / result["elapsed_s"]
     return result
+
+
+def _shares(seconds: list[float]) -> str:
+    total = sum(seconds) or 1.0
+    return "/".join(f"{100 * s / total:.0f}%" for s in seconds)
 
 
 def main() -> None:
@@ -178,7 +216,9 @@ def main() -> None:
                     f"round {r} {name:10} workers {got['gateway_cpu_ms']:5.1f} ms  PostgreSQL "
                     f"{got['server_cpu_ms']:5.1f} ms per recall  {got['per_s']:5.1f}/s  "
                     f"p50 {got['p50_ms']:.0f} ms  errors {len(got['failures'])}  load average "
-                    f"{got['load'][0]:.1f} -> {got['load'][1]:.1f}",
+                    f"{got['load'][0]:.1f} -> {got['load'][1]:.1f}  connections per worker "
+                    f"{got['connections']}  CPU share per worker "
+                    f"{_shares(got['worker_cpu_s'])}",
                     flush=True,
                 )
     first = args.arm[0][0]

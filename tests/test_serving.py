@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,13 @@ import pytest
 
 from gateway import tokens
 from gateway.embedded import EmbeddedPostgres
-from gateway.serving import MAX_HEADER_BYTES, MAX_URL_BYTES
+from gateway.serving import (
+    MAX_HEADER_BYTES,
+    MAX_URL_BYTES,
+    REUSE_PORT_SPREADS,
+    STARTUP_FAILURE,
+    reserve_port,
+)
 
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -467,3 +474,155 @@ async def test_tokens_list_and_a_revoked_token_is_refused_by_every_worker(
         for _, writer in connections:
             writer.close()
         served.stop()
+
+
+# --- which worker takes a connection -----------------------------------------------------
+
+
+async def _get_on(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], path: str) -> int:
+    reader, writer = conn
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n".encode())
+    await writer.drain()
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        if name.lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets a process holds open (Linux's /proc)."""
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(int(target[8:-1]))
+    return found
+
+
+def _accept_queues(port: int) -> dict[int, int]:
+    """Socket inode -> connections waiting in its accept queue, for every IPv4 socket
+    listening on ``port`` (/proc/net/tcp gives a listener's queue as rx_queue)."""
+    queues = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:  # LISTEN
+            queues[int(fields[9])] = int(fields[4].split(":")[1], 16)
+    return queues
+
+
+async def _serving_workers(served: Served, workers: list[psutil.Process]) -> list[int]:
+    """The two workers' PIDs once each has answered a connection: one may still be
+    starting (loading the model), and accepts nothing until then."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + 180
+    while len(seen) < 2 and time.monotonic() < deadline:
+        conn = await asyncio.open_connection("127.0.0.1", served.port)
+        try:
+            assert await _get_on(conn, "/healthz") == 200
+            pid = _worker_of_port(workers, conn[1].get_extra_info("sockname")[1])
+            assert pid is not None
+            seen.add(pid)
+        finally:
+            conn[1].close()
+            await conn[1].wait_closed()
+    assert len(seen) == 2, "one worker served every connection for 180 s"
+    return sorted(seen)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT spreads on Linux")
+async def test_a_worker_gets_its_share_of_the_connections_opened_while_it_was_stopped(
+    dsn: str, tmp_path: Path
+) -> None:
+    """Each worker accepts from a queue of its own (gateway/serving.py): the kernel
+    spreads new connections over the workers' sockets whether or not a worker
+    is awake to accept them. With one socket shared by the workers, the worker
+    that is awake takes every connection, and keep-alive clients stay on it.
+
+    One worker is stopped (SIGSTOP) while 16 connections open, until the running
+    worker has accepted every connection it will (its own queue is empty and
+    the rest wait in a listening socket's queue); then it runs again, every
+    connection is answered, and it must hold some of them."""
+    served = Served(dsn, tmp_path, RECALL_WORKERS="2")
+    opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        await asyncio.to_thread(served.wait_ready)
+        children = psutil.Process(served.proc.pid).children(recursive=True)
+        workers = [w for w in children if "python" in w.name().lower()]
+        running, stopped = await _serving_workers(served, workers)
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            for _ in range(16):
+                opened.append(await asyncio.open_connection("127.0.0.1", served.port))
+            ports = {c[1].get_extra_info("sockname")[1] for c in opened}
+            deadline = time.monotonic() + 60  # a safety bound, not a timing claim
+            while True:
+                accepted = sum(
+                    1
+                    for c in psutil.Process(running).net_connections(kind="tcp")
+                    if c.raddr and c.raddr.port in ports
+                )
+                queues = _accept_queues(served.port)
+                own = _socket_inodes(running)
+                waiting = sum(queues.values())
+                if accepted + waiting == len(opened) and not any(
+                    queues[i] for i in own & set(queues)
+                ):
+                    break
+                assert time.monotonic() < deadline, (accepted, queues)
+                await asyncio.sleep(0.05)
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        for conn in opened:
+            assert await _get_on(conn, "/healthz") == 200
+        held = [_worker_of_port(workers, port) for port in ports]
+        assert held.count(stopped) > 0, f"the running worker took all {len(held)} connections"
+        assert held.count(running) + held.count(stopped) == len(opened)
+    finally:
+        for _, writer in opened:
+            writer.close()
+        served.stop()
+
+
+@pytest.mark.skipif(not REUSE_PORT_SPREADS, reason="SO_REUSEPORT spreads on Linux")
+def test_the_reserved_port_reaches_each_worker_as_its_own_socket_and_stays_exclusive() -> None:
+    """What the supervisor pickles to a worker arrives as a socket of the worker's
+    own on the same port (so that several listen side by side); the port is
+    still refused to anything else, and to a second ``serve`` as before."""
+    from multiprocessing.reduction import ForkingPickler
+
+    reserved = reserve_port("127.0.0.1", 0)
+    own: list[socket.socket] = []
+    try:
+        port = reserved.getsockname()[1]
+        with pytest.raises(SystemExit):  # a second serve while the first's workers start
+            reserve_port("127.0.0.1", port)
+        for _ in range(2):
+            sock = ForkingPickler.loads(bytes(ForkingPickler.dumps(reserved)))
+            own.append(sock)
+            assert type(sock) is socket.socket and sock.fileno() != reserved.fileno()
+            assert sock.getsockname() == ("127.0.0.1", port)
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT) == 1
+            sock.listen(8)
+        with pytest.raises(SystemExit) as exited:  # a second serve on the same port
+            reserve_port("127.0.0.1", port)
+        assert exited.value.code == STARTUP_FAILURE
+        with socket.socket() as other, pytest.raises(OSError):  # uvicorn's own bind
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            other.bind(("127.0.0.1", port))
+    finally:
+        for sock in [reserved, *own]:
+            sock.close()
+    # A port another program listens on is refused at once.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        with pytest.raises(SystemExit) as exited:
+            reserve_port("127.0.0.1", taken.getsockname()[1])
+        assert exited.value.code == STARTUP_FAILURE
