@@ -6,7 +6,9 @@ depend on each other's answers in Python are sent together here, each keeping
 its own SQL text (the modules that own them stay the one place of their
 rules): every part's parameters are renumbered after the previous parts'
 (gateway/store/placement.py), and each part's rows come back as one array of
-records in one row. The rounds:
+records in one row (the candidate lists as one record per list, and the support
+paths' groups as two arrays: fewer fields for the driver to decode one by one,
+see ``_LISTS``). The rounds:
 
 - :func:`scope_round`: the view (the readable spaces' generations at the
   view's instant, the database's ``now()``) and, computed from it in SQL, the
@@ -82,6 +84,39 @@ WHERE r.team_id = $1 AND r.space_id = ANY ($2::uuid[]) AND r.recorded_at <= $3
 """
 
 
+# The candidate lists, one record per list: its branch, its name and its evidence
+# IDs in rank order (ties by ID in code-point order, as search.parse_candidates
+# sorts a list's rows). The rows of all lists, each a record of four fields,
+# would cost the driver a codec lookup per field (an anonymous record names each
+# field's type), about 500 a recall; a list's IDs are a text[] decoded in one go.
+_LISTS = """(SELECT array_agg(ROW(l.branch, l.list_name, l.evidence_ids)) FROM (
+    SELECT c.branch, c.list_name,
+           array_agg(c.evidence_id::text ORDER BY c.rank, c.evidence_id::text COLLATE "C")
+               AS evidence_ids
+    FROM cands c
+    GROUP BY c.branch, c.list_name
+) l)"""
+
+
+def _parse_lists(
+    candidates: search.CandidateQuery,
+    wanted: Sequence[search.ListName],
+    rows: Sequence[Sequence[Any]],
+) -> dict[tuple[str, str], list[str]]:
+    """The lists from :data:`_LISTS`' records, as search.parse_candidates returns
+    them from the rows of the candidate statement: every branch's wanted lists,
+    empty where no row came."""
+    lists: dict[tuple[str, str], list[str]] = {
+        (b.branch, name): [] for b in candidates.branches for name in wanted
+    }
+    for branch, list_name, evidence_ids in rows:
+        key = (branch, list_name)
+        if key not in lists:
+            raise KeyError(key)
+        lists[key] = evidence_ids
+    return lists
+
+
 @dataclass(frozen=True, slots=True)
 class FirstRound:
     lists: dict[tuple[str, str], list[str]]
@@ -140,10 +175,7 @@ def _search_parts(
         hyd_exprs[5] = view.t_valid
     hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
     ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
-    selects = [
-        "(SELECT array_agg(ROW(c.branch, c.list_name, c.rank, c.evidence_id)) FROM cands c)",
-        "(SELECT array_agg(ROW(h.*)) FROM hyd h)",
-    ]
+    selects = [_LISTS, "(SELECT array_agg(ROW(h.*)) FROM hyd h)"]
     disc_wanted: list[str] | None = None
     if discovery is not None:
         disc_wanted = related.wanted_lists(discovery)
@@ -166,7 +198,10 @@ def _search_parts(
             [team, list(discovery.readable_space_ids), discovery.t_sys],
             {3: view.t_sys} if view.t_sys is not None else None,
         )
-        selects.append(f"(SELECT array_agg(ROW(g.*)) FROM (\n{groups(_PATH_GROUPS)}\n) g)")
+        selects.append(
+            "(SELECT ROW(array_agg(g.id), array_agg(g.semantic_group_key)) "
+            f"FROM (\n{groups(_PATH_GROUPS)}\n) g)"
+        )
     return ctes, selects, wanted, disc_wanted
 
 
@@ -182,11 +217,12 @@ def _parse_search(
     if disc_wanted is not None:
         if disc_wanted:
             found = related.parse_discovery(disc_wanted, _rows(row[2]))
-            path_groups = {r[0]: r[1] for r in _rows(row[3])}
+            ids, groups = row[3]
+            path_groups = dict(zip(_rows(ids), _rows(groups), strict=True))
         else:
             found = related.Discovery({}, frozenset(), None)
     return FirstRound(
-        lists=search.parse_candidates(candidates, wanted, _rows(row[0])),
+        lists=_parse_lists(candidates, wanted, _rows(row[0])),
         eligible=recall.parse_eligible(_rows(row[1])),
         discovery=found,
         path_groups=path_groups,
