@@ -19,7 +19,9 @@ three of warm-up, and reads the backend's CPU time from
 per statement, which other load on a shared machine does not distort the way
 it distorts latency. The rows of every statement are compared between arms
 (the view's clock and the recall event's time left out): the script exits 1
-if any differ. The server must be a process of this machine.
+if any differ. The server must be a process of this machine. Beside it, the
+replaying thread's own CPU over the transaction's statements (sending them,
+decoding their rows): the client's side of the same statements.
 
 An arm's optional ``:ROLE`` replaces the tenant role. ``snapshot-role`` makes
 such a role: a copy of ``recall_app``'s grants and row-level security policies
@@ -52,6 +54,7 @@ import os
 import pickle
 import statistics
 import sys
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -188,12 +191,15 @@ def _split(statements: list[Statement]) -> tuple[Statement, list[Statement]]:
 
 async def _replay(
     conn: asyncpg.Connection, pid: int, statements: list[Statement], role: str | None
-) -> tuple[int, list[int], list[Any]]:
-    """One recall: CPU of the whole, CPU per statement, and the rows."""
+) -> tuple[int, list[int], list[Any], int]:
+    """One recall: CPU of the whole, CPU per statement, the rows, and this
+    thread's CPU over the tenant transaction's statements (sending them, and
+    decoding their rows: the client's side of them)."""
     tenant, body = _split(statements)
     started = _cpu_ns(pid)
     per: list[int] = []
     rows: list[Any] = []
+    client = 0
     lookup, *unit = body
     mark = _cpu_ns(pid)
     rows.append([tuple(r) for r in await conn.fetch(lookup[0], *lookup[1])])
@@ -210,7 +216,9 @@ async def _replay(
             mark = _cpu_ns(pid)
             if "INSERT INTO recall_events" in sql:  # a new event ID each time
                 values = (values[0], uuid.uuid4(), *values[2:])
+            mine = time.thread_time_ns()
             got = await conn.fetch(sql, *values)
+            client += time.thread_time_ns() - mine
             per.append(_cpu_ns(pid) - mark)
             # the view's clock and the event's recorded_at differ by construction
             clocked = "SELECT now() AS now" in sql or "INSERT INTO recall_events" in sql
@@ -218,7 +226,7 @@ async def _replay(
             rows.append([_unclocked(tuple(r)[event:], since) if clocked else tuple(r) for r in got])
     finally:
         await tx.rollback()
-    return _cpu_ns(pid) - started, per, rows
+    return _cpu_ns(pid) - started, per, rows, client
 
 
 def _unclocked(value: Any, since: datetime) -> Any:
@@ -249,6 +257,7 @@ async def compare(dsn: str, arms: dict[str, Arm], rounds: int) -> int:
         conns[name] = (conn, int(await conn.fetchval("SELECT pg_backend_pid()")))
     totals: dict[str, list[int]] = {n: [] for n in arms}
     per: dict[str, list[list[int]]] = {n: [] for n in arms}
+    clients: dict[str, list[int]] = {n: [] for n in arms}
     differ = 0
     names = list(arms)
     try:
@@ -256,11 +265,12 @@ async def compare(dsn: str, arms: dict[str, Arm], rounds: int) -> int:
             answers = []
             for name in names if i % 2 == 0 else names[::-1]:
                 conn, pid = conns[name]
-                total, each, rows = await _replay(conn, pid, *arms[name][:2])
+                total, each, rows, client = await _replay(conn, pid, *arms[name][:2])
                 answers.append(rows)
                 if i >= 3:
                     totals[name].append(total)
                     per[name].append(each)
+                    clients[name].append(client)
             differ += any(a != answers[0] for a in answers[1:])
     finally:
         for conn, _ in conns.values():
@@ -277,7 +287,8 @@ async def compare(dsn: str, arms: dict[str, Arm], rounds: int) -> int:
         )
         print(
             f"  {name:12} server CPU per recall: median {median / 1e6:6.2f} ms "
-            f"(x{median / base:.3f}), per statement: {steps} ms"
+            f"(x{median / base:.3f}), per statement: {steps} ms; this client's CPU "
+            f"over them: median {statistics.median(clients[name]) / 1e3:.0f} us"
         )
     return differ
 
