@@ -556,8 +556,8 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
     """uvicorn with the read timeouts and the SIGTERM drain of gateway/serving.py;
     in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over.
-    Several workers each listen on a socket of their own (gateway/serving.py,
-    :func:`~gateway.serving.run_workers`)."""
+    With ``RECALL_REUSE_PORT``, several workers each listen on a socket of their
+    own (gateway/serving.py, :func:`~gateway.serving.run_workers`)."""
     import uvicorn
 
     from gateway.app import SERVES_EMBEDDED_ENV, create_app
@@ -585,7 +585,8 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
                     workers=workers,
                     access_log=False,  # the gateway logs one line per request itself
                     **common,
-                )
+                ),
+                own_sockets=settings.reuse_port,
             )
         return
     app = create_app(

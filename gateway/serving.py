@@ -33,16 +33,20 @@ finish before they are cancelled), and the lifespan closes the pool, so that
 PostgreSQL's smart shutdown can complete.
 
 :func:`run_workers` is ``serve --workers N`` (N > 1): uvicorn's own supervisor
-(it starts the workers, replaces one that dies, stops them all on SIGTERM), with
-one change where the kernel can do it (Linux): each worker listens on a socket
-of its own, all of them bound to the port with ``SO_REUSEPORT``, so that the
-kernel spreads the connections over the workers (by a hash of each
-connection's addresses) instead of every worker accepting from one shared
-socket. With the shared socket, the worker that happens to be awake when a few
-connections arrive accepts all of them (libuv accepts until the queue is
-empty), and keep-alive clients then stay on it: measured, the 8 connections of
-the benchmark's throughput step often all went to one worker, which then
-served every request while the other idled (docs/benchmarks.md).
+(it starts the workers, replaces one that dies, stops them all on SIGTERM), and
+with ``RECALL_REUSE_PORT`` one change where the kernel can do it (Linux): each
+worker listens on a socket of its own, all of them bound to the port with
+``SO_REUSEPORT``, so that the kernel spreads the connections over the workers
+(by a hash of each connection's addresses) instead of every worker accepting
+from one shared socket. With the shared socket, the worker that happens to be
+awake when a few connections arrive accepts all of them (libuv accepts until
+the queue is empty), and keep-alive clients then stay on it: measured, the 8
+connections of the benchmark's throughput step often all went to one worker,
+which then served every request while the other idled (docs/benchmarks.md).
+It is a choice, not the default, as in nginx and gunicorn (docs/deploy.md): any
+process of the same user that sets ``SO_REUSEPORT`` on the port then gets a
+share of its connections, and a worker that stops resets those still queued on
+its socket.
 """
 
 from __future__ import annotations
@@ -341,8 +345,8 @@ def reserve_port(host: str, port: int) -> WorkerListener:
     workers); then the hold, with ``SO_REUSEPORT`` alone: only sockets that set
     it too, of the same user (Linux checks), may bind the port beside it. If
     the hold fails while the first bind did not (the port's connections of a
-    server without ``SO_REUSEPORT`` waiting out TIME_WAIT), it takes
-    ``SO_REUSEADDR`` as well, as uvicorn's own socket does."""
+    server without ``SO_REUSEPORT`` waiting out TIME_WAIT), it binds with
+    ``SO_REUSEADDR`` as well, as uvicorn's own socket does, and then drops it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     probe = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock = WorkerListener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -357,6 +361,10 @@ def reserve_port(host: str, port: int) -> WorkerListener:
         except OSError:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(address)
+            # Not kept: a hold with SO_REUSEADDR no longer refuses the probe of a
+            # second serve (the hold does not listen), which would then join this
+            # one's port. Linux reads the option at each later bind, not this one.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
     except OSError as exc:
         probe.close()
         sock.close()
@@ -369,14 +377,20 @@ def reserve_port(host: str, port: int) -> WorkerListener:
     return sock
 
 
-def run_workers(config: uvicorn.Config) -> None:
+def run_workers(config: uvicorn.Config, *, own_sockets: bool) -> None:
     """``uvicorn.run`` for ``config.workers`` > 1 (an import string for the app):
-    its supervisor, given :func:`reserve_port`'s socket where the kernel spreads
-    connections over the workers' own sockets, else uvicorn's shared one."""
+    its supervisor, given uvicorn's shared socket, or with ``own_sockets``
+    (``RECALL_REUSE_PORT``) where the kernel spreads connections over the
+    workers' own sockets, :func:`reserve_port`'s."""
     from uvicorn.supervisors import Multiprocess
 
-    if REUSE_PORT_SPREADS and config.uds is None and config.fd is None:
-        sock: socket.socket = reserve_port(config.host, config.port)
-    else:
-        sock = config.bind_socket()
-    Multiprocess(config, sockets=[sock]).run()
+    try:
+        if own_sockets and REUSE_PORT_SPREADS and config.uds is None and config.fd is None:
+            sock: socket.socket = reserve_port(config.host, config.port)
+        else:
+            if own_sockets:
+                log.warning("RECALL_REUSE_PORT: this system does not spread connections; ignored")
+            sock = config.bind_socket()
+        Multiprocess(config, sockets=[sock]).run()
+    except KeyboardInterrupt:  # as uvicorn.run: Ctrl-C before the supervisor took signals
+        pass

@@ -548,8 +548,10 @@ async def test_a_worker_gets_its_share_of_the_connections_opened_while_it_was_st
     One worker is stopped (SIGSTOP) while 16 connections open, until the running
     worker has accepted every connection it will (its own queue is empty and
     the rest wait in a listening socket's queue); then it runs again, every
-    connection is answered, and it must hold some of them."""
-    served = Served(dsn, tmp_path, RECALL_WORKERS="2")
+    connection is answered, and it must hold some of them. The stop lasts as
+    long as the running worker takes to accept (milliseconds): uvicorn's
+    supervisor would replace a worker that does not answer its ping in 5 s."""
+    served = Served(dsn, tmp_path, RECALL_WORKERS="2", RECALL_REUSE_PORT="true")
     opened: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
     try:
         await asyncio.to_thread(served.wait_ready)
@@ -626,3 +628,51 @@ def test_the_reserved_port_reaches_each_worker_as_its_own_socket_and_stays_exclu
         with pytest.raises(SystemExit) as exited:
             reserve_port("127.0.0.1", taken.getsockname()[1])
         assert exited.value.code == STARTUP_FAILURE
+
+
+def _server_side_time_wait() -> int:
+    """A port with a TIME_WAIT connection of a listener without SO_REUSEPORT (as a
+    gateway of one worker, or of the previous version, leaves it on a restart):
+    the server closes first."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()
+            assert client.recv(1) == b""  # the server's FIN
+    deadline = time.monotonic() + 60  # a safety bound, not a timing claim
+    while True:
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "06" and int(fields[1].split(":")[1], 16) == port:  # TIME_WAIT
+                return port
+        assert time.monotonic() < deadline, "no TIME_WAIT connection on the port"
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not REUSE_PORT_SPREADS, reason="SO_REUSEPORT spreads on Linux")
+def test_a_port_left_in_time_wait_is_reserved_and_still_refused_to_a_second_serve() -> None:
+    """The hold binds over another server's TIME_WAIT connections (with
+    SO_REUSEADDR for that bind) and drops the option after it: kept, it would let
+    a second serve's check pass while the first's workers start, and the second
+    would join the first's port."""
+    port = _server_side_time_wait()
+    reserved = reserve_port("127.0.0.1", port)
+    own: socket.socket | None = None
+    try:
+        with pytest.raises(SystemExit) as exited:
+            reserve_port("127.0.0.1", port)
+        assert exited.value.code == STARTUP_FAILURE
+        assert reserved.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) == 0
+        from multiprocessing.reduction import ForkingPickler
+
+        own = ForkingPickler.loads(bytes(ForkingPickler.dumps(reserved)))
+        own.listen(8)  # a worker's socket still binds and listens beside the hold
+        assert own.getsockname() == ("127.0.0.1", port)
+    finally:
+        reserved.close()
+        if own is not None:
+            own.close()

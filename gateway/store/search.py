@@ -445,8 +445,9 @@ def parse_candidates(
     q: CandidateQuery, wanted: Sequence[ListName], rows: Sequence[Sequence[Any]]
 ) -> dict[tuple[str, str], list[str]]:
     """The lists from the statement's rows ``(branch, list_name, rank, evidence_id)``,
-    read by position so that the rows of a combined statement
-    (gateway/store/round_trips.py) parse the same way."""
+    each in rank order, ties by ID (code-point order). The combined statements
+    (gateway/store/round_trips.py, ``_LISTS``) return each list whole, in the
+    same order, made in SQL."""
     ranked: dict[tuple[str, str], list[tuple[int, str]]] = {
         (b.branch, name): [] for b in q.branches for name in wanted
     }
