@@ -329,6 +329,8 @@ def _own_listener(family: int, address: tuple[Any, ...]) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
     except OSError as exc:
+        # uvicorn's supervisor then stops the whole gateway, not just this worker;
+        # while the parent holds the port with the same options this cannot fail.
         sock.close()
         log.error("worker cannot bind %s: %s", address, exc)
         sys.exit(STARTUP_FAILURE)
