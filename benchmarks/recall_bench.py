@@ -1047,14 +1047,7 @@ def throughput(
 
     port = port or load_test.free_port()
 
-    # Each worker its own socket: with the shared one, a worker often took all the
-    # clients (docs/deploy.md), and the figure measured one worker.
-    env = {
-        **os.environ,
-        "DATABASE_URL": dsn,
-        "RECALL_LOG_LEVEL": "warning",
-        "RECALL_REUSE_PORT": "true",
-    }
+    env = {**os.environ, "DATABASE_URL": dsn, "RECALL_LOG_LEVEL": "warning"}
     proc = subprocess.Popen(  # noqa: S603 - our own console script
         [
             str(Path(sys.executable).parent / "recall-gateway"),

@@ -58,7 +58,6 @@ def start(source: Path, dsn: str, port: int, workers: int) -> subprocess.Popen[b
         **os.environ,
         "DATABASE_URL": dsn,
         "RECALL_LOG_LEVEL": "warning",
-        "RECALL_REUSE_PORT": "true",  # each worker its own socket (ignored by older trees)
         "PYTHONPATH": str(source),
     }
     return subprocess.Popen(  # noqa: S603 - the gateway's own CLI

@@ -555,9 +555,7 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
 
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
     """uvicorn with the read timeouts and the SIGTERM drain of gateway/serving.py;
-    in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over.
-    With ``RECALL_REUSE_PORT``, several workers each listen on a socket of their
-    own (gateway/serving.py, :func:`~gateway.serving.run_workers`)."""
+    in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over."""
     import uvicorn
 
     from gateway.app import SERVES_EMBEDDED_ENV, create_app
@@ -575,18 +573,13 @@ def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int
         # and whether it is the embedded server (its defaults then apply to them).
         os.environ["RECALL_DATABASE_URL"] = dsn
         os.environ[SERVES_EMBEDDED_ENV] = "1" if embedded_server else "0"
-        from gateway.serving import run_workers
-
         with _metrics_dir():
-            run_workers(
-                uvicorn.Config(
-                    "gateway.app:create_served_app",
-                    factory=True,
-                    workers=workers,
-                    access_log=False,  # the gateway logs one line per request itself
-                    **common,
-                ),
-                own_sockets=settings.reuse_port,
+            uvicorn.run(
+                "gateway.app:create_served_app",
+                factory=True,
+                workers=workers,
+                access_log=False,  # the gateway logs one line per request itself
+                **common,
             )
         return
     app = create_app(

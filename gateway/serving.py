@@ -31,22 +31,6 @@ still served for ``RECALL_SHUTDOWN_DRAIN_MS``; then uvicorn's own shutdown runs
 (no new connections, in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` to
 finish before they are cancelled), and the lifespan closes the pool, so that
 PostgreSQL's smart shutdown can complete.
-
-:func:`run_workers` is ``serve --workers N`` (N > 1): uvicorn's own supervisor
-(it starts the workers, replaces one that dies, stops them all on SIGTERM), and
-with ``RECALL_REUSE_PORT`` one change where the kernel can do it (Linux): each
-worker listens on a socket of its own, all of them bound to the port with
-``SO_REUSEPORT``, so that the kernel spreads the connections over the workers
-(by a hash of each connection's addresses) instead of every worker accepting
-from one shared socket. With the shared socket, the worker that happens to be
-awake when a few connections arrive accepts all of them (libuv accepts until
-the queue is empty), and keep-alive clients then stay on it: measured, the 8
-connections of the benchmark's throughput step often all went to one worker,
-which then served every request while the other idled (docs/benchmarks.md).
-It is a choice, not the default, as in nginx and gunicorn (docs/deploy.md): any
-process of the same user that sets ``SO_REUSEPORT`` on the port then gets a
-share of its connections, and a worker that stops resets those still queued on
-its socket.
 """
 
 from __future__ import annotations
@@ -56,17 +40,12 @@ import functools
 import json
 import logging
 import signal
-import socket
-import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-if TYPE_CHECKING:
-    import uvicorn
 
 log = logging.getLogger("gateway.serving")
 
@@ -285,114 +264,3 @@ class Drain:
             return
         signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         signal.raise_signal(sig)
-
-
-# --- the workers' sockets ---------------------------------------------------------------
-
-REUSE_PORT_SPREADS: Final = sys.platform == "linux" and hasattr(socket, "SO_REUSEPORT")
-"""Whether the kernel spreads a port's connections over the sockets that listen on
-it with ``SO_REUSEPORT`` (Linux). Elsewhere the option lets sockets share a port,
-but one of them gets every connection (macOS, the BSDs without
-``SO_REUSEPORT_LB``): the workers then share uvicorn's one socket."""
-
-STARTUP_FAILURE: Final = 3
-"""uvicorn's exit status for a server that could not start (its supervisor then
-stops rather than restarting a worker that would fail the same way)."""
-
-
-class WorkerListener(socket.socket):
-    """The port of a multi-worker ``serve``, as the parent process holds it: bound
-    with ``SO_REUSEPORT``, never listening (so the kernel hands it no connection).
-
-    uvicorn's supervisor passes the sockets it is given to each worker it starts
-    (at start-up, and when it replaces one), pickled to a spawned process. This
-    one arrives as a new socket of the worker's own, bound to the same address
-    with ``SO_REUSEPORT``, which uvicorn then listens on: the listening sockets
-    of the port are then one per worker, and the kernel spreads new connections
-    over them. A worker that has not finished starting listens on nothing yet,
-    so connections go to those that serve; one that stops takes its socket out
-    of the group (connections already waiting in its queue, not yet accepted,
-    are reset).
-    """
-
-    def __reduce_ex__(self, protocol: object) -> tuple[Any, ...]:
-        return (_own_listener, (self.family, self.getsockname()))
-
-
-def _own_listener(family: int, address: tuple[Any, ...]) -> socket.socket:
-    """A worker's socket on the parent's port (see :class:`WorkerListener`)."""
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        # SO_REUSEADDR too: the port's connections of an earlier run waiting out
-        # TIME_WAIT must not keep a restarted worker off it.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind(address)
-    except OSError as exc:
-        # uvicorn's supervisor then stops the whole gateway, not just this worker;
-        # while the parent holds the port with the same options this cannot fail.
-        sock.close()
-        log.error("worker cannot bind %s: %s", address, exc)
-        sys.exit(STARTUP_FAILURE)
-    return sock
-
-
-def reserve_port(host: str, port: int) -> WorkerListener:
-    """The parent's hold on ``host:port`` for workers that each listen on a socket
-    of their own; exits with uvicorn's start-up failure if the port is taken.
-
-    First a bind as uvicorn's (``SO_REUSEADDR``), which fails when anything
-    listens on the port, or holds it as this does (so that a second ``serve``
-    on the same port fails as it always has, rather than joining the first's
-    workers); then the hold, with ``SO_REUSEPORT`` alone: only sockets that set
-    it too, of the same user (Linux checks), may bind the port beside it. If
-    the hold fails while the first bind did not (the port's connections of a
-    server without ``SO_REUSEPORT`` waiting out TIME_WAIT), it binds with
-    ``SO_REUSEADDR`` as well, as uvicorn's own socket does, and then drops it."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    probe = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock = WorkerListener(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind((host, port))
-        address = probe.getsockname()  # the port the system chose, for port 0
-        probe.close()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        try:
-            sock.bind(address)
-        except OSError:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind(address)
-            # Not kept: a hold with SO_REUSEADDR no longer refuses the probe of a
-            # second serve (the hold does not listen), which would then join this
-            # one's port. Linux reads the option at each later bind, not this one.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 0)
-    except OSError as exc:
-        probe.close()
-        sock.close()
-        logging.getLogger("uvicorn.error").error(exc)
-        sys.exit(STARTUP_FAILURE)
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    logging.getLogger("uvicorn.error").info(
-        "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", shown, address[1]
-    )
-    return sock
-
-
-def run_workers(config: uvicorn.Config, *, own_sockets: bool) -> None:
-    """``uvicorn.run`` for ``config.workers`` > 1 (an import string for the app):
-    its supervisor, given uvicorn's shared socket, or with ``own_sockets``
-    (``RECALL_REUSE_PORT``) where the kernel spreads connections over the
-    workers' own sockets, :func:`reserve_port`'s."""
-    from uvicorn.supervisors import Multiprocess
-
-    try:
-        if own_sockets and REUSE_PORT_SPREADS and config.uds is None and config.fd is None:
-            sock: socket.socket = reserve_port(config.host, config.port)
-        else:
-            if own_sockets:
-                log.warning("RECALL_REUSE_PORT: this system does not spread connections; ignored")
-            sock = config.bind_socket()
-        Multiprocess(config, sockets=[sock]).run()
-    except KeyboardInterrupt:  # as uvicorn.run: Ctrl-C before the supervisor took signals
-        pass

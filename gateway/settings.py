@@ -38,11 +38,6 @@ class Settings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="Address `serve` binds to.")
     port: int = Field(default=8000, ge=0, le=65535, description="Port `serve` binds to.")
     workers: int = Field(default=1, ge=1, le=64, description="uvicorn worker processes.")
-    reuse_port: bool = Field(
-        default=False,
-        description="With several workers, each listens on a socket of its own "
-        "(SO_REUSEPORT, Linux): the kernel spreads connections over them (docs/deploy.md).",
-    )
     log_level: Literal["debug", "info", "warning", "error"] = Field(default="info")
     log_format: Literal["text", "json"] = Field(
         default="text", description="`json`: one JSON object per log line."

@@ -8,7 +8,7 @@ rules): every part's parameters are renumbered after the previous parts'
 (gateway/store/placement.py), and each part's rows come back as one array of
 records in one row (the candidate lists as one record per list, and the support
 paths' groups as two arrays: fewer fields for the driver to decode one by one,
-see ``_LISTS``). The rounds:
+see ``search.LISTS_OF_CANDS``). The rounds:
 
 - :func:`scope_round`: the view (the readable spaces' generations at the
   view's instant, the database's ``now()``) and, computed from it in SQL, the
@@ -84,39 +84,6 @@ WHERE r.team_id = $1 AND r.space_id = ANY ($2::uuid[]) AND r.recorded_at <= $3
 """
 
 
-# The candidate lists, one record per list: its branch, its name and its evidence
-# IDs in rank order (ties by ID in code-point order, as search.parse_candidates
-# sorts a list's rows). The rows of all lists, each a record of four fields,
-# would cost the driver a codec lookup per field (an anonymous record names each
-# field's type), about 500 a recall; a list's IDs are a text[] decoded in one go.
-_LISTS = """(SELECT array_agg(ROW(l.branch, l.list_name, l.evidence_ids)) FROM (
-    SELECT c.branch, c.list_name,
-           array_agg(c.evidence_id::text ORDER BY c.rank, c.evidence_id::text COLLATE "C")
-               AS evidence_ids
-    FROM cands c
-    GROUP BY c.branch, c.list_name
-) l)"""
-
-
-def _parse_lists(
-    candidates: search.CandidateQuery,
-    wanted: Sequence[search.ListName],
-    rows: Sequence[Sequence[Any]],
-) -> dict[tuple[str, str], list[str]]:
-    """The lists from :data:`_LISTS`' records, as search.parse_candidates returns
-    them from the rows of the candidate statement: every branch's wanted lists,
-    empty where no row came."""
-    lists: dict[tuple[str, str], list[str]] = {
-        (b.branch, name): [] for b in candidates.branches for name in wanted
-    }
-    for branch, list_name, evidence_ids in rows:
-        key = (branch, list_name)
-        if key not in lists:
-            raise KeyError(key)
-        lists[key] = evidence_ids
-    return lists
-
-
 @dataclass(frozen=True, slots=True)
 class FirstRound:
     lists: dict[tuple[str, str], list[str]]
@@ -175,7 +142,7 @@ def _search_parts(
         hyd_exprs[5] = view.t_valid
     hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
     ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
-    selects = [_LISTS, "(SELECT array_agg(ROW(h.*)) FROM hyd h)"]
+    selects = [search.LISTS_OF_CANDS, "(SELECT array_agg(ROW(h.*)) FROM hyd h)"]
     disc_wanted: list[str] | None = None
     if discovery is not None:
         disc_wanted = related.wanted_lists(discovery)
@@ -222,7 +189,7 @@ def _parse_search(
         else:
             found = related.Discovery({}, frozenset(), None)
     return FirstRound(
-        lists=_parse_lists(candidates, wanted, _rows(row[0])),
+        lists=search.parse_lists(candidates, wanted, _rows(row[0])),
         eligible=recall.parse_eligible(_rows(row[1])),
         discovery=found,
         path_groups=path_groups,

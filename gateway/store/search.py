@@ -99,6 +99,7 @@ __all__ = [
     "BM25_K1",
     "DIMENSIONS",
     "EXACT_SEARCH_BELOW",
+    "LISTS_OF_CANDS",
     "LIST_NAMES",
     "MAX_PER_LIST",
     "BranchSearch",
@@ -107,6 +108,7 @@ __all__ = [
     "check",
     "evidence_candidates",
     "parse_candidates",
+    "parse_lists",
     "wanted_lists",
 ]
 
@@ -445,9 +447,8 @@ def parse_candidates(
     q: CandidateQuery, wanted: Sequence[ListName], rows: Sequence[Sequence[Any]]
 ) -> dict[tuple[str, str], list[str]]:
     """The lists from the statement's rows ``(branch, list_name, rank, evidence_id)``,
-    each in rank order, ties by ID (code-point order). The combined statements
-    (gateway/store/round_trips.py, ``_LISTS``) return each list whole, in the
-    same order, made in SQL."""
+    each in rank order, ties by ID in code-point order: the order
+    :data:`LISTS_OF_CANDS` makes in SQL for the combined statements."""
     ranked: dict[tuple[str, str], list[tuple[int, str]]] = {
         (b.branch, name): [] for b in q.branches for name in wanted
     }
@@ -457,4 +458,37 @@ def parse_candidates(
     for key, hits in ranked.items():
         hits.sort()
         lists[key] = [evidence_id for _, evidence_id in hits]
+    return lists
+
+
+# The candidate lists for the combined statements (gateway/store/round_trips.py),
+# over their CTE ``cands`` of this module's rows: one record per list, its
+# branch, its name and its evidence IDs in the order parse_candidates sorts a
+# list in (rank, ties by ID in code-point order). The rows of all lists, each a
+# record of four fields, would cost the driver a codec lookup per field (an
+# anonymous record names each field's type), about 500 a recall; a list's IDs
+# are a text[], decoded in one go (docs/benchmarks.md, "Workers' connections and
+# the round trips' records").
+LISTS_OF_CANDS: Final = """(SELECT array_agg(ROW(l.branch, l.list_name, l.evidence_ids)) FROM (
+    SELECT c.branch, c.list_name,
+           array_agg(c.evidence_id::text ORDER BY c.rank, c.evidence_id::text COLLATE "C")
+               AS evidence_ids
+    FROM cands c
+    GROUP BY c.branch, c.list_name
+) l)"""
+
+
+def parse_lists(
+    q: CandidateQuery, wanted: Sequence[ListName], rows: Sequence[Sequence[Any]]
+) -> dict[tuple[str, str], list[str]]:
+    """The lists from :data:`LISTS_OF_CANDS`' records, as :func:`parse_candidates`
+    returns them: every branch's wanted lists, empty where no row came."""
+    lists: dict[tuple[str, str], list[str]] = {
+        (b.branch, name): [] for b in q.branches for name in wanted
+    }
+    for branch, list_name, evidence_ids in rows:
+        key = (branch, list_name)
+        if key not in lists:
+            raise KeyError(key)
+        lists[key] = evidence_ids
     return lists
