@@ -227,3 +227,41 @@ async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
     alone, alone_count = await asked()
     assert alone == combined and combined["results"]
     assert alone_count > combined_count, (alone_count, combined_count)
+
+
+async def test_a_first_round_that_finds_nothing_has_empty_lists_and_groups(
+    writes: Any, db: Database
+) -> None:
+    """The combined statement's empty shapes: no candidate (each list's record
+    absent, the lists' array NULL), nothing hydrated, and discovery asked for with
+    no support path to group (the groups' record of two NULL arrays) parse to
+    what the separate statements give: empty lists, no group."""
+    team, branches, _ = await _setup(writes, db)
+    spaces = [b.space_id for b in branches]
+    shared = branches[0]
+    text = "zyxwvutsrq qponmlkjih"  # no document of the team has either word
+    async with db.tenant(team, spaces) as conn:
+        now = await conn.fetchval("SELECT now()")
+        cq = search.CandidateQuery(team, tuple(branches), text, None, (), (), overfetch(10), now)
+        dq = related.DiscoveryQuery(
+            team,
+            shared.space_id,
+            shared.generation,
+            spaces,
+            now,
+            now,
+            text,
+            None,
+            overfetch(5),
+            [],
+            [],
+            [],
+        )
+        combined = await round_trips.first_round(conn, cq, now, dq)
+        lists = await search.evidence_candidates(conn, cq)
+        alone = await related.discover(conn, dq)
+    assert combined is not None and combined.discovery is not None
+    assert lists and not any(lists.values())
+    assert combined.lists == lists
+    assert combined.eligible == {} and combined.path_groups == {}
+    assert combined.discovery == alone
