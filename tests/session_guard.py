@@ -25,8 +25,12 @@ LEAKS: list[dict[str, Any]] = []
 _CHECK = f"""
 SELECT /* {database.SESSION_CHECK_MARK} */
        current_user <> session_user AS role_kept,
+       session_user <> (SELECT usename FROM pg_stat_activity WHERE pid = pg_backend_pid())
+           AS session_authorization,  -- SET SESSION AUTHORIZATION (a full reset keeps it)
+       -- the gateway's own settings (placeholders: not in pg_settings)
        coalesce(current_setting('recall.team_id', true), '') AS team,
        coalesce(current_setting('recall.space_ids', true), '') AS spaces,
+       coalesce(current_setting('recall.stats_shard', true), '') AS stats_shard,
        -- set for the session, to another value than a reset gives (asyncpg's
        -- type introspection sets jit and restores it: same value)
        (SELECT array_agg(name ORDER BY name) FROM pg_settings

@@ -314,3 +314,16 @@ async def test_the_suite_catches_session_state_left_behind_a_skipped_reset(
         pass  # this release resets the session in full: clean again
     after = await _session_state(one_connection_app)
     assert after["advisory"] == 0 and after["lock_timeout"] != "1234ms", after
+
+    # the session's user, which even the full reset keeps, and the write path's
+    # own shard setting (a placeholder, not in pg_settings)
+    async with db.tenant(team, [], readonly=False) as conn:
+        await conn.execute("SET SESSION AUTHORIZATION recall_app")
+    async with db.tenant(team, [], readonly=False) as conn:
+        await conn.execute("SELECT set_config('recall.stats_shard', '3', false)")
+    leaks, session_guard.LEAKS[:] = list(session_guard.LEAKS), []
+    assert len(leaks) == 2, leaks
+    assert leaks[0]["session_authorization"] and leaks[1]["stats_shard"] == "3", leaks
+    async with _pool(one_connection_app).acquire() as conn:
+        await conn.execute("RESET SESSION AUTHORIZATION")
+    assert await _session_state(one_connection_app) == after

@@ -216,63 +216,72 @@ async def test_a_refused_batch_leaves_no_call_running(
         )
 
 
-async def test_the_lane_holds_two_calls_in_flight_and_sends_later_texts_together(
+async def test_the_lane_holds_one_call_in_flight_and_sends_later_texts_together(
     embedder: EmbeddingProvider,
 ) -> None:
     """The lane's rule itself, on the real model: a text starts a call at once
-    while fewer than two are in flight (the second queues in the provider behind
-    the first); texts added while two are in flight wait and go together in one
-    call when the first ends; a text is sent once however often it is added; the
-    needed texts wait for the calls in flight (holding none of them) only for a
-    place, never for their vectors; the vectors are the provider's for each text
-    alone."""
+    when none is in flight; texts added while one is in flight wait, and go
+    together in one call; a text is sent once however often it is added; a call
+    holding none of the needed texts is stopped when they wait behind it, never
+    awaited, and no second call runs beside it (review L4: the old lane started
+    one beside it); the vectors are the provider's for each text alone."""
     from gateway.services.writes import _Lane
 
-    watched = _Watched(embedder, hold=["first", "second"])
+    watched = _Watched(embedder, hold=["first"])
     lane = _Lane(watched)  # type: ignore[arg-type]
     try:
         lane.add("first")
         lane.add("second", "first")
         lane.add("third")
-        lane.add("fourth", "second")
         await asyncio.sleep(0.2)
-        assert watched.calls == [["first"], ["second"]] and watched.in_flight == 2
-        needed = ["third", "fourth"]
-        waiting = asyncio.create_task(lane.vectors(needed))
-        await asyncio.sleep(0.2)
-        assert not waiting.done() and watched.calls == [["first"], ["second"]]
-        watched.release.set()
-        got = await asyncio.wait_for(waiting, timeout=30)
+        assert watched.calls == [["first"]] and watched.in_flight == 1
+        needed = ["second", "third"]
+        got = await asyncio.wait_for(lane.vectors(needed), timeout=30)
+        await _settle(watched)
     finally:
         watched.release.set()
         lane.close()
-    assert watched.calls == [["first"], ["second"], ["third", "fourth"]]
-    assert watched.most_in_flight == 2
-    assert sorted(got) == sorted(needed)  # the first two calls' texts were not needed
+    assert watched.calls == [["first"], ["second", "third"]]
+    assert watched.stopped == 1  # "first", needed by nothing, stopped
+    assert watched.most_in_flight == 1
+    assert sorted(got) == sorted(needed)
     for text in needed:
         assert np.array_equal(got[text], (await embedder.embed([text]))[0]), text
 
 
+@pytest.mark.parametrize("projection", ["the team's", "none yet"])
 async def test_a_model_switch_while_the_texts_embed_refuses_the_write(
-    fresh_dsn: str, embedder: EmbeddingProvider
+    fresh_dsn: str, embedder: EmbeddingProvider, projection: str
 ) -> None:
     """The store's model and the team's projection are read with the call's first
     claim, and the vectors stored after the last embedding: a ``reembed`` that
     switches the store to another model in between (it renames the model row,
     db/0035) leaves the call's vectors naming a model the store no longer holds.
     The call is refused as a model mismatch, nothing written, and a retry goes
-    in (it was an INTERNAL error, a foreign key's)."""
+    in (it was an INTERNAL error, a foreign key's): with the team's relationship
+    projection made before, and for the team's first relationship, whose
+    projection the call makes (naming the model read)."""
     db = await Database.open(fresh_dsn, min_size=1, max_size=3)
     try:
         writes = WriteService(db, embedder)
-        team, principal = await _principal(writes, "lane-switch")
+        team = unique("lane-switch")
+        records = team_records(team)
+        if projection == "none yet":
+            records = [r for r in records if r["kind"] != "relationship"]
+        await load_jsonl(writes, jsonl(records))
+        principal = await authenticate(db, await token(writes, team, "alice"))
+        async with db.admin() as conn:
+            made = await conn.fetchval(
+                "SELECT count(*) FROM relationship_projections WHERE team_id = $1", team
+            )
+        assert made == (1 if projection == "the team's" else 0)
         data = _call("s")
-        watched = _Watched(embedder, hold=[data["evidence"][0]["content"]])
+        watched = _Watched(embedder, hold=[STATEMENT])
         mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
         task = asyncio.create_task(mutations.apply(principal, remember_items(principal, data)))
         try:
             for _ in range(500):
-                if len(watched.calls) >= 2:  # the relationship's: the first claim came back
+                if len(watched.calls) >= 2:  # the relationship's, after the evidence's
                     break
                 await asyncio.sleep(0.01)
             assert len(watched.calls) == 2, watched.calls

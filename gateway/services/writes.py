@@ -25,6 +25,7 @@ import numpy as np
 import tenacity
 
 from gateway.embeddings import EmbeddingProvider, validate_vectors
+from gateway.embeddings.store_model import query_model
 from gateway.errors import (
     DatabaseUnavailable,
     EmbeddingMismatch,
@@ -183,28 +184,30 @@ class _Lane:
     claim (:meth:`_Batch.foresee`) and rendered by the record's own checks.
     The rest, when the vectors are stored (:meth:`_Batch._vectors`).
 
-    How they go: a text added while no call is outstanding starts a call at
-    once; a text added while one call is outstanding starts a second one at
-    once (it queues behind the first in the provider: the local model's
-    request lane runs one call at a time, so no two model calls run together,
-    and the lane never idles between them, as it did waiting for the event
-    loop to start the next call: docs/benchmarks.md, 2026-12-05 06:00); texts
-    added while two are outstanding wait, and go together in one call when the
-    first of them ends, so that 20 relationships still make a few calls, not
-    20. Each text is sent once per batch (an evidence text that is also a
-    relationship's statement too). Each text's vector is the provider's for
-    that text: the local model's vector of a text does not depend on the other
-    texts of its call (checked bit for bit on 150 pairs, docs/benchmarks.md),
-    so the stored rows are those of a single call at the end.
+    How they go: one call in flight at a time. A text added while no call is in
+    flight starts one at once; texts added while one is in flight wait, and go
+    together in one call when it ends, so that 20 relationships still make a
+    few calls, not 20. Each text is sent once per attempt of the batch (an
+    evidence text that is also a relationship's statement too; a batch applied
+    again, after the set-based path's fallback or a lock's retry, has a lane of
+    its own). Each text's vector is the provider's for that text: the local
+    model's vector of a text does not depend on the other texts of its call
+    (checked bit for bit on 150 pairs, docs/benchmarks.md), so the stored rows
+    are those of a single call at the end.
 
-    A call holding none of the texts the batch needs (a text foreseen for a
-    record that turned out to be a re-run, or whose entities were not the ones
-    foreseen) is not awaited. A refused batch (:meth:`close`) stops its calls,
-    and no call's failure is left unretrieved."""
+    A call holding none of the texts the batch needs (an evidence or a
+    relationship written before: a partial re-run) is not awaited: when a
+    needed text waits behind it, it is stopped and the needed one starts. (A
+    remote provider's request is then cut short; the local model's request
+    thread finishes a run it has begun, so there the needed call still starts
+    after it.) A refused batch (:meth:`close`) stops its calls, and no call's
+    failure is left unretrieved."""
 
-    OUTSTANDING = 2
-    """Calls in flight at most (see the class); 1 makes a text wait for the
-    running call to end (measured slower: docs/benchmarks.md)."""
+    OUTSTANDING = 1
+    """Calls in flight at most (see the class). 2 (a second call queued in the
+    provider behind the first) was measured against 1, interleaved, with no
+    consistent difference at load 7-14 (docs/benchmarks.md, "The write's one
+    embedding lane"): the simpler rule is kept."""
 
     def __init__(self, embedder: EmbeddingProvider) -> None:
         self.embedder = embedder
@@ -212,7 +215,7 @@ class _Lane:
         # model, gateway/embeddings/following.py, says which the next call will
         # use): a batch whose provider moved since is refused, not stored with
         # vectors of two models (_Batch.embed_pending).
-        self.model: str = getattr(embedder, "next_model", None) or embedder.model
+        self.model: str = query_model(embedder)
         self.waiting: list[str] = []
         self.calls: list[tuple[list[str], asyncio.Task[np.ndarray]]] = []
         self.started: set[str] = set()
@@ -230,7 +233,9 @@ class _Lane:
             self._start()
 
     def _outstanding(self) -> int:
-        return sum(1 for _, task in self.calls if not task.done())
+        """Calls in flight (a call stopped counts no more, whatever the provider's
+        thread still does with it)."""
+        return sum(1 for _, task in self.calls if not task.done() and not task.cancelling())
 
     def _start(self) -> None:
         texts, self.waiting = self.waiting, []
@@ -248,11 +253,9 @@ class _Lane:
 
     async def vectors(self, needed: Collection[str]) -> dict[str, np.ndarray]:
         """The ``needed`` texts (each added before), with their vectors (a
-        provider's error on one of them is raised). A needed text still waiting
-        starts at once if fewer than :data:`OUTSTANDING` calls are in flight,
-        else with the next call once the first in flight ends (whatever call
-        that is: one holding none of the needed texts is awaited only for its
-        end, its result and failure ignored)."""
+        provider's error on one of them is raised). Calls holding none of them
+        are not awaited: when a needed text waits behind them, they are stopped
+        and it starts at once."""
         wanted = set(needed)
         out: dict[str, np.ndarray] = {}
         done = 0
@@ -265,13 +268,10 @@ class _Lane:
                 continue
             if not wanted.intersection(self.waiting):
                 return out
-            if self._outstanding() < self.OUTSTANDING:
-                self._start()
-            else:
-                running = [task for _, task in self.calls if not task.done()]
-                await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                if self.waiting and self._outstanding() < self.OUTSTANDING:
-                    self._start()  # after a failed call, which starts nothing
+            for texts, task in self.calls:
+                if not task.done() and not wanted.intersection(texts):
+                    task.cancel()  # in flight, and none of its texts is needed
+            self._start()
 
     def close(self) -> None:
         """Stop calls whose vectors are not needed (a refused batch, or a call
@@ -947,24 +947,24 @@ class _Batch:
             )
         if self.deferral is not None:
             await self._defer_spaces(self.deferral)
-        # read while the texts may still be embedding, not after
-        generations = (
-            await self._generations(known=mine[1] if mine is not None else None)
-            if self.relationship_texts and self.deferral is None
-            else {}
-        )
-        vectors = await self._vectors(dims)
-        if self.lane.model != model or self.embedder.model != model:
-            raise _moved(model)  # some of the vectors may be another model's
         try:
+            # read while the texts may still be embedding, not after
+            generations = (
+                await self._generations(known=mine[1] if mine is not None else None)
+                if self.relationship_texts and self.deferral is None
+                else {}
+            )
+            vectors = await self._vectors(dims)
+            if self.lane.model != model or self.embedder.model != model:
+                raise _moved(model)  # some of the vectors may be another model's
             if self.deferral is not None:
                 await self._store_deferred(vectors, model)
             else:
                 await self._store_vectors(vectors, model, generations)
         except asyncpg.ForeignKeyViolationError as exc:
-            # The only reference a vector's row can miss is its model's: the store
-            # was renamed to another model (a re-embed's switch) since it was read.
-            if "embedding_models" not in (getattr(exc, "detail", None) or str(exc)):
+            # A vector's or a new projection's model is gone: the store was renamed
+            # to another model (a reembed's switch) since it was read.
+            if getattr(exc, "constraint_name", None) not in _MODEL_KEYS:
                 raise
             raise _moved(model) from exc
         except asyncpg.CheckViolationError as exc:
@@ -1671,6 +1671,16 @@ class WriteService:
         finally:
             batch.ahead.clear()  # this record's: never a later one's
         return True, recorded_at
+
+
+# The foreign keys naming the store's model (db/0035), which a reembed's switch renames.
+_MODEL_KEYS = frozenset(
+    {
+        "evidence_embeddings_model_fkey",
+        "relationship_embeddings_model_fkey",
+        "relationship_projections_model_fkey",
+    }
+)
 
 
 def _moved(model: str) -> EmbeddingMismatch:
