@@ -56,7 +56,7 @@ from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService, _Batch, _Lane  # noqa: E402
+from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.database import Database, prepare  # noqa: E402
 
@@ -300,28 +300,22 @@ def measure(
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
-    write's embedding lane holding one call in flight at a time (a text added
-    while a call runs waits for its end), ``single`` is ``full`` with every
-    vector stored in one statement after the last embedding (none while another
-    embeds): A/Bs of the write path's two rules in one run."""
+    write's embedding lane holding two calls in flight instead of one (a text
+    added while a call runs queues behind it in the provider at once instead of
+    waiting for its end): an A/B of the lane's rule in one run."""
     counter = app.state.services.db.counter
-    split = getattr(_Batch, "STORE_ENDED_FIRST", None)  # where the checkout has it
-    kinds = (
-        ("full", "serial", "single", "bare") if split is not None else ("full", "serial", "bare")
-    )
-    latencies: dict[str, list[float]] = {k: [] for k in ("full", "serial", "single", "bare")}
-    statements: dict[str, list[int]] = {k: [] for k in latencies}
+    kinds = ("full", "serial", "bare")
+    latencies: dict[str, list[float]] = {k: [] for k in kinds}
+    statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
-    outstanding, ended_first = _Lane.OUTSTANDING, split
+    outstanding = _Lane.OUTSTANDING
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
             for k, name in enumerate(kinds):
                 n = len(kinds) * i + k
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
-                _Lane.OUTSTANDING = 1 if name == "serial" else outstanding
-                if ended_first is not None:  # the split store, where the checkout has it
-                    _Batch.STORE_ENDED_FIRST = False if name == "single" else ended_first
+                _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -330,8 +324,6 @@ def measure(
                 if phases is not None and name == "full":
                     phases.finish(counter.seconds - seconds)
                 _Lane.OUTSTANDING = outstanding
-                if ended_first is not None:
-                    _Batch.STORE_ENDED_FIRST = ended_first
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -463,12 +455,7 @@ def main() -> None:
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
-        ("  same, one embedding call in flight at a time", runs["serial"], statements["serial"]),
-        *(
-            [("  same, every vector stored after the last", runs["single"], statements["single"])]
-            if runs["single"]
-            else []
-        ),
+        ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),

@@ -23,6 +23,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationError, MutationService, remember_items
 from gateway.services.writes import WriteService
+from gateway.store import writes as store
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -251,7 +252,10 @@ async def test_the_lane_holds_one_call_in_flight_and_sends_later_texts_together(
 
 @pytest.mark.parametrize("projection", ["the team's", "none yet"])
 async def test_a_model_switch_while_the_texts_embed_refuses_the_write(
-    fresh_dsn: str, embedder: EmbeddingProvider, projection: str
+    fresh_dsn: str,
+    embedder: EmbeddingProvider,
+    projection: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The store's model and the team's projection are read with the call's first
     claim, and the vectors stored after the last embedding: a ``reembed`` that
@@ -276,22 +280,24 @@ async def test_a_model_switch_while_the_texts_embed_refuses_the_write(
             )
         assert made == (1 if projection == "the team's" else 0)
         data = _call("s")
-        watched = _Watched(embedder, hold=[STATEMENT])
-        mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
-        task = asyncio.create_task(mutations.apply(principal, remember_items(principal, data)))
-        try:
-            for _ in range(500):
-                if len(watched.calls) >= 2:  # the relationship's, after the evidence's
-                    break
-                await asyncio.sleep(0.01)
-            assert len(watched.calls) == 2, watched.calls
-            async with db.admin() as conn:  # the switch of a reembed, in short
-                await conn.execute(
-                    "UPDATE embedding_models SET name = 'other-model' WHERE name = $1",
-                    embedder.model,
-                )
-        finally:
-            watched.release.set()
+        claim_write = store.claim_write
+        switched: list[bool] = []
+
+        async def first_claim_then_switch(*args: Any, **kwargs: Any) -> Any:
+            answer = await claim_write(*args, **kwargs)
+            if not switched:  # the call's first claim has read the model: switch now
+                switched.append(True)
+                async with db.admin() as conn:  # the switch of a reembed, in short
+                    await conn.execute(
+                        "UPDATE embedding_models SET name = 'other-model' WHERE name = $1",
+                        embedder.model,
+                    )
+            return answer
+
+        monkeypatch.setattr(store, "claim_write", first_claim_then_switch)
+        task = asyncio.create_task(
+            MutationService(writes).apply(principal, remember_items(principal, data))
+        )
         with pytest.raises(MutationError) as refused:
             await asyncio.wait_for(task, timeout=30)
         assert refused.value.code == "EMBEDDING_MODEL_MISMATCH", refused.value.message
@@ -302,6 +308,8 @@ async def test_a_model_switch_while_the_texts_embed_refuses_the_write(
             await conn.execute(
                 "UPDATE embedding_models SET name = $1 WHERE name = 'other-model'", embedder.model
             )
+        assert switched
+        monkeypatch.setattr(store, "claim_write", claim_write)
         receipts = await MutationService(writes).apply(principal, remember_items(principal, data))
         assert all(r.created for r in receipts)
     finally:

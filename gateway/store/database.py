@@ -114,18 +114,9 @@ def _space_literal(space_ids: Sequence[UUID]) -> str:
     return "{" + ",".join(str(s) for s in space_ids) + "}"
 
 
-SESSION_CHECK_MARK = "recall:session-check"
-"""Marks the tests' check of a session whose release skips the reset (tests/session_guard.py)."""
-
 # Statements asyncpg sends on its own: one-off type introspection of a new
-# prepared statement, and the reset of a connection returned to the pool; and the
-# tests' session check, which is not the request's either.
-_DRIVER_QUERIES = (
-    "pg_catalog.pg_type",
-    "set_config('jit'",
-    "pg_advisory_unlock_all()",
-    SESSION_CHECK_MARK,
-)
+# prepared statement, and the reset of a connection returned to the pool.
+_DRIVER_QUERIES = ("pg_catalog.pg_type", "set_config('jit'", "pg_advisory_unlock_all()")
 
 
 class StatementTally:
