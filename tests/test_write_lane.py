@@ -314,3 +314,69 @@ async def test_a_model_switch_while_the_texts_embed_refuses_the_write(
         assert all(r.created for r in receipts)
     finally:
         await db.close()
+
+
+class _Following(_Watched):
+    """A provider that follows the store's model (gateway/embeddings/following.py
+    in short): ``model`` and ``next_model`` name the model it embeds with now; the
+    test moves it (the vectors stay the real model's: what matters is the label)."""
+
+    def __init__(self, inner: EmbeddingProvider) -> None:
+        super().__init__(inner)
+        self.current = inner.model
+
+    @property  # type: ignore[override]
+    def model(self) -> str:
+        return self.current
+
+    @model.setter
+    def model(self, value: str) -> None:
+        self.current = value
+
+    @property
+    def next_model(self) -> str:
+        return self.current
+
+
+async def test_a_provider_that_moved_model_while_the_texts_embed_refuses_the_write(
+    fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The evidence's text starts embedding as the call starts, with the store's
+    model of then; a reembed switches the store and the gateway's provider
+    follows before the call's first claim, which reads the new model. Storing
+    the evidence's vector (the old model's) under the new model's name would mix
+    two models silently: the call is refused as a model mismatch, nothing
+    written (before, it was stored)."""
+    db = await Database.open(fresh_dsn, min_size=1, max_size=3)
+    try:
+        writes = WriteService(db, embedder)
+        team, principal = await _principal(writes, "lane-moved")
+        following = _Following(embedder)
+        claim_write = store.claim_write
+        moved: list[bool] = []
+
+        async def switch_then_first_claim(*args: Any, **kwargs: Any) -> Any:
+            if not moved:  # the evidence's call has started, under the old model
+                moved.append(True)
+                async with db.admin() as conn:
+                    await conn.execute(
+                        "UPDATE embedding_models SET name = 'other-model' WHERE name = $1",
+                        embedder.model,
+                    )
+                following.current = "other-model"
+            return await claim_write(*args, **kwargs)
+
+        monkeypatch.setattr(store, "claim_write", switch_then_first_claim)
+        mutations = MutationService(WriteService(db, following))  # type: ignore[arg-type]
+        with pytest.raises(MutationError) as refused:
+            await asyncio.wait_for(
+                mutations.apply(principal, remember_items(principal, _call("m"))), timeout=30
+            )
+        assert moved and following.calls[0] == [_call("m")["evidence"][0]["content"]]
+        assert refused.value.code == "EMBEDDING_MODEL_MISMATCH", refused.value.message
+        async with db.admin() as conn:
+            assert not await conn.fetchval(
+                "SELECT count(*) FROM write_log WHERE team_id = $1 AND client_id LIKE '%-m'", team
+            )
+    finally:
+        await db.close()
