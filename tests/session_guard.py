@@ -6,7 +6,10 @@ their connection without asyncpg's reset statement (gateway/store/database.py,
 on that connection inherits it. Every such release in the suite is checked
 here first, with one statement on the connection before it goes back to the
 pool; a test that leaves session state behind a skipped reset fails, whatever
-code path it ran (trace, feedback, dataloaders, writes, recalls)."""
+code path it ran (trace, feedback, dataloaders, writes, recalls). Not checked:
+statements prepared with SQL ``PREPARE``, which no reset of asyncpg's removes
+either (a test's admin use prepares some on a pooled connection, and a later
+skipped release would be blamed for them)."""
 
 from __future__ import annotations
 
@@ -38,8 +41,7 @@ SELECT
          WHERE locktype = 'advisory' AND pid = pg_backend_pid()) AS advisory_locks,
        (SELECT count(*) FROM pg_listening_channels()) AS listening,
        (SELECT count(*) FROM pg_cursors WHERE is_holdable) AS cursors,  -- not this one's
-       (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()) AS temp_tables,
-       (SELECT count(*) FROM pg_prepared_statements WHERE from_sql) AS prepared_by_sql
+       (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema()) AS temp_tables
 """
 
 _reset = database._reset

@@ -380,8 +380,9 @@ class Database:
         carry no team), no ``SET ROLE`` or ``SET SESSION AUTHORIZATION``; nor may
         a function it calls. Such work goes through :meth:`admin` or
         :meth:`acquire`, whose releases keep the reset. The test suite checks
-        every release that skips the reset (tests/session_guard.py) and fails on
-        any of these. A failed or cancelled block keeps the reset
+        every release that skips the reset (tests/session_guard.py) for the
+        role and session user, settings, advisory locks, ``LISTEN``, holdable
+        cursors and temporary tables. A failed or cancelled block keeps the reset
         (``tests/test_pool_reset.py``)."""
         budget = str(deadline.remaining_ms(self.statement_timeout_ms))
         async with self.acquire() as conn:
