@@ -376,7 +376,7 @@ BREAKAGES = {
         ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
     ],
     # 4. The survivors' final filter (their whole bound) on a bound below the score
-    # (the second: the relationship function's path without a first floor, db/0170).
+    # (the second: the evidence function's path without a first floor, db/0195).
     "final filter on half the bound": [
         ("HAVING sum(x.part) >=", "HAVING 0.5 * sum(x.part) >="),
         ("WHERE g.part >= (SELECT th.v", "WHERE 0.5 * g.part >= (SELECT th.v"),
@@ -386,8 +386,9 @@ BREAKAGES = {
     "survivors' minor parts left out": [
         ("            WHERE r.minor\n        ) x", "            WHERE false\n        ) x"),
     ],
-    # 5. (evidence, db/0175) Survivors taken for members of best, whose scores the
-    # answer reuses, although they are not: they are neither rescored nor reused.
+    # 5. (evidence db/0175, relationships db/0197) Survivors taken for members of
+    # best, whose scores the answer reuses, although they are not: they are
+    # neither rescored nor reused.
     "best's edge lowered": [
         ("coalesce(s.part > (SELECT e.part", "coalesce(s.part > 0.5 * (SELECT e.part"),
         # (the second: the evidence function's path without a first floor, db/0195)
@@ -395,8 +396,8 @@ BREAKAGES = {
     ],
 }
 
-# Steps that only the evidence function has.
-EVIDENCE_ONLY = {"best's edge lowered"}
+# Steps that only the evidence function has (none since db/0197).
+EVIDENCE_ONLY: set[str] = set()
 
 # Steps that exist only on the path of large spaces (a finite first floor): with
 # every lexeme essential there are no minor lexemes, and the lexeme bounds and the
@@ -418,8 +419,8 @@ async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: 
         f"CREATE OR REPLACE FUNCTION public.{function}", f"CREATE FUNCTION pg_temp.{name}"
     )
     assert broken != definition
-    # Each text is in the function unless it is another path's (db/0170's path of
-    # the relationship function without a first floor has its own final filter).
+    # Each text is in the function unless it is another path's (db/0195's path of
+    # the evidence function without a first floor has its own final filter).
     assert any(old in broken for old, _ in BREAKAGES[breakage]), breakage
     for old, new in BREAKAGES[breakage]:
         broken = broken.replace(old, new)

@@ -270,7 +270,8 @@ async def _function_body_plan(
     it (its body prepared with the arguments as parameters; the function's plan is
     not in EXPLAIN of a call). ``args``: SQL literals, one per argument; ``which``:
     the function's ``which``-th ``RETURN QUERY`` (from 0), to the semicolon that
-    ends it (the one before ``END`` or ``RETURN``)."""
+    ends it (the one before ``END`` or ``RETURN``). The function's declared
+    variables are parameters too, at their initial values."""
     src, names, types, settings = await conn.fetchrow(
         "SELECT prosrc, proargnames, "
         "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
@@ -286,6 +287,14 @@ async def _function_body_plan(
     body = src[start : end.start()]
     for i, (name, type_) in enumerate(zip(names[: len(types)], types, strict=True), 1):
         body = re.sub(rf"\b{name}\b", f"${i}::{type_}", body)
+    # The function's own variables (``DECLARE v_x type := value;``) are parameters
+    # of its query too, bound to their initial values.
+    types = list(types)
+    args = list(args)
+    for name, type_, value in re.findall(r"^\s*(v_\w+)\s+([^:;]+?)\s*:=\s*([^;]+);", src, re.M):
+        types.append(type_)
+        args.append(f"({value})::{type_}")
+        body = re.sub(rf"\b{name}\b", f"${len(types)}::{type_}", body)
     await conn.execute(f"PREPARE body_plan ({', '.join(types)}) AS {body}")
     try:
         rows = await conn.fetch(f"EXPLAIN EXECUTE body_plan({', '.join(args)})")
@@ -385,16 +394,24 @@ async def test_evidence_fulltext_groups_its_postings_by_hashing(db: Database) ->
         assert "Sort" not in grp, grp
 
 
-async def test_relationship_fulltext_scores_the_floors_documents_once(db: Database) -> None:
-    """The relationship full-text function's step ``scored`` takes the scores of
-    the documents that the floor's step ``best_scores`` already scored (the same
-    expression over the same terms and length) and looks up and scores only the
-    others (db/0170): ``best_scores`` is read by the floor and by ``scored``, on
-    both paths. Before, every survivor was looked up and scored again, about 80
-    of the 110 documents of a list of 40 on a space of 10,000 relationships. And
-    below ``PRUNE_FROM_POSTINGS`` (every question of such a space) its query has
-    no first floor, lexeme bounds or minor lexemes, which decide nothing there.
-    The lists are unchanged (tests/test_bm25_top_k.py, both paths)."""
+async def test_relationship_fulltext_scores_each_document_once_from_its_lexemes(
+    db: Database,
+) -> None:
+    """The relationship full-text function (db/0197) in the generic plan its query
+    keeps: a scored document's term frequencies come from its own
+    ``search_document`` (looked up anyway for its length and visibility; the
+    postings' tf is defined from it, db/0055, and cannot disagree with it since
+    db/0196), so the postings are read by the grouping and the survivors' minor
+    lexemes only; each document is scored once (best's scores are read by theta
+    and by the answer, which scores only the documents of whole outside best);
+    every lookup is ``relationship_fulltext_document`` inlined (no function call
+    per document); the grouping is hashed. Before db/0197 every set of scored
+    documents read every query lexeme's postings again for their IDs, then
+    sorted and grouped them, and most of best was looked up twice. And one query
+    serves both paths: the first floor and the lexeme bounds are a statement of
+    their own, run from ``PRUNE_FROM_POSTINGS`` on (db/0170 had a second copy of
+    the query for the path without them). The lists are unchanged
+    (tests/test_bm25_top_k.py, both paths)."""
     args = [
         "'t-plan'",
         "'00000000-0000-0000-0000-000000000000'::uuid",
@@ -408,20 +425,28 @@ async def test_relationship_fulltext_scores_the_floors_documents_once(db: Databa
         "'{1,2}'::integer[]",
         "10.0",
     ]
-    plans = []
     async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
-            for which in (0, 1):
-                plans.append(
-                    await _function_body_plan(conn, "relationship_fulltext_top_k", args, which)
-                )
-    pruned, small = plans
-    for plan in plans:
-        assert plan.count("CTE Scan on best_scores") == 2, plan
-    assert "CTE seed" in pruned and "CTE theta0" in pruned, pruned
-    for step in ("seed", "theta0", "ranked", "rest", "surv"):
-        assert f"CTE {step}" not in small, small
-    assert "WindowAgg" not in small.split("CTE best")[0], small  # no lexeme bounds
+            src = await conn.fetchval(
+                "SELECT prosrc FROM pg_proc WHERE oid = 'relationship_fulltext_top_k'::regproc"
+            )
+            plan = await _function_body_plan(conn, "relationship_fulltext_top_k", args)
+    assert src.count("RETURN QUERY") == 1, "one query for both paths"
+    # grp, the minor parts of whole; no scoring step reads the postings
+    assert plan.count("on relationship_terms") == 2, plan
+    assert "on relationship_terms" in _cte(plan, "grp"), plan
+    for step in ("best_scores", "best_visible"):
+        assert "relationship_terms" not in _cte(plan, step), plan
+        assert "on relationships" in _cte(plan, step), plan
+    assert plan.count("on relationships") == 3, plan  # best, best_visible, the answer's
+    assert "Function Scan on relationship_fulltext_document" not in plan, plan  # inlined
+    assert plan.count("CTE Scan on best_scores") == 2, plan  # by theta and by the answer
+    assert "Filter: (NOT in_best)" in plan, plan
+    for step in ("seed", "theta0", "ranked"):
+        assert f"CTE {step}" not in plan, plan
+    assert "WindowAgg" not in plan.split("CTE grp")[0], plan  # no lexeme bounds
+    grp = _cte(plan, "grp")
+    assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
 
 
 async def test_evidence_fulltext_scores_best_once(db: Database) -> None:
