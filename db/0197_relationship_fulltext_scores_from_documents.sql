@@ -18,8 +18,11 @@
 -- 1. Term frequencies from the document. An exact score needs each query
 --    lexeme's tf in the document and the document's length. The row is looked
 --    up anyway (length, visibility); its search_document restricted to the
---    query's lexemes (setweight marks their positions, ts_filter keeps them)
---    gives tf as the number of positions: the postings' own definition (db/0055:
+--    query's lexemes (setweight gives every position of theirs weight A,
+--    ts_filter keeps the lexemes with A positions, and the join with the
+--    query's lexemes drops any other: so, unlike db/0195, no first setweight
+--    to D is needed, whatever weights a document holds) gives tf as the number
+--    of positions: the postings' own definition (db/0055:
 --    tf = coalesce(array_length(positions, 1), 1) of unnest(search_document),
 --    the parse doc_length counts). The postings are written from that
 --    search_document by their trigger only (db/0130), and since db/0196 a
@@ -55,7 +58,8 @@
 --    x) = x (or minus infinity when x is NULL: greatest ignores NULLs, as
 --    db/0170's coalesce), the survivors' minor parts empty (the lateral lookup
 --    runs per minor lexeme: never), whole the survivors whose part reaches
---    theta. One query serves both paths; the plan is about the small path's.
+--    theta, taken as they are (the grouping with the minor parts runs only when
+--    there are minor lexemes). One query serves both paths.
 --
 -- 4. Each document scored once (db/0175's argument, now for relationships):
 --    best's scores are candidates of the answer as computed for theta; the
@@ -96,7 +100,7 @@ AS $$
                           + CAST(0.4 AS double precision) * d.doc_length / p_avgdl))
                        ORDER BY u.lexeme COLLATE "C")
             FROM (SELECT t.lexeme, coalesce(array_length(t.positions, 1), 1)::double precision AS tf
-                  FROM unnest(ts_filter(setweight(setweight(d.search_document, 'D'), 'A', p_lexemes),
+                  FROM unnest(ts_filter(setweight(d.search_document, 'A', p_lexemes),
                                         '{a}')) AS t) u
             JOIN unnest(p_lexemes, p_idfs) AS l (lexeme, idf) ON l.lexeme = u.lexeme)
     FROM public.relationships d
@@ -248,23 +252,27 @@ BEGIN
                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
          FROM (SELECT v.score FROM best_visible v ORDER BY 1 DESC LIMIT p_limit) k))) AS v
     ),
-    -- The documents whose bound can still reach theta; their minor lexemes'
-    -- term parts read for them only; kept when their whole bound reaches theta.
+    -- The documents whose bound can still reach theta, and whether each is in
+    -- best; without minor lexemes (the rest is 0) they are whole.
     surv AS MATERIALIZED (
-        SELECT g.doc_id, g.part FROM grp g
+        SELECT g.doc_id, g.part,
+               coalesce(g.part > (SELECT e.part FROM best_edge e)
+                        OR (g.part = (SELECT e.part FROM best_edge e)
+                            AND g.doc_id COLLATE "C" <= (SELECT e.doc_id FROM best_edge e) COLLATE "C"),
+                        false) AS in_best
+        FROM grp g
         WHERE g.part + v_rest >= (SELECT t.v FROM theta t)
     ),
     whole AS MATERIALIZED (
-        -- One grouping of the survivors' bounds and their minor lexemes' term
-        -- parts (no join: see db/0150), and whether the document is in best.
+        SELECT s.doc_id, s.in_best FROM surv s
+        WHERE cardinality(v_minor) = 0
+        UNION ALL
+        -- With minor lexemes: their term parts read for the survivors only, and
+        -- one grouping of those with the survivors' bounds (no join: see
+        -- db/0150); kept when the whole bound reaches theta.
         SELECT x.doc_id, bool_or(x.in_best) AS in_best
         FROM (
-            SELECT s.doc_id, s.part,
-                   coalesce(s.part > (SELECT e.part FROM best_edge e)
-                            OR (s.part = (SELECT e.part FROM best_edge e)
-                                AND s.doc_id COLLATE "C" <= (SELECT e.doc_id FROM best_edge e) COLLATE "C"),
-                            false) AS in_best
-            FROM surv s
+            SELECT s.doc_id, s.part, s.in_best FROM surv s
             UNION ALL
             SELECT h.doc_id,
                    greatest(r.idf, 0) * h.tf * (CAST(0.9 AS double precision) + 1)
@@ -280,6 +288,7 @@ BEGIN
             ) h
             WHERE r.minor
         ) x
+        WHERE cardinality(v_minor) > 0
         GROUP BY x.doc_id
         HAVING sum(x.part) >= (SELECT th.v FROM theta th)
     ),

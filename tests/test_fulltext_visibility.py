@@ -3,15 +3,15 @@ rest of the read path.
 
 ``evidence_fulltext_top_k`` and ``relationship_fulltext_top_k`` check each
 document they look up against the view (team, space, generation, system time,
-and for evidence the caller's exclusions) in several places: the first floor's
-walk, each set of documents scored for a floor, and the final scoring (the
-relationship function, since db/0197, through one lookup function,
-``relationship_fulltext_document``: in one place). Those copies must all say
-what the rest of the read path says: for evidence the filter of every candidate
-list (``gateway/store/search.py``, ``_visible``), for relationships the
-visibility part of discovery's eligibility (``gateway/store/related.py``,
-``visible_relationship``). A copy that drifts may change no list on a small
-store and silently break one on a large store.
+and for evidence the caller's exclusions): in the first floor's walk, each set
+of documents scored for a floor, and the final scoring. Since db/0197 and
+db/0198 every such lookup is one SQL function (``evidence_fulltext_document``,
+``relationship_fulltext_document``), so the filter is written once; before, in
+each step. It must say what the rest of the read path says: for evidence the
+filter of every candidate list (``gateway/store/search.py``, ``_visible``), for
+relationships the visibility part of discovery's eligibility
+(``gateway/store/related.py``, ``visible_relationship``). A filter that drifts
+may change no list on a small store and silently break one on a large store.
 
 So, on a store holding everything a view must hide or keep (an earlier
 generation, rows recorded after a ``knownAt`` instant, rows of another team and
@@ -20,8 +20,8 @@ of a private space, excluded IDs) and rows that candidates deliberately keep
 yet valid: eligibility decides about those later), and in the current, a
 ``validAt`` and two ``knownAt`` views as the services build them:
 
-- every copy of the filter, read from the installed function and run on its
-  own against the store, selects exactly the rule's set;
+- the filter, read from the installed functions and run on its own against
+  the store, selects exactly the rule's set;
 - the functions' lists at a length above the number of hits hold exactly the
   rule's set.
 """
@@ -292,8 +292,11 @@ async def test_evidence_function_filters_like_the_candidate_lists(
             "p_known_at": ("timestamptz", q.known_at),
             "p_exclude": ("text[]", list(q.exclude_ids)),
         }
-        copies = await _copies(admin_conn, ["evidence_fulltext_top_k"], "evidence", params)
-        assert len(copies) >= 2  # written in each step that looks documents up
+        # Every step looks its documents up through one function (db/0198): the
+        # filter is written there, once.
+        functions = ["evidence_fulltext_top_k", "evidence_fulltext_document"]
+        copies = await _copies(admin_conn, functions, "evidence", params)
+        assert len(copies) == 1
         for i, (copy, args) in enumerate(copies):
             got = await _ids(admin_conn, copy, args)
             assert got == want, (view_name, b.branch, i, sorted(got ^ want))
