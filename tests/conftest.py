@@ -155,6 +155,18 @@ async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -
     return await loader.load(writes, records, batch_size=batch_size, actor=Actor.operator())
 
 
+async def analyze(conn: asyncpg.Connection, *tables: str) -> None:
+    """ANALYZE a fixture's tables without the pool's statement timeout.
+
+    The tests' database holds every earlier test's rows, and on a busy machine
+    sampling them took longer than the pool's 5 s (a fixture failed with
+    ``QueryCanceledError``, not the test). ANALYZE runs inside a transaction, so
+    the setting stays there."""
+    async with conn.transaction():
+        await conn.execute("SET LOCAL statement_timeout = 0")
+        await conn.execute(f"ANALYZE {', '.join(tables)}")
+
+
 @pytest_asyncio.fixture(loop_scope="session")
 async def admin_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
     """A plain connection as the owner role, for checking what was written."""

@@ -29,7 +29,7 @@ from gateway.store import conflicts as conflict_store
 from gateway.store import hypotheses as hypothesis_store
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import analyze, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_hypotheses import hypothesis
 from .test_recall import more_evidence
@@ -110,7 +110,7 @@ async def _generic_plan(
 ) -> dict[str, Any]:
     """The plan a recall's connection keeps, as the tenant, with statistics that
     know the tables' sizes."""
-    await admin_conn.execute(f"ANALYZE {', '.join(tables)}")
+    await analyze(admin_conn, *tables)
     async with db.unit(team, list(spaces), plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
             return await _explain(conn, sql, args)

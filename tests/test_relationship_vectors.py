@@ -29,7 +29,7 @@ from gateway.services.writes import WriteService
 from gateway.store.database import APP_ROLE, Database
 from gateway.store.related import EXACT_SEARCH_BELOW
 
-from .conftest import load_jsonl, unique
+from .conftest import analyze, load_jsonl, unique
 from .factories import jsonl
 from .test_related import rel
 from .test_search import _near, _spaces, index_rows_fetched
@@ -216,7 +216,7 @@ async def spaces(writes: WriteService, db: Database) -> Spaces:
                     for i, v in zip(late_ids, near, strict=True)
                 ],
             )
-        await conn.execute("ANALYZE relationships, relationship_embeddings")
+        await analyze(conn, "relationships", "relationship_embeddings")
     return Spaces(
         query,
         Space(team, space, generation, projection, t_sys, ids, vectors),

@@ -25,7 +25,7 @@ from gateway.services.writes import WriteService
 from gateway.settings import Settings
 from gateway.store.database import Database
 
-from .conftest import app_for, load_jsonl, unique
+from .conftest import analyze, app_for, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import ids, more_evidence, recall, token
 
@@ -209,7 +209,7 @@ async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -
             "FROM evidence, generate_series(1, 300) AS g WHERE team_id = $1",
             team,
         )
-        await conn.execute("ANALYZE evidence")
+        await analyze(conn, "evidence")
     async with db.unit(team, spaces, plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
             await conn.execute(f"PREPARE hydplan AS {recall_store.ELIGIBLE_SQL}")

@@ -26,7 +26,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
 from gateway.store.database import APP_ROLE, Database
 
-from .conftest import load_jsonl, unique
+from .conftest import analyze, load_jsonl, unique
 from .factories import jsonl
 from .test_relationship_vectors import _relationships, _team, _vectors
 from .test_search import _branch, _insert_direct, _near, index_rows_fetched
@@ -117,7 +117,7 @@ async def _evidence_space(db: Database, writes: WriteService, model: str) -> Wal
                 vectors[EARLY:],
                 model,
             )
-        await conn.execute("ANALYZE evidence, evidence_embeddings")
+        await analyze(conn, "evidence", "evidence_embeddings")
     return Walked(team, branch.space_id, branch.generation, None, query, t_early, ids, vectors)
 
 
@@ -204,7 +204,7 @@ async def _relationship_space(writes: WriteService, conn: asyncpg.Connection) ->
             )
         if part.start == 0:
             t_early = await conn.fetchval("SELECT now()")
-    await conn.execute("ANALYZE relationships, relationship_embeddings")
+    await analyze(conn, "relationships", "relationship_embeddings")
     # r-first (written by the loader, with a vector of its own) is part of the space.
     first = await conn.fetchval(
         "SELECT embedding::real[] FROM relationship_embeddings "
