@@ -12,9 +12,9 @@
 -- documents scored). Interleaved, 100 SciFact questions: below
 -- PRUNE_FROM_POSTINGS (where a space of 5,000 abstracts is) db/0195 cost as
 -- much as db/0175; from it on (spaces of about 30,000 such documents and more:
--- the first floor scores its 2 k documents too) x1.09. This migration: x0.98
--- and x0.99 of db/0175 there, and the same as db/0195 on the recall
--- benchmark's short documents.
+-- the first floor scores its 2 k documents too) x1.04 to x1.09. This
+-- migration: x0.95 to x0.99 of db/0175 on both paths there, and the same as
+-- db/0195 on the recall benchmark's short documents (x0.95 to x1.01).
 --
 -- 1. One lookup, written once: evidence_fulltext_document(view, doc_id,
 --    lexemes, idfs, avgdl) returns the document's row when the view shows it
