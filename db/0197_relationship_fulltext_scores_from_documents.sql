@@ -24,12 +24,17 @@
 --    to D is needed, whatever weights a document holds) gives tf as the number
 --    of positions: the postings' own definition (db/0055:
 --    tf = coalesce(array_length(positions, 1), 1) of unnest(search_document),
---    the parse doc_length counts). The postings are written from that
+--    the parse doc_length counts) for a parse whose lexemes all carry
+--    positions, as every to_tsvector's do (ts_filter drops a lexeme without
+--    positions, to which the postings give tf 1; the coalesce below is only
+--    the postings' expression restated). The postings are written from that
 --    search_document by their trigger only (db/0130), and since db/0196 a
 --    relationship's statement, search_document and doc_length cannot change
 --    after insert (the parse trigger fires on INSERT only, an UPDATE of them is
 --    refused): the postings and the document cannot disagree, so a document
---    picked by a posting holds that lexeme with that tf. The score is the same
+--    picked by a posting holds that lexeme with that tf (a document that held
+--    none would score NULL: the orders put NULL last, so it could not take a
+--    place in theta or the list). The score is the same
 --    expression over the same (IDF, tf) pairs summed in the same order (lexeme
 --    order, COLLATE "C", as the arrays were built): the same float, bit for bit.
 --    The postings are read by the grouping only (and, from PRUNE_FROM_POSTINGS
@@ -71,8 +76,8 @@
 --
 -- 5. enable_sort = off for the function's query (db/0151 for evidence): the
 --    grouping of the postings is hashed instead of sorted. db/0151 found nothing
---    measurable for this function; with the rest cheaper it is now about 5 % of
---    it. The sorts the query needs for its ORDER BYs stay.
+--    measurable for this function; with the rest cheaper it saved about 6 % of
+--    it (one interleaved run). The sorts the query needs for its ORDER BYs stay.
 --
 -- Interleaved against db/0170 (40 questions, every lexeme essential and with
 -- PRUNE_FROM_POSTINGS 0): the same rows for every call; figures in
@@ -176,7 +181,7 @@ BEGIN
          FROM (SELECT v.score FROM seed o
                CROSS JOIN LATERAL relationship_fulltext_document(
                    p_team, p_space, p_generation, p_t_sys, o.doc_id, p_lexemes, p_idfs, p_avgdl) v
-               ORDER BY 1 DESC LIMIT p_limit) k),
+               ORDER BY 1 DESC NULLS LAST LIMIT p_limit) k),
                             '-infinity'::double precision) AS v
         ),
         -- The lexemes in bound order: the prefix whose bounds sum below the floor
@@ -247,10 +252,10 @@ BEGIN
         SELECT greatest(v_theta0,
                         coalesce((SELECT CASE WHEN count(*) >= p_limit
                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
-         FROM (SELECT v.score FROM best_scores v ORDER BY 1 DESC LIMIT p_limit) k),
+         FROM (SELECT v.score FROM best_scores v ORDER BY 1 DESC NULLS LAST LIMIT p_limit) k),
                                  (SELECT CASE WHEN count(*) >= p_limit
                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
-         FROM (SELECT v.score FROM best_visible v ORDER BY 1 DESC LIMIT p_limit) k))) AS v
+         FROM (SELECT v.score FROM best_visible v ORDER BY 1 DESC NULLS LAST LIMIT p_limit) k))) AS v
     ),
     -- The documents whose bound can still reach theta, and whether each is in
     -- best; without minor lexemes (the rest is 0) they are whole.
@@ -302,9 +307,9 @@ BEGIN
         CROSS JOIN LATERAL relationship_fulltext_document(
             p_team, p_space, p_generation, p_t_sys, g.doc_id, p_lexemes, p_idfs, p_avgdl) s
     )
-    SELECT h.doc_id, row_number() OVER (ORDER BY h.score DESC, h.doc_id COLLATE "C") AS rank
+    SELECT h.doc_id, row_number() OVER (ORDER BY h.score DESC NULLS LAST, h.doc_id COLLATE "C") AS rank
     FROM scored h
-    ORDER BY h.score DESC, h.doc_id COLLATE "C"
+    ORDER BY h.score DESC NULLS LAST, h.doc_id COLLATE "C"
     LIMIT p_limit;
 END
  $$;

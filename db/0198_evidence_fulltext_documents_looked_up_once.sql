@@ -32,11 +32,13 @@
 --    other, so the weights a document held before do not matter (db/0195 set
 --    them all to D first: a copy of the whole parse, which a long document
 --    pays for). tf is the number of positions, the postings' own definition
---    (db/0055); the postings are written from that search_document by their
---    trigger only (db/0130), and the document's text and parse cannot change
---    after insert (db/0196), so a document picked by a posting holds that
---    lexeme with that tf. The same expression over the same (IDF, tf) pairs
---    summed in the same order: the same float.
+--    (db/0055) for a parse whose lexemes all carry positions, as every
+--    to_tsvector's do (db/0197 says more); the postings are written from that
+--    search_document by their trigger only (db/0130), and the document's text
+--    and parse cannot change after insert (db/0196), so a document picked by a
+--    posting holds that lexeme with that tf (one that held none would score
+--    NULL, which every order here puts last). The same expression over the
+--    same (IDF, tf) pairs summed in the same order: the same float.
 --
 -- 3. One query for both paths (db/0197, point 3): the first floor, the lexeme
 --    bounds and the choice of minor lexemes are a statement of their own, run
@@ -152,7 +154,7 @@ BEGIN
          FROM (SELECT v.score FROM seed o
                CROSS JOIN LATERAL evidence_fulltext_document(
                    p_team, p_space, p_generation, p_known_at, p_exclude, o.doc_id, p_lexemes, p_idfs, p_avgdl) v
-               ORDER BY 1 DESC LIMIT p_limit) k),
+               ORDER BY 1 DESC NULLS LAST LIMIT p_limit) k),
                             '-infinity'::double precision) AS v
         ),
         -- The lexemes in bound order: the prefix whose bounds sum below the floor
@@ -223,10 +225,10 @@ BEGIN
         SELECT greatest(v_theta0,
                         coalesce((SELECT CASE WHEN count(*) >= p_limit
                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
-         FROM (SELECT v.score FROM best_scores v ORDER BY 1 DESC LIMIT p_limit) k),
+         FROM (SELECT v.score FROM best_scores v ORDER BY 1 DESC NULLS LAST LIMIT p_limit) k),
                                  (SELECT CASE WHEN count(*) >= p_limit
                      THEN min(k.score) - 1e-9 * abs(min(k.score)) END
-         FROM (SELECT v.score FROM best_visible v ORDER BY 1 DESC LIMIT p_limit) k))) AS v
+         FROM (SELECT v.score FROM best_visible v ORDER BY 1 DESC NULLS LAST LIMIT p_limit) k))) AS v
     ),
     -- The documents whose bound can still reach theta, and whether each is in
     -- best; without minor lexemes (the rest is 0) they are whole.
@@ -278,9 +280,9 @@ BEGIN
         CROSS JOIN LATERAL evidence_fulltext_document(
             p_team, p_space, p_generation, p_known_at, p_exclude, g.doc_id, p_lexemes, p_idfs, p_avgdl) s
     )
-    SELECT h.doc_id, row_number() OVER (ORDER BY h.score DESC, h.doc_id COLLATE "C") AS rank
+    SELECT h.doc_id, row_number() OVER (ORDER BY h.score DESC NULLS LAST, h.doc_id COLLATE "C") AS rank
     FROM scored h
-    ORDER BY h.score DESC, h.doc_id COLLATE "C"
+    ORDER BY h.score DESC NULLS LAST, h.doc_id COLLATE "C"
     LIMIT p_limit;
 END
  $$;

@@ -264,14 +264,19 @@ async def test_hydration_checks_each_source_once(db: Database) -> None:
 
 
 async def _function_body_plan(
-    conn: asyncpg.Connection, function: str, args: list[str], which: int = 0
+    conn: asyncpg.Connection,
+    function: str,
+    args: list[str],
+    which: int = 0,
+    statement: typing.Callable[[str], str] | None = None,
 ) -> str:
     """The generic plan of a ``RETURN QUERY`` function's query, as the function keeps
     it (its body prepared with the arguments as parameters; the function's plan is
     not in EXPLAIN of a call). ``args``: SQL literals, one per argument; ``which``:
     the function's ``which``-th ``RETURN QUERY`` (from 0), to the semicolon that
-    ends it (the one before ``END`` or ``RETURN``). The function's declared
-    variables are parameters too, at their initial values."""
+    ends it (the one before ``END`` or ``RETURN``); or ``statement`` of the
+    function's source. The function's declared variables are parameters too, at
+    their initial values."""
     src, names, types, settings = await conn.fetchrow(
         "SELECT prosrc, proargnames, "
         "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
@@ -281,10 +286,13 @@ async def _function_body_plan(
     for setting in settings or ():  # the function's own SET clauses
         name, _, value = setting.partition("=")
         await conn.execute("SELECT set_config($1, $2, true)", name, value)
-    start = [m.end() for m in re.finditer("RETURN QUERY", src)][which]
-    end = re.compile(r";\s*(?:END|RETURN)\b").search(src, start)
-    assert end is not None, src
-    body = src[start : end.start()]
+    if statement is not None:
+        body = statement(src)
+    else:
+        start = [m.end() for m in re.finditer("RETURN QUERY", src)][which]
+        end = re.compile(r";\s*(?:END|RETURN)\b").search(src, start)
+        assert end is not None, src
+        body = src[start : end.start()]
     for i, (name, type_) in enumerate(zip(names[: len(types)], types, strict=True), 1):
         body = re.sub(rf"\b{name}\b", f"${i}::{type_}", body)
     # The function's own variables (``DECLARE v_x type := value;``) are parameters
@@ -424,6 +432,23 @@ async def test_fulltext_scores_each_document_once_from_its_lexemes(
     assert (
         floor < src.index("seed AS MATERIALIZED") < src.index("END IF") < src.index("RETURN QUERY")
     )
+    # The floor's statement (run from the threshold on): its lookups inlined too.
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            floor_plan = await _function_body_plan(
+                conn,
+                function,
+                args,
+                statement=lambda text: (
+                    text[text.index("THEN", floor) + 4 : text.index("END IF")]
+                    .strip()
+                    .rstrip(";")
+                    .replace("INTO v_theta0, v_rest, v_minor", "")
+                ),
+            )
+    assert "CTE seed" in floor_plan and "CTE theta0" in floor_plan, floor_plan
+    assert "_fulltext_document" not in floor_plan, floor_plan  # inlined
+    assert floor_plan.count(f"on {documents} ") == 2, floor_plan  # the walk's, theta0's
     # grp, the minor parts of whole; no scoring step reads the postings
     assert plan.count(f"on {postings}") == 2, plan
     assert f"on {postings}" in _cte(plan, "grp"), plan
