@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import socket
 import statistics
@@ -41,7 +40,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +56,7 @@ from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService  # noqa: E402
+from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.database import Database, prepare  # noqa: E402
 
@@ -151,6 +149,27 @@ class Phases:
         embedder = app.state.services.embedder
         embed = embedder.embed
 
+        import gateway.app as app_module
+        from gateway.services.mutations import MutationService
+
+        authenticate, mutate = app_module.authenticate, MutationService.apply
+
+        async def timed_authenticate(*args: Any) -> Any:
+            try:
+                return await authenticate(*args)
+            finally:
+                phases.marks["authenticated"] = time.perf_counter()
+
+        async def timed_mutate(self: Any, *args: Any) -> Any:
+            phases.marks["resolver"] = time.perf_counter()
+            try:
+                return await mutate(self, *args)
+            finally:
+                phases.marks["resolved"] = time.perf_counter()
+
+        app_module.authenticate = timed_authenticate  # type: ignore[assignment]
+        MutationService.apply = timed_mutate  # type: ignore[method-assign]
+
         async def timed_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
             phases.marks["apply"] = time.perf_counter()
             try:
@@ -188,11 +207,15 @@ class Phases:
         row = {
             "total": m["received"] - m["sent"],
             "to the write service": m["apply"] - m["sent"],
+            "  of which to authenticated (token lookup)": m["authenticated"] - m["sent"],
+            "  of which authenticated to the resolver": m["resolver"] - m["authenticated"],
+            "  of which the resolver to the write service": m["apply"] - m["resolver"],
             "records' checks and inserts": m["records"] - m["apply"],
             "vectors (await, embed, store)": m["vectors"] - m["records"],
             "  of which storing them (one statement)": m["vectors"] - m["storing"],
             "commit": m["committed"] - m["vectors"],
             "answer back": m["received"] - m["committed"],
+            "  of which to the resolver's return": m["resolved"] - m["committed"],
             "SQL send-to-answer, all statements": sql_seconds,
         }
         calls = sorted(self.embeds)
@@ -216,13 +239,6 @@ class Phases:
         for name in self.rows[0]:
             values = [r[name] * 1000 for r in self.rows if name in r]
             print(f"  {name:44} {statistics.median(values):7.2f}")
-
-
-@contextlib.asynccontextmanager
-async def _no_prefetch(
-    self: Any, records: Any, actor: Any, embed_ahead: bool = False
-) -> AsyncIterator[None]:
-    yield None
 
 
 class Other:
@@ -284,21 +300,22 @@ def measure(
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
-    embedding of the evidence not started ahead of the SQL (the path before
-    that change), for an A/B in one run."""
+    write's embedding lane holding two calls in flight instead of one (a text
+    added while a call runs queues behind it in the provider at once instead of
+    waiting for its end): an A/B of the lane's rule in one run."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
-    ahead = WriteService._prefetched
+    outstanding = _Lane.OUTSTANDING
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
             for k, name in enumerate(kinds):
-                n = 3 * i + k
+                n = len(kinds) * i + k
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
-                WriteService._prefetched = _no_prefetch if name == "serial" else ahead  # type: ignore[assignment,method-assign]
+                _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -306,7 +323,7 @@ def measure(
                 r = client.post("/graphql", json=body, headers=headers)
                 if phases is not None and name == "full":
                     phases.finish(counter.seconds - seconds)
-                WriteService._prefetched = ahead  # type: ignore[method-assign]
+                _Lane.OUTSTANDING = outstanding
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -438,7 +455,7 @@ def main() -> None:
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
-        ("  same, embedding not started ahead", runs["serial"], statements["serial"]),
+        ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),

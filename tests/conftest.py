@@ -31,6 +31,11 @@ from gateway.services.writes import Actor, WriteService
 from gateway.settings import Settings
 from gateway.store.database import Database, prepare
 
+from . import session_guard
+from .session_guard import no_session_state_after_skipped_resets  # noqa: F401 (autouse)
+
+session_guard.install()
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Every embedded server of the suite (the session's, those tests start for

@@ -346,10 +346,10 @@ async def test_discovery_top_k_is_the_top_of_full_scoring(
 
 # --- broken bounds are caught -------------------------------------------------------
 
-# Each breaks one step of db/0085's functions (as db/0105 writes them) so that it may leave out a document
-# of the real list. The same text is in both functions, so each breakage applies
-# to either (but those of EVIDENCE_ONLY); every one of them is replaced wherever it
-# occurs in the function.
+# Each breaks one step of db/0085's functions (as db/0197 and db/0198 write them)
+# so that it may leave out a document of the real list. The same text is in both
+# functions, so each breakage applies to either (but those of EVIDENCE_ONLY); every
+# one of them is replaced wherever it occurs in the function.
 BREAKAGES = {
     # 1. A lexeme bound below the lexeme's real contribution.
     "lexeme bound halved": [
@@ -375,28 +375,27 @@ BREAKAGES = {
     "document bound halved": [
         ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
     ],
-    # 4. The survivors' final filter (their whole bound) on a bound below the score
-    # (the second: the relationship function's path without a first floor, db/0170).
+    # 4. The survivors' filters on a bound below the score: their bound with the
+    # rest (the whole bound when no lexeme is minor), and their whole bound.
     "final filter on half the bound": [
         ("HAVING sum(x.part) >=", "HAVING 0.5 * sum(x.part) >="),
-        ("WHERE g.part >= (SELECT th.v", "WHERE 0.5 * g.part >= (SELECT th.v"),
+        ("WHERE g.part + v_rest >= (SELECT t.v", "WHERE 0.5 * g.part + v_rest >= (SELECT t.v"),
     ],
     # 4. The survivors' whole bound without their minor lexemes' term parts (db/0105
     # reads those for the survivors only, apart from the essential lexemes' bound).
     "survivors' minor parts left out": [
         ("            WHERE r.minor\n        ) x", "            WHERE false\n        ) x"),
     ],
-    # 5. (evidence, db/0175) Survivors taken for members of best, whose scores the
-    # answer reuses, although they are not: they are neither rescored nor reused.
+    # 5. (evidence db/0175, relationships db/0197) Survivors taken for members of
+    # best, whose scores the answer reuses, although they are not: they are
+    # neither rescored nor reused.
     "best's edge lowered": [
-        ("coalesce(s.part > (SELECT e.part", "coalesce(s.part > 0.5 * (SELECT e.part"),
-        # (the second: the evidence function's path without a first floor, db/0195)
         ("coalesce(g.part > (SELECT e.part", "coalesce(g.part > 0.5 * (SELECT e.part"),
     ],
 }
 
-# Steps that only the evidence function has.
-EVIDENCE_ONLY = {"best's edge lowered"}
+# Steps that only the evidence function has (none since db/0197).
+EVIDENCE_ONLY: set[str] = set()
 
 # Steps that exist only on the path of large spaces (a finite first floor): with
 # every lexeme essential there are no minor lexemes, and the lexeme bounds and the
@@ -418,9 +417,9 @@ async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: 
         f"CREATE OR REPLACE FUNCTION public.{function}", f"CREATE FUNCTION pg_temp.{name}"
     )
     assert broken != definition
-    # Each text is in the function unless it is another path's (db/0170's path of
-    # the relationship function without a first floor has its own final filter).
-    assert any(old in broken for old, _ in BREAKAGES[breakage]), breakage
+    # Every text is in the function (one query for both paths since db/0197 and
+    # db/0198).
+    assert all(old in broken for old, _ in BREAKAGES[breakage]), breakage
     for old, new in BREAKAGES[breakage]:
         broken = broken.replace(old, new)
     await admin_conn.execute(broken)

@@ -3,12 +3,14 @@ rest of the read path.
 
 ``evidence_fulltext_top_k`` and ``relationship_fulltext_top_k`` check each
 document they look up against the view (team, space, generation, system time,
-and for evidence the caller's exclusions) in several places: the first floor's
-walk, each set of documents scored for a floor, and the final scoring. Those
-copies must all say what the rest of the read path says: for evidence the
+and for evidence the caller's exclusions): in the first floor's walk, each set
+of documents scored for a floor, and the final scoring. Since db/0197 and
+db/0198 every such lookup is one SQL function (``evidence_fulltext_document``,
+``relationship_fulltext_document``), so the filter is written once; before, in
+each step. It must say what the rest of the read path says: for evidence the
 filter of every candidate list (``gateway/store/search.py``, ``_visible``), for
 relationships the visibility part of discovery's eligibility
-(``gateway/store/related.py``, ``visible_relationship``). A copy that drifts
+(``gateway/store/related.py``, ``visible_relationship``). A filter that drifts
 may change no list on a small store and silently break one on a large store.
 
 So, on a store holding everything a view must hide or keep (an earlier
@@ -18,8 +20,8 @@ of a private space, excluded IDs) and rows that candidates deliberately keep
 yet valid: eligibility decides about those later), and in the current, a
 ``validAt`` and two ``knownAt`` views as the services build them:
 
-- every copy of the filter, read from the installed function and run on its
-  own against the store, selects exactly the rule's set;
+- the filter, read from the installed functions and run on its own against
+  the store, selects exactly the rule's set;
 - the functions' lists at a length above the number of hits hold exactly the
   rule's set.
 """
@@ -217,25 +219,37 @@ def _expected(view: str, prefix: str, current: int, late: int, old: int) -> set[
 
 async def _copies(
     conn: asyncpg.Connection,
-    function: str,
+    functions: Sequence[str],
     table: str,
     params: dict[str, tuple[str, Any]],
 ) -> list[tuple[str, list[Any]]]:
-    """Every lookup of ``table`` in the installed ``function``, as a query (and its
-    arguments) of the IDs of the rows its filter lets through; ``params``: the
-    function's parameters by name, with their SQL types and values."""
-    body = await conn.fetchval(f"SELECT pg_get_functiondef('{function}'::regproc)")
-    found = re.findall(rf"FROM {table} d\s+WHERE (.*?)\s+OFFSET 0", body, flags=re.S)
-    # Every mention of the table is such a lookup: none written another way escapes.
-    assert len(found) == len(re.findall(rf"\b{table}\b", body)) >= 2, function
-    # And they are one filter written several times. (Also what catches a copy that
-    # drops the team: a space belongs to one team, so no row would show it.)
-    assert len({" ".join(p.split()) for p in found}) == 1, found
+    """Every lookup of ``table`` in the installed ``functions`` (a full-text function
+    and the lookup function it calls, if any), as a query (and its arguments) of
+    the IDs of the rows its filter lets through; ``params``: the functions'
+    parameters by name, with their SQL types and values."""
+    found = []
+    for function in functions:
+        body = await conn.fetchval(f"SELECT pg_get_functiondef('{function}'::regproc)")
+        here = re.findall(
+            rf"FROM (?:public\.)?{table} d\s+WHERE (.*?)\s+OFFSET 0", body, flags=re.S
+        )
+        # Every mention of the table is such a lookup: none written another way escapes.
+        assert len(here) == len(re.findall(rf"\b{table}\b", body)), function
+        found += here
+    assert found, functions
+    # The looked-up document: a column of the calling step, or the lookup
+    # function's parameter (db/0197).
+    documents = ("d.id = g.doc_id", "d.id = p_doc_id")
+    # And they are one filter, however often written. (Also what catches a copy
+    # that drops the team: a space belongs to one team, so no row would show it.)
+    unified = {" ".join(p.replace(documents[1], documents[0]).split()) for p in found}
+    assert len(unified) == 1, found
     queries = []
     for predicate in found:
         # Every row of the table instead of the looked-up document.
-        assert predicate.count("d.id = g.doc_id") == 1, predicate
-        predicate = predicate.replace("d.id = g.doc_id", "TRUE")
+        assert sum(predicate.count(d) for d in documents) == 1, predicate
+        for d in documents:
+            predicate = predicate.replace(d, "TRUE")
         args = []
         for name, (sql_type, value) in params.items():
             if re.search(rf"\b{name}\b", predicate):
@@ -278,7 +292,11 @@ async def test_evidence_function_filters_like_the_candidate_lists(
             "p_known_at": ("timestamptz", q.known_at),
             "p_exclude": ("text[]", list(q.exclude_ids)),
         }
-        copies = await _copies(admin_conn, "evidence_fulltext_top_k", "evidence", params)
+        # Every step looks its documents up through one function (db/0198): the
+        # filter is written there, once.
+        functions = ["evidence_fulltext_top_k", "evidence_fulltext_document"]
+        copies = await _copies(admin_conn, functions, "evidence", params)
+        assert len(copies) == 1
         for i, (copy, args) in enumerate(copies):
             got = await _ids(admin_conn, copy, args)
             assert got == want, (view_name, b.branch, i, sorted(got ^ want))
@@ -327,7 +345,11 @@ async def test_relationship_function_filters_like_discovery(
         "p_generation": ("integer", q.generation),
         "p_t_sys": ("timestamptz", q.t_sys),
     }
-    copies = await _copies(admin_conn, "relationship_fulltext_top_k", "relationships", params)
+    # Every step looks its documents up through one function (db/0197): the
+    # filter is written there, once.
+    functions = ["relationship_fulltext_top_k", "relationship_fulltext_document"]
+    copies = await _copies(admin_conn, functions, "relationships", params)
+    assert len(copies) == 1
     for i, (copy, args) in enumerate(copies):
         got = await _ids(admin_conn, copy, args)
         assert got == want, (view_name, i, sorted(got ^ want))

@@ -9,14 +9,18 @@ check what that session holds between requests; other uses keep the reset."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 import pytest_asyncio
 
+from gateway.services.auth import authenticate
+from gateway.services.mutations import MutationService, remember_items
 from gateway.services.writes import WriteService
 
 from .conftest import app_for, load_jsonl, unique
@@ -230,3 +234,96 @@ async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missin
         )
     }
     assert written == dict.fromkeys(written, 0), written
+
+
+class _HeldEmbedder:
+    """The app's provider, holding every call until the test cancels the write."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.dimensions = inner.dimensions
+        self.started = asyncio.Event()
+
+    async def embed(self, texts: Any) -> Any:
+        self.started.set()
+        await asyncio.Event().wait()  # until cancelled
+        return await self.inner.embed(texts)  # pragma: no cover
+
+
+async def test_a_cancelled_write_keeps_the_reset(
+    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+) -> None:
+    """A ``remember`` cancelled in the middle of its transaction (a client gone
+    while its texts embed: asyncio cancels the request's task): the transaction
+    is rolled back, nothing of it is written, and the connection's release sends
+    the reset statement; only a committed tenant transaction skips it
+    (``Database.tenant``)."""
+    team, tok, _, _ = await _two_teams(writes)
+    db = one_connection_app.state.services.db
+    held = _HeldEmbedder(one_connection_app.state.services.embedder)
+    mutations = MutationService(WriteService(db, held))  # type: ignore[arg-type]
+    principal = await authenticate(db, tok)
+    fresh = await _session_state(one_connection_app)
+    sent: list[str] = []
+    async with _pool(one_connection_app).acquire() as conn:
+        conn.add_query_logger(lambda record: sent.append(str(record.query)))
+    sent.clear()
+    data = incident_memory("shared", suffix="-cancelled")
+    data["source"].update(type="document", authority="high")  # the enums' values
+    items = remember_items(principal, data)
+    task = asyncio.create_task(mutations.apply(principal, items))
+    await asyncio.wait_for(held.started.wait(), timeout=30)
+    for _ in range(500):  # the transaction has written its first records
+        if any("INSERT INTO" in q for q in sent):
+            break
+        await asyncio.sleep(0.01)
+    assert any("INSERT INTO" in q for q in sent), sent
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with _pool(one_connection_app).acquire():  # once the cancelled use released it
+        released = list(sent)
+    assert [q for q in released if RESET_MARK in q], released
+    assert not [q for q in released if q.strip().upper().startswith("COMMIT")], released
+    assert await _session_state(one_connection_app) == fresh
+    assert not await admin_conn.fetchval(
+        "SELECT count(*) FROM write_log WHERE team_id = $1 AND client_id LIKE '%-cancelled'", team
+    )
+
+
+async def test_the_suite_catches_session_state_left_behind_a_skipped_reset(
+    one_connection_app: Any, writes: WriteService
+) -> None:
+    """What a tenant block must never do (``Database.tenant``): a session-level
+    setting and a session advisory lock, left by a committed tenant transaction,
+    whose release skips the reset. The suite's guard (tests/session_guard.py)
+    finds them on the connection as it goes back to the pool."""
+    from . import session_guard
+
+    team, _, _, _ = await _two_teams(writes)
+    db = one_connection_app.state.services.db
+    async with db.tenant(team, [], readonly=False) as conn:
+        await conn.execute("SELECT set_config('lock_timeout', '1234ms', false)")
+        await conn.execute("SELECT pg_advisory_lock(4243)")
+    leaks, session_guard.LEAKS[:] = list(session_guard.LEAKS), []
+    assert len(leaks) == 1, leaks
+    assert leaks[0]["session_settings"] == ["lock_timeout"]
+    assert leaks[0]["advisory_locks"] == 1
+    async with _pool(one_connection_app).acquire():
+        pass  # this release resets the session in full: clean again
+    after = await _session_state(one_connection_app)
+    assert after["advisory"] == 0 and after["lock_timeout"] != "1234ms", after
+
+    # the session's user, which even the full reset keeps, and the write path's
+    # own shard setting (a placeholder, not in pg_settings)
+    async with db.tenant(team, [], readonly=False) as conn:
+        await conn.execute("SET SESSION AUTHORIZATION recall_app")
+    async with db.tenant(team, [], readonly=False) as conn:
+        await conn.execute("SELECT set_config('recall.stats_shard', '3', false)")
+    leaks, session_guard.LEAKS[:] = list(session_guard.LEAKS), []
+    assert len(leaks) == 2, leaks
+    assert leaks[0]["session_authorization"] and leaks[1]["stats_shard"] == "3", leaks
+    async with _pool(one_connection_app).acquire() as conn:
+        await conn.execute("RESET SESSION AUTHORIZATION")
+    assert await _session_state(one_connection_app) == after

@@ -264,13 +264,19 @@ async def test_hydration_checks_each_source_once(db: Database) -> None:
 
 
 async def _function_body_plan(
-    conn: asyncpg.Connection, function: str, args: list[str], which: int = 0
+    conn: asyncpg.Connection,
+    function: str,
+    args: list[str],
+    which: int = 0,
+    statement: typing.Callable[[str], str] | None = None,
 ) -> str:
     """The generic plan of a ``RETURN QUERY`` function's query, as the function keeps
     it (its body prepared with the arguments as parameters; the function's plan is
     not in EXPLAIN of a call). ``args``: SQL literals, one per argument; ``which``:
     the function's ``which``-th ``RETURN QUERY`` (from 0), to the semicolon that
-    ends it (the one before ``END`` or ``RETURN``)."""
+    ends it (the one before ``END`` or ``RETURN``); or ``statement`` of the
+    function's source. The function's declared variables are parameters too, at
+    their initial values."""
     src, names, types, settings = await conn.fetchrow(
         "SELECT prosrc, proargnames, "
         "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
@@ -280,12 +286,23 @@ async def _function_body_plan(
     for setting in settings or ():  # the function's own SET clauses
         name, _, value = setting.partition("=")
         await conn.execute("SELECT set_config($1, $2, true)", name, value)
-    start = [m.end() for m in re.finditer("RETURN QUERY", src)][which]
-    end = re.compile(r";\s*(?:END|RETURN)\b").search(src, start)
-    assert end is not None, src
-    body = src[start : end.start()]
+    if statement is not None:
+        body = statement(src)
+    else:
+        start = [m.end() for m in re.finditer("RETURN QUERY", src)][which]
+        end = re.compile(r";\s*(?:END|RETURN)\b").search(src, start)
+        assert end is not None, src
+        body = src[start : end.start()]
     for i, (name, type_) in enumerate(zip(names[: len(types)], types, strict=True), 1):
         body = re.sub(rf"\b{name}\b", f"${i}::{type_}", body)
+    # The function's own variables (``DECLARE v_x type := value;``) are parameters
+    # of its query too, bound to their initial values.
+    types = list(types)
+    args = list(args)
+    for name, type_, value in re.findall(r"^\s*(v_\w+)\s+([^:;]+?)\s*:=\s*([^;]+);", src, re.M):
+        types.append(type_)
+        args.append(f"({value})::{type_}")
+        body = re.sub(rf"\b{name}\b", f"${len(types)}::{type_}", body)
     await conn.execute(f"PREPARE body_plan ({', '.join(types)}) AS {body}")
     try:
         rows = await conn.fetch(f"EXPLAIN EXECUTE body_plan({', '.join(args)})")
@@ -352,175 +369,51 @@ async def test_fulltext_survivors_are_grouped_once_not_joined(
     assert plan.count("CTE Scan on surv") >= 2, plan  # the bounds and the IDs read
 
 
-async def test_evidence_fulltext_groups_its_postings_by_hashing(db: Database) -> None:
-    """The evidence full-text function's step ``grp`` (the essential lexemes'
-    postings summed per document: most of a space for a common word) in the
-    generic plan the function keeps: a hash aggregate. Sorted by document ID and
-    grouped in order, as the plan was before db/0151, the sort of the postings'
-    text keys was most of the step (docs/benchmarks.md, "The full-text list's
-    survivors"); the rows are the same either way (tests/test_bm25_top_k.py)."""
-    args = [
-        "'t-plan'",
-        "'00000000-0000-0000-0000-000000000000'::uuid",
-        "1",
-        "NULL::timestamptz",
-        "'{}'::text[]",
-        "60",
-        "20000",
-        "'{a,b}'::text[]",
-        "'{1,2}'::float8[]",
-        "'{5,9}'::float8[]",
-        "'{1,2}'::integer[]",
-        "10.0",
-    ]
-    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
-        async with unit.step() as conn:
-            plans = [
-                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
-                for which in (0, 1)  # both paths (db/0195)
-            ]
-    for plan in plans:
-        grp = _cte(plan, "grp")
-        assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
-        assert "Sort" not in grp, grp
+@pytest.mark.parametrize(
+    ("function", "view", "postings", "documents", "limit"),
+    [
+        (
+            "evidence_fulltext_top_k",
+            ["NULL::timestamptz", "'{}'::text[]"],
+            "evidence_terms",
+            "evidence",
+            "60",
+        ),
+        ("relationship_fulltext_top_k", ["now()"], "relationship_terms", "relationships", "40"),
+    ],
+)
+async def test_fulltext_scores_each_document_once_from_its_lexemes(
+    db: Database, function: str, view: list[str], postings: str, documents: str, limit: str
+) -> None:
+    """The full-text functions (db/0197, db/0198) in the generic plan their query
+    keeps:
 
+    - a scored document's term frequencies come from its own ``search_document``
+      (looked up anyway for its length and visibility; the postings' tf is
+      defined from it, db/0055, and cannot disagree with it since db/0196): the
+      postings are read by the grouping and the survivors' minor lexemes only.
+      Before db/0195 (evidence) and db/0197 (relationships) every set of scored
+      documents read every query lexeme's postings again for their IDs, then
+      sorted and grouped them: about a third of the evidence list's server CPU;
+    - each document is scored once: best's scores are read by theta and by the
+      answer, which scores only the documents of whole outside best (db/0175;
+      before it, and before db/0197 for relationships, most of best was looked
+      up and scored twice);
+    - every lookup is the function's ``*_fulltext_document`` inlined (no
+      function call per document), three in the query: best, best_visible, the
+      answer's;
+    - the grouping is hashed (db/0151: sorting its text keys was most of it);
+    - one query serves both paths: the first floor and the lexeme bounds are a
+      statement of their own, run from ``PRUNE_FROM_POSTINGS`` on (db/0170 and
+      db/0195 had a second copy of the query for the path without them).
 
-async def test_relationship_fulltext_scores_the_floors_documents_once(db: Database) -> None:
-    """The relationship full-text function's step ``scored`` takes the scores of
-    the documents that the floor's step ``best_scores`` already scored (the same
-    expression over the same terms and length) and looks up and scores only the
-    others (db/0170): ``best_scores`` is read by the floor and by ``scored``, on
-    both paths. Before, every survivor was looked up and scored again, about 80
-    of the 110 documents of a list of 40 on a space of 10,000 relationships. And
-    below ``PRUNE_FROM_POSTINGS`` (every question of such a space) its query has
-    no first floor, lexeme bounds or minor lexemes, which decide nothing there.
     The lists are unchanged (tests/test_bm25_top_k.py, both paths)."""
     args = [
         "'t-plan'",
         "'00000000-0000-0000-0000-000000000000'::uuid",
         "1",
-        "now()",
-        "40",
-        "20000",
-        "'{a,b}'::text[]",
-        "'{1,2}'::float8[]",
-        "'{5,9}'::float8[]",
-        "'{1,2}'::integer[]",
-        "10.0",
-    ]
-    plans = []
-    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
-        async with unit.step() as conn:
-            for which in (0, 1):
-                plans.append(
-                    await _function_body_plan(conn, "relationship_fulltext_top_k", args, which)
-                )
-    pruned, small = plans
-    for plan in plans:
-        assert plan.count("CTE Scan on best_scores") == 2, plan
-    assert "CTE seed" in pruned and "CTE theta0" in pruned, pruned
-    for step in ("seed", "theta0", "ranked", "rest", "surv"):
-        assert f"CTE {step}" not in small, small
-    assert "WindowAgg" not in small.split("CTE best")[0], small  # no lexeme bounds
-
-
-async def test_evidence_fulltext_scores_best_once(db: Database) -> None:
-    """The evidence full-text function's exact scores of best (the documents of
-    highest bound, scored for theta) are computed once, in the generic plan the
-    function keeps, and read twice: by theta and as candidates of the answer,
-    which scores only the other documents of whole. Before db/0175 the answer
-    scored most of best a second time (a lookup of every query lexeme's postings
-    and of the length per document): about an eighth of the list's server CPU
-    at 100,000 evidence (docs/benchmarks.md). The lists are unchanged
-    (tests/test_bm25_top_k.py)."""
-    args = [
-        "'t-plan'",
-        "'00000000-0000-0000-0000-000000000000'::uuid",
-        "1",
-        "NULL::timestamptz",
-        "'{}'::text[]",
-        "60",
-        "20000",
-        "'{a,b}'::text[]",
-        "'{1,2}'::float8[]",
-        "'{5,9}'::float8[]",
-        "'{1,2}'::integer[]",
-        "10.0",
-    ]
-    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
-        async with unit.step() as conn:
-            plans = [
-                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
-                for which in (0, 1)  # both paths (db/0195)
-            ]
-    for plan in plans:
-        assert "CTE best_scores" in plan, plan  # computed once
-        assert plan.count("CTE Scan on best_scores") == 2, plan  # by theta and by the answer
-        # the answer's own lookups read only the documents of whole that best lacks
-        assert "Filter: (NOT in_best)" in plan, plan
-
-
-async def test_evidence_fulltext_scores_from_the_documents_own_lexemes(db: Database) -> None:
-    """The evidence full-text function's exact scores take each document's term
-    frequencies from its ``search_document`` (the row is looked up for its length
-    and visibility anyway; the postings' tf is defined from it, db/0055), not
-    from the postings: the postings are read by the grouping only (and, on the
-    path of large spaces, by the first floor's walk and the minor lexemes' parts
-    of the survivors). Before db/0195 every set of scored documents read every
-    query lexeme's postings again for their IDs, then sorted and grouped them:
-    about a third of the list's server CPU at 100,000 evidence
-    (docs/benchmarks.md, "The scope round's evidence parts at 100k"). The
-    lists are unchanged (tests/test_bm25_top_k.py, both paths)."""
-    args = [
-        "'t-plan'",
-        "'00000000-0000-0000-0000-000000000000'::uuid",
-        "1",
-        "NULL::timestamptz",
-        "'{}'::text[]",
-        "60",
-        "20000",
-        "'{a,b}'::text[]",
-        "'{1,2}'::float8[]",
-        "'{5,9}'::float8[]",
-        "'{1,2}'::integer[]",
-        "10.0",
-    ]
-    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
-        async with unit.step() as conn:
-            pruned, small = [
-                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
-                for which in (0, 1)
-            ]
-    # seed's walk, grp, the minor parts of whole; grp only
-    assert pruned.count("on evidence_terms") == 3, pruned
-    assert small.count("on evidence_terms") == 1, small
-    for plan, steps in (
-        (pruned, ("seed_scores", "best_scores", "scored")),
-        (small, ("best_scores", "scored")),
-    ):
-        assert "on evidence_terms" in _cte(plan, "grp"), plan
-        for step in steps:
-            if f"CTE {step}" in plan:
-                assert "evidence_terms" not in _cte(plan, step), plan
-
-
-async def test_evidence_fulltext_small_path_has_no_floor(db: Database) -> None:
-    """Below ``PRUNE_FROM_POSTINGS`` (every question of a space of 10,000 evidence:
-    about 7,000 postings) the evidence full-text function runs a query without the
-    first floor, the lexeme bounds and the minor lexemes, which decide nothing
-    there (theta0 minus infinity, rest 0, no minor lexeme; db/0195, as db/0170 for
-    the relationship function): a plan about half the size, which the function
-    starts at every call (about 8 % of the list's samples under perf;
-    docs/benchmarks.md, "The scope round's evidence parts at 100k"). From the
-    threshold on, the query with them runs. The lists are unchanged
-    (tests/test_bm25_top_k.py, both paths)."""
-    args = [
-        "'t-plan'",
-        "'00000000-0000-0000-0000-000000000000'::uuid",
-        "1",
-        "NULL::timestamptz",
-        "'{}'::text[]",
-        "60",
+        *view,
+        limit,
         "20000",
         "'{a,b}'::text[]",
         "'{1,2}'::float8[]",
@@ -531,16 +424,44 @@ async def test_evidence_fulltext_small_path_has_no_floor(db: Database) -> None:
     async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
         async with unit.step() as conn:
             src = await conn.fetchval(
-                "SELECT prosrc FROM pg_proc WHERE oid = 'evidence_fulltext_top_k'::regproc"
+                "SELECT prosrc FROM pg_proc WHERE oid = $1::regproc", function
             )
-            assert src.count("RETURN QUERY") == 2, "one query per path"
-            pruned, small = [
-                await _function_body_plan(conn, "evidence_fulltext_top_k", args, which)
-                for which in (0, 1)
-            ]
-    for step in ("seed", "theta0", "ranked", "rest", "surv"):
-        assert f"CTE {step}" in pruned, pruned
-        assert f"CTE {step}" not in small, small
-    assert "WindowAgg" not in small.split("CTE grp")[0], small  # no lexeme bounds
-    for step in ("grp", "best", "best_edge", "best_scores", "best_visible", "theta", "whole"):
-        assert f"CTE {step}" in small, small
+            plan = await _function_body_plan(conn, function, args)
+    assert src.count("RETURN QUERY") == 1, "one query for both paths"
+    floor = src.index("IF (SELECT sum(d) FROM unnest(p_dfs) AS d) >= p_prune_from THEN")
+    assert (
+        floor < src.index("seed AS MATERIALIZED") < src.index("END IF") < src.index("RETURN QUERY")
+    )
+    # The floor's statement (run from the threshold on): its lookups inlined too.
+    async with db.unit("t-plan", [], plan_cache_mode="force_generic_plan") as unit:
+        async with unit.step() as conn:
+            floor_plan = await _function_body_plan(
+                conn,
+                function,
+                args,
+                statement=lambda text: (
+                    text[text.index("THEN", floor) + 4 : text.index("END IF")]
+                    .strip()
+                    .rstrip(";")
+                    .replace("INTO v_theta0, v_rest, v_minor", "")
+                ),
+            )
+    assert "CTE seed" in floor_plan and "CTE theta0" in floor_plan, floor_plan
+    assert "_fulltext_document" not in floor_plan, floor_plan  # inlined
+    assert floor_plan.count(f"on {documents} ") == 2, floor_plan  # the walk's, theta0's
+    # grp, the minor parts of whole; no scoring step reads the postings
+    assert plan.count(f"on {postings}") == 2, plan
+    assert f"on {postings}" in _cte(plan, "grp"), plan
+    for step in ("best_scores", "best_visible"):
+        assert postings not in _cte(plan, step), plan
+        assert f"on {documents} " in _cte(plan, step), plan
+    assert plan.count(f"on {documents} ") == 3, plan  # best, best_visible, the answer's
+    assert "_fulltext_document" not in plan, plan  # inlined, never a Function Scan
+    assert plan.count("CTE Scan on best_scores") == 2, plan  # by theta and by the answer
+    assert "Filter: (NOT in_best)" in plan, plan
+    for step in ("seed", "theta0", "ranked", "rest"):
+        assert f"CTE {step}" not in plan, plan
+    assert "WindowAgg" not in plan.split("CTE grp")[0], plan  # no lexeme bounds
+    grp = _cte(plan, "grp")
+    assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
+    assert "Sort" not in grp, grp

@@ -14,8 +14,7 @@ import contextlib
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Collection, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal, cast
@@ -26,6 +25,7 @@ import numpy as np
 import tenacity
 
 from gateway.embeddings import EmbeddingProvider, validate_vectors
+from gateway.embeddings.store_model import query_model
 from gateway.errors import (
     DatabaseUnavailable,
     EmbeddingMismatch,
@@ -172,70 +172,113 @@ _HYPOTHESIS_STATUS = {
 HYPOTHESIS_STATUS = _HYPOTHESIS_STATUS
 
 
-class _EarlyEmbeddings:
-    """A principal's relationship texts, embedded while its transaction goes on.
+class _Lane:
+    """A batch's texts embedded while its transaction goes on: one lane of
+    provider calls for every text the batch embeds ahead of its vectors' insert.
 
-    A relationship's text (its statement) is known only once its entities are
-    read, in the middle of the transaction; embedding it after the last insert
-    (with the other texts no provider call had started) made a ``remember`` pay
-    for the rest of its statements and that embedding one after the other. Here
-    a text starts embedding as soon as it is rendered, in one call, and texts
-    rendered while that call runs wait for it to end and then go in one call
-    together, so that 20 relationships still make a few calls, not 20. Each
-    text's vector is the provider's for that text: the local model's vector of
-    a text does not depend on the other texts of its call (checked bit for bit
-    on 150 pairs, docs/benchmarks.md), so the stored rows are those of the
-    single call at the end that this replaces."""
+    Which texts go ahead: a principal's evidence texts as the batch starts,
+    before its transaction (they are in the records); the operator's only with
+    ``embed_ahead`` (the loader asks for it only while a load is creating
+    evidence: a re-run would send texts already stored). A principal's
+    relationship texts once they are known: foreseen with the batch's first
+    claim (:meth:`_Batch.foresee`) and rendered by the record's own checks.
+    The rest, when the vectors are stored (:meth:`_Batch._vectors`).
+
+    How they go: one call in flight at a time. A text added while no call is in
+    flight starts one at once; texts added while one is in flight wait, and go
+    together in one call when it ends, so that 20 relationships still make a
+    few calls, not 20. Each text is sent once per attempt of the batch (an
+    evidence text that is also a relationship's statement too; a batch applied
+    again, after the set-based path's fallback or a lock's retry, has a lane of
+    its own). Each text's vector is the provider's for that text: the local
+    model's vector of a text does not depend on the other texts of its call
+    (checked bit for bit on 150 pairs, docs/benchmarks.md), so the stored rows
+    are those of a single call at the end.
+
+    A call holding none of the texts the batch needs (an evidence or a
+    relationship written before: a partial re-run) is not awaited: when a
+    needed text waits behind it, it is stopped and the needed one starts. (A
+    remote provider's request is then cut short; the local model's request
+    thread finishes a run it has begun, so there the needed call still starts
+    after it.) A refused batch (:meth:`close`) stops its calls, and no call's
+    failure is left unretrieved."""
+
+    OUTSTANDING = 1
+    """Calls in flight at most (see the class). 2 (a second call queued in the
+    provider behind the first) was measured against 1, interleaved, with no
+    consistent difference at load 7-14 (docs/benchmarks.md, "The write's one
+    embedding lane"): the simpler rule is kept."""
 
     def __init__(self, embedder: EmbeddingProvider) -> None:
         self.embedder = embedder
+        # The model its calls embed with (a provider that follows the store's
+        # model, gateway/embeddings/following.py, says which the next call will
+        # use): a batch whose provider moved since is refused, not stored with
+        # vectors of two models (_Batch.embed_pending).
+        self.model: str = query_model(embedder)
         self.waiting: list[str] = []
         self.calls: list[tuple[list[str], asyncio.Task[np.ndarray]]] = []
         self.started: set[str] = set()
+        self.closed = False
 
     def add(self, *texts: str) -> None:
-        """Start embedding ``texts`` (those not started yet), in one call."""
+        """Embed ``texts`` (those not added yet): at once, or with the next call."""
+        if self.closed:
+            return
         fresh = [t for t in dict.fromkeys(texts) if t not in self.started and t not in self.waiting]
         if not fresh:
             return
         self.waiting.extend(fresh)
-        if not self.calls or self.calls[-1][1].done():
+        if self._outstanding() < self.OUTSTANDING:
             self._start()
+
+    def _outstanding(self) -> int:
+        """Calls in flight (a call stopped counts no more, whatever the provider's
+        thread still does with it)."""
+        return sum(1 for _, task in self.calls if not task.done() and not task.cancelling())
 
     def _start(self) -> None:
         texts, self.waiting = self.waiting, []
         self.started.update(texts)
         task = asyncio.create_task(self.embedder.embed(texts))
-        task.add_done_callback(self._next)
+        task.add_done_callback(self._ended)
         self.calls.append((texts, task))
 
-    def _next(self, task: asyncio.Task[np.ndarray]) -> None:
-        if self.waiting and not task.cancelled() and task.exception() is None:
+    def _ended(self, task: asyncio.Task[np.ndarray]) -> None:
+        """A call ended: its failure retrieved (raised to whoever needs its texts,
+        never left unretrieved), and the waiting texts started after a success."""
+        failed = task.cancelled() or task.exception() is not None
+        if self.waiting and not failed and not self.closed:
             self._start()
 
     async def vectors(self, needed: Collection[str]) -> dict[str, np.ndarray]:
-        """The ``needed`` texts among those added, with their vectors (the provider's
-        errors are raised). A call with none of them is not waited for: a text
-        embedded ahead of its record (:meth:`_Batch.foresee`) that the record did
-        not need after all (its entities not the ones foreseen)."""
+        """The ``needed`` texts (each added before), with their vectors (a
+        provider's error on one of them is raised). Calls holding none of them
+        are not awaited: when a needed text waits behind them, they are stopped
+        and it starts at once."""
         wanted = set(needed)
         out: dict[str, np.ndarray] = {}
         done = 0
-        while done < len(self.calls) or wanted.intersection(self.waiting):
-            if done == len(self.calls):
-                self._start()
-            texts, task = self.calls[done]
-            if wanted.intersection(texts):
-                out.update(zip(texts, await task, strict=True))
-            done += 1
-        return out
+        while True:
+            if done < len(self.calls):
+                texts, task = self.calls[done]
+                done += 1
+                if wanted.intersection(texts):
+                    out.update(zip(texts, await task, strict=True))
+                continue
+            if not wanted.intersection(self.waiting):
+                return out
+            for texts, task in self.calls:
+                if not task.done() and not wanted.intersection(texts):
+                    task.cancel()  # in flight, and none of its texts is needed
+            self._start()
 
     def close(self) -> None:
-        """Stop calls whose vectors are not needed (a refused batch), and never leave
-        a failure unretrieved."""
+        """Stop calls whose vectors are not needed (a refused batch, or a call
+        nothing awaited), and start no other."""
+        self.closed = True
         self.waiting.clear()
         for _, task in self.calls:
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
             task.cancel()
 
 
@@ -247,12 +290,15 @@ class _Batch:
         conn: Conn,
         actor: Actor,
         embedder: EmbeddingProvider,
+        lane: _Lane,
         *,
         deferral: Deferral | None = None,
     ) -> None:
         self.conn = conn
         self.actor = actor
         self.embedder = embedder
+        # The batch's texts embedded ahead of their vectors' insert (see _Lane).
+        self.lane = lane
         # ``load --index-after``: vectors go to the space's detached tables (only the
         # operator, who owns them; see gateway/store/vector_partitions.py).
         self.deferral = deferral if actor.is_operator else None
@@ -260,15 +306,9 @@ class _Batch:
         self.relationship_texts: list[tuple[str, UUID, str, str]] = []
         # Vectors supplied by a loader file, by (kind, team, id): not embedded again.
         self.supplied: dict[tuple[str, str, str], Sequence[float]] = {}
-        # Texts being embedded while the checks and inserts run (see WriteService).
-        self.prefetch: tuple[list[str], asyncio.Task[np.ndarray]] | None = None
         # A batch that creates spaces waits briefly for locks and is tried again
         # (WriteService.apply): a lock timeout leaves it as it is, not as a refusal.
         self.short_locks = False
-        # A principal's relationship texts, embedded as soon as they are rendered.
-        self.early: _EarlyEmbeddings | None = (
-            None if actor.is_operator else _EarlyEmbeddings(embedder)
-        )
         # Spaces looked up in this batch, by (team, owner): a space's ID, kind and
         # owner never change, and its generation only by a reset, which empties this.
         self.spaces: dict[tuple[str, str | None], store.Space] = {}
@@ -368,7 +408,7 @@ class _Batch:
         the read, as it could before between that read and the vectors' insert
         (which waited for the embeddings): making the projection tolerates a
         concurrent twin, and so does registering the model."""
-        if self.early is None:
+        if self.actor.is_operator:
             return
         team = self.actor.team
         self.stores_vectors = any(r.kind in ("evidence", "relationship") for r in records)
@@ -396,8 +436,8 @@ class _Batch:
                     render_statement(names[r.subject], r.predicate, obj, r.object_unit, r.polarity)
                 )
         self.foreseen = []
-        if texts and self.early is not None:
-            self.early.add(*texts)
+        if texts:
+            self.lane.add(*texts)
 
     def read_ahead(self, team: str, reads: Sequence[store.Read], answers: Sequence[Any]) -> None:
         """Keep what :meth:`reads_of`'s lookups found, for the record's checks
@@ -614,8 +654,8 @@ class _Batch:
             ),
             self.actor.label,
         )
-        if self.early is not None and r.embedding is None:
-            self.early.add(statement)
+        if not self.actor.is_operator and r.embedding is None:
+            self.lane.add(statement)  # while the rest of the transaction goes on
         for i, spec in enumerate(r.supports):
             await self._support(r.team, spec, r.id, space.id, f"supports[{i}]")
         self.relationship_texts.append((r.team, space.id, r.id, statement))
@@ -907,18 +947,26 @@ class _Batch:
             )
         if self.deferral is not None:
             await self._defer_spaces(self.deferral)
-        # read while the texts may still be embedding, not after
-        generations = (
-            await self._generations(known=mine[1] if mine is not None else None)
-            if self.relationship_texts and self.deferral is None
-            else {}
-        )
-        vectors = await self._vectors(dims)
         try:
+            # read while the texts may still be embedding, not after
+            generations = (
+                await self._generations(known=mine[1] if mine is not None else None)
+                if self.relationship_texts and self.deferral is None
+                else {}
+            )
+            vectors = await self._vectors(dims)
+            if self.lane.model != model or self.embedder.model != model:
+                raise _moved(model)  # some of the vectors may be another model's
             if self.deferral is not None:
                 await self._store_deferred(vectors, model)
             else:
                 await self._store_vectors(vectors, model, generations)
+        except asyncpg.ForeignKeyViolationError as exc:
+            # A vector's or a new projection's model is gone: the store was renamed
+            # to another model (a reembed's switch) since it was read.
+            if getattr(exc, "constraint_name", None) not in _MODEL_KEYS:
+                raise
+            raise _moved(model) from exc
         except asyncpg.CheckViolationError as exc:
             # db/0001 makes a space's partitions with the space; only a load with
             # --index-after, unfinished, leaves a space without them.
@@ -1044,17 +1092,13 @@ class _Batch:
         texts = [t[3] for t in self.evidence_texts] + [t[3] for t in self.relationship_texts]
         missing = [k for k, key in enumerate(keys) if key not in self.supplied]
         out = np.empty((len(keys), dims), dtype=np.float32)
-        ready: dict[str, np.ndarray] = {}
-        if self.prefetch is not None:
-            ahead, task = self.prefetch
-            ready = dict(zip(ahead, await task, strict=True))
-        if self.early is not None and self.early.calls:
-            ready.update(await self.early.vectors([texts[k] for k in missing]))
-        for k in [k for k in missing if texts[k] in ready]:
-            out[k] = ready[texts[k]]
-        missing = [k for k in missing if texts[k] not in ready]
         if missing:
-            out[missing] = await self.embedder.embed([texts[k] for k in missing])
+            # those not embedded ahead go in one call (or join the lane's next)
+            wanted = [texts[k] for k in missing]
+            self.lane.add(*wanted)
+            ready = await self.lane.vectors(wanted)
+            for k in missing:
+                out[k] = ready[texts[k]]
         given = [k for k, key in enumerate(keys) if key in self.supplied]
         if given:
             out[given] = validate_vectors([self.supplied[keys[k]] for k in given], len(given), dims)
@@ -1272,7 +1316,7 @@ class WriteService:
         that path cannot accept a run, the batch is applied again record by
         record, which reports the refusal exactly as it always has.
         ``embed_ahead`` embeds the operator's evidence texts while the writes
-        run, as a principal's always are (see :meth:`_prefetched`).
+        run, as a principal's always are (see :class:`_Lane`).
         ``deferral`` (``load --index-after``; the operator only) stores the batch's
         vectors in their spaces' detached tables, indexed when the load ends
         (:mod:`gateway.services.vector_indexes`); a space still attached is
@@ -1487,18 +1531,21 @@ class WriteService:
                 claim_counter_shard=True,
             )
         )
-        batches: list[_Batch] = []  # its early embeddings stopped whatever happens
+        lane = _Lane(self.embedder)
+        if not actor.is_operator or embed_ahead:
+            # The evidence texts start embedding at once, in the provider's
+            # thread, while the transaction's checks and inserts wait on the
+            # database: a ``remember`` then costs about the longer of the two, not
+            # their sum. The loader asks for it only while a load is creating
+            # evidence (:func:`gateway.services.loader.load`): a re-run would send
+            # texts that are already stored.
+            lane.add(*sorted(_evidence_texts(records)))
         try:
-            async with (
-                self._prefetched(records, actor, embed_ahead) as prefetch,
-                transaction as conn,
-            ):
+            async with transaction as conn:
                 if turn is not None:
                     turn.started = await bulk_store.transaction_start(conn)
                     turn.began.set()
-                batch = _Batch(conn, actor, self.embedder, deferral=deferral)
-                batches.append(batch)
-                batch.prefetch = prefetch
+                batch = _Batch(conn, actor, self.embedder, lane, deferral=deferral)
                 batch.foresee(records)
                 if short_locks:
                     batch.short_locks = True
@@ -1566,38 +1613,8 @@ class WriteService:
                 if turn is not None:
                     await turn.wait_turn(conn)
         finally:
-            for made in batches:
-                if made.early is not None:
-                    made.early.close()
+            lane.close()  # a refused batch's calls stopped; a call nothing awaited too
         return result
-
-    @asynccontextmanager
-    async def _prefetched(
-        self, records: Sequence[Any], actor: Actor, embed_ahead: bool
-    ) -> AsyncIterator[tuple[list[str], asyncio.Task[np.ndarray]] | None]:
-        """A principal's evidence texts start embedding at once, in the provider's
-        thread, while the transaction's checks and inserts wait on the database:
-        a ``remember`` then costs about the longer of the two, not their sum. For
-        the loader only with ``embed_ahead``: a re-run would embed texts that are
-        already stored, so the loader asks for it only while a load is creating
-        evidence (:func:`gateway.services.loader.load`)."""
-        texts = sorted(
-            {
-                r.content
-                for r in records
-                if r.kind == "evidence" and getattr(r, "embedding", None) is None
-            }
-        )
-        if (actor.is_operator and not embed_ahead) or not texts:
-            yield None
-            return
-        task = asyncio.create_task(self.embedder.embed(texts))
-        try:
-            yield texts, task
-        finally:
-            # unused after a refusal: stop it, and never leave its failure unretrieved
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            task.cancel()
 
     async def _apply_run(self, batch: _Batch, run: Sequence[Any], result: BatchResult) -> None:
         """A run of creation records, set-based; any doubt raises ``Fallback``."""
@@ -1654,6 +1671,33 @@ class WriteService:
         finally:
             batch.ahead.clear()  # this record's: never a later one's
         return True, recorded_at
+
+
+# The foreign keys naming the store's model (db/0035), which a reembed's switch renames.
+_MODEL_KEYS = frozenset(
+    {
+        "evidence_embeddings_model_fkey",
+        "relationship_embeddings_model_fkey",
+        "relationship_projections_model_fkey",
+    }
+)
+
+
+def _moved(model: str) -> EmbeddingMismatch:
+    """The refusal of a batch during which the store or the provider moved to
+    another model (a ``reembed`` switched while its texts were embedding)."""
+    return EmbeddingMismatch(
+        f"the store or the embedding provider moved from model '{model}' to another while "
+        "this write was embedding (a reembed switched models): nothing was written, and "
+        "retrying with the same IDs is safe"
+    )
+
+
+def _evidence_texts(records: Sequence[Any]) -> set[str]:
+    """The texts of the batch's evidence records whose vectors are not supplied."""
+    return {
+        r.content for r in records if r.kind == "evidence" and getattr(r, "embedding", None) is None
+    }
 
 
 def _field_of(exc: asyncpg.PostgresError) -> str | None:

@@ -47,17 +47,17 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    get their minor lexemes' term frequencies from the postings' key (read for
    them only), those whose whole bound reaches ``theta`` are looked up and
    scored, and the best ``k`` returned. Every document scored (here and for
-   the floors) gets each query lexeme's term frequency from the postings' key,
-   read for those documents only; the evidence function reads it from the
-   document's own ``search_document`` instead (db/0195: its row is looked up
-   anyway, and the postings' ``tf`` is defined from it, the number of the
-   lexeme's positions), and below :data:`PRUNE_FROM_POSTINGS` runs its steps
-   without the first floor and the minor lexemes, as the relationship
-   function does (db/0170). The evidence function scores each document
-   once (db/0175): the scores of step 3's ``2 k`` are candidates of the answer
-   too, and only the survivors outside them are scored here (one of the ``2 k``
-   whose whole bound is below ``theta`` scores below the ``k`` documents that
-   reach it, so it never makes the list).
+   the floors) gets each query lexeme's term frequency from the document's
+   own ``search_document`` (db/0195 for evidence, db/0197 for relationships:
+   its row is looked up anyway, and the postings' ``tf`` is defined from it,
+   the number of the lexeme's positions). Each document is scored once
+   (db/0175, db/0197): the scores of step 3's ``2 k`` are candidates of the
+   answer too, and only the survivors outside them are scored here (one of
+   the ``2 k`` whose whole bound is below ``theta`` scores below the ``k``
+   documents that reach it, so it never makes the list). Steps 1 and 2 are a
+   statement of their own, run only from :data:`PRUNE_FROM_POSTINGS` on; below
+   it the floor is minus infinity, no lexeme is minor and the rest is 0, and
+   the one query of steps 3 and 4 runs with those values (db/0197, db/0198).
 
 A document left out scores below ``theta`` (it holds no essential lexeme, or
 its bound is below ``theta``), so below ``k`` visible documents that are
@@ -71,15 +71,17 @@ order, so equal documents tie exactly.
 
 Each function checks the documents it looks up against the view (team, space,
 generation, system time, exclusions) in every stage that scores or walks them,
-the same filter written once per lookup (a LATERAL lookup per stage keeps each
-plan on the primary key). ``tests/test_fulltext_visibility.py`` reads every
-copy from the installed function and checks that they are one text and select
-the rows of the read path's own rule (``search._visible``,
-``related.visible_relationship``) in current, ``validAt`` and ``knownAt`` views.
+through one lookup function (``evidence_fulltext_document``,
+``relationship_fulltext_document``, db/0197 and db/0198: the filter written
+once), which the planner inlines into each stage as a LATERAL lookup on the
+primary key. ``tests/test_fulltext_visibility.py`` reads the filter from the
+installed functions and checks that it selects the rows of the read path's own
+rule (``search._visible``, ``related.visible_relationship``) in current,
+``validAt`` and ``knownAt`` views.
 
 Exactness rests on ``tf`` in the postings being the one the score uses: the
 postings trigger (db/0055) derives it from the same parse as ``doc_length``
-(``search_document``, from which the evidence function reads a scored
+(``search_document``, from which both functions read a scored
 document's ``tf``; the postings are written by their triggers only, db/0130,
 and a document's text and parse cannot change after insert, db/0196).
 The functions exist for their cached plans: the dozen stages planned inside

@@ -367,7 +367,23 @@ class Database:
         statements run in it (gateway/store/, the triggers of db/) set no session
         setting, take no session lock, listen to nothing and keep no cursor open
         (``tests/test_pool_reset.py`` checks the session after writes of two
-        teams). That is one round trip fewer at the end of every ``remember``."""
+        teams). That is one round trip fewer at the end of every ``remember``.
+
+        So a tenant block (every use of this method, and :meth:`unit`'s steps)
+        must never create session state, which would outlive the request on the
+        pooled connection and reach the next one, of any team: no plain ``SET``
+        or ``set_config(..., false)`` (use ``SET LOCAL`` / ``set_config(...,
+        true)``), no temporary table that outlives the transaction (only ``ON
+        COMMIT DROP``), no session advisory lock (``pg_advisory_lock``; the
+        ``_xact_`` forms are fine), no ``LISTEN``, no cursor ``WITH HOLD``, no SQL
+        ``PREPARE`` (asyncpg's own prepared statements are per connection and
+        carry no team), no ``SET ROLE`` or ``SET SESSION AUTHORIZATION``; nor may
+        a function it calls. Such work goes through :meth:`admin` or
+        :meth:`acquire`, whose releases keep the reset. The test suite checks
+        every release that skips the reset (tests/session_guard.py) for the
+        role and session user, settings, advisory locks, ``LISTEN``, holdable
+        cursors and temporary tables. A failed or cancelled block keeps the reset
+        (``tests/test_pool_reset.py``)."""
         budget = str(deadline.remaining_ms(self.statement_timeout_ms))
         async with self.acquire() as conn:
             async with conn.transaction(readonly=readonly):
