@@ -7,6 +7,7 @@ and its HNSW index standing in for a space's vector partition."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import signal
@@ -18,6 +19,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -444,8 +446,25 @@ def _serve(data_dir: Path, port: int, log: Path, *args: str, **env: str) -> subp
     )
     with log.open("wb") as sink:
         return subprocess.Popen(
-            [*CLI, "serve", *args], stdout=sink, stderr=subprocess.STDOUT, env=environ, cwd=REPO
+            [*CLI, "serve", *args],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=environ,
+            cwd=REPO,
         )
+
+
+def _kill(proc: subprocess.Popen[bytes] | None) -> None:
+    """After a failure: the process and its uvicorn workers (the parent alone
+    killed left them running, holding the port and the test's database)."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(psutil.NoSuchProcess):
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+    proc.kill()
+    proc.wait()
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -479,7 +498,8 @@ async def test_serve_warms_the_embedded_server_by_default_and_sigterm_ends_it(
         assert answer == {"status": "not ready", "reason": WAITING}, log.read_text()
         for _ in range(600):  # each worker warms (the second may start later)
             sessions = await _warm_up_sessions(holder)
-            if len(sessions) == workers:
+            # a session is listed as it connects, a moment before it asks for the lock
+            if len(sessions) == workers and all(s["wait_event_type"] == "Lock" for s in sessions):
                 break
             await asyncio.sleep(0.1)
         assert len(sessions) == workers and all(s["wait_event_type"] == "Lock" for s in sessions)
@@ -491,9 +511,7 @@ async def test_serve_warms_the_embedded_server_by_default_and_sigterm_ends_it(
         assert "warm-up cancelled (shutting down)" in text and "Traceback" not in text, text
     finally:
         await holder.close()
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _kill(proc)
 
 
 @pytest.mark.parametrize(
