@@ -22,6 +22,7 @@ import pytest
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services import loader
+from gateway.services import writes as writes_service
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationError, MutationService, remember_items
 from gateway.services.writes import Actor, RecordError, WriteService
@@ -190,13 +191,15 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
     monkeypatch: pytest.MonkeyPatch,
     entities: str,
 ) -> None:
-    """The relationship's text goes to the provider before any record's insert, with
-    the first claim's answer: when its entities exist the claim reads their names
-    (the statement count is unchanged); when the call creates them, the names are
-    the call's, and the claim coming back new says the call is not a re-run (a
-    re-run sends nothing: the next test). The relationship's own checks run as
-    before, and the stored vectors are the provider's for each text alone, bit
-    for bit."""
+    """The relationship's text is handed to the write's embedding lane before any
+    record's insert, with the first claim's answer: when its entities exist the
+    claim reads their names (the statement count is unchanged); when the call
+    creates them, the names are the call's, and the claim coming back new says
+    the call is not a re-run (a re-run sends nothing: the next test). The lane
+    keeps one call in flight, so the provider gets the text when the evidence's
+    call ends, which the inserts may precede (tests/test_write_lane.py tests
+    that rule). The relationship's own checks run as before, and the stored
+    vectors are the provider's for each text alone, bit for bit."""
     team = unique("rt-foresee")
     await load_jsonl(writes, jsonl(team_records(team)))
     raw = await token(writes, team, "alice")
@@ -208,6 +211,18 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         watched = _Watched(embedder, recorder)
         mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
         principal = await authenticate(db, raw)
+        handed: list[tuple[tuple[str, ...], list[str]]] = []
+        add = writes_service._Lane.add
+
+        def noted_add(lane: writes_service._Lane, *texts: str) -> None:
+            # noted once the loop's pending callbacks ran: the statement answered
+            # just before is recorded by one of them (asyncpg's query loggers)
+            asyncio.get_running_loop().call_soon(
+                lambda: handed.append((texts, list(recorder.statements)))
+            )
+            add(lane, *texts)
+
+        monkeypatch.setattr(writes_service._Lane, "add", noted_add)
         recorder.statements.clear()
         if entities == "existing":
             data, statement = _bench_like("f"), "Billing service reviewed by Payments team"
@@ -219,9 +234,9 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         assert all(r.created for r in receipts), receipts
         sent = list(recorder.statements)
 
-        calls = {tuple(texts): before for texts, before in watched.calls}
-        assert (statement,) in calls, watched.calls
-        before = calls[(statement,)]
+        assert [statement] in [texts for texts, _ in watched.calls], watched.calls
+        # the first hand-over (the record's own rendering hands it again, unsent)
+        before = next(before for texts, before in handed if statement in texts)
         assert not [s for s in before if "INSERT INTO" in s and "write_log" not in s], before
         claims = [s for s in before if "INSERT INTO write_log" in s]
         assert len(claims) == 1, before
