@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
 from gateway.store import conflicts, feedback, hypotheses, recall, related, search
@@ -82,6 +82,73 @@ FROM relationships r
 WHERE r.team_id = $1 AND r.space_id = ANY ($2::uuid[]) AND r.recorded_at <= $3
   AND r.id = ANY (ARRAY(SELECT DISTINCT unnest(h.relationship_ids) FROM hyd h))
 """
+
+
+# Hydration's and discovery's rows come back as columns: one array per column, all
+# in the same row order, each a column of the statement's own row. asyncpg decodes
+# a column through the codec its prepared statement resolved once, where the
+# records of ``array_agg(ROW(...))`` name every field's type and cost a codec
+# lookup per field (hydration's 120 rows x 7 fields and discovery's 80 x 4, about
+# 1,150 lookups a recall; docs/benchmarks.md, "Hydration and discovery as
+# columns"). Identifiers are cast to text: an array of the ``client_id`` domain is
+# a type of its own, which the driver would have to look up on each connection
+# (gateway/store/database.py, ``_learn_domains``). A hydrated row's support paths,
+# a text[] of its own, are flattened: their count per row, and all of them in row
+# order (``ORDER BY`` the unique evidence ID in both aggregates, so that both
+# follow one order).
+_HYD_NAMES: Final = (
+    "ids",
+    "space_ids",
+    "source_ids",
+    "contents",
+    "observed",
+    "recorded",
+    "path_counts",
+    "paths",
+)
+_HYD_COLUMNS: Final = """hyd_columns AS MATERIALIZED (
+SELECT array_agg(h.id::text ORDER BY h.id::text COLLATE "C") AS ids,
+       array_agg(h.space_id ORDER BY h.id::text COLLATE "C") AS space_ids,
+       array_agg(h.source_id::text ORDER BY h.id::text COLLATE "C") AS source_ids,
+       array_agg(h.content ORDER BY h.id::text COLLATE "C") AS contents,
+       array_agg(h.observed_at ORDER BY h.id::text COLLATE "C") AS observed,
+       array_agg(h.recorded_at ORDER BY h.id::text COLLATE "C") AS recorded,
+       array_agg(cardinality(h.relationship_ids) ORDER BY h.id::text COLLATE "C")
+           AS path_counts,
+       (SELECT array_agg(p.id ORDER BY x.id::text COLLATE "C", p.n)
+        FROM hyd x CROSS JOIN LATERAL unnest(x.relationship_ids) WITH ORDINALITY AS p (id, n))
+           AS paths
+FROM hyd h
+)"""
+# Discovery's rows (list name, rank, relationship ID, semantic group): their order
+# does not matter, parse_discovery orders each list by rank.
+_DISC_NAMES: Final = ("names", "ranks", "ids", "groups")
+_DISC_COLUMNS: Final = """disc_columns AS MATERIALIZED (
+SELECT array_agg(d.list_name::text) AS names, array_agg(d.rank) AS ranks,
+       array_agg(d.relationship_id::text) AS ids, array_agg(d.group_key::text) AS groups
+FROM (
+{discovery}
+) d
+)"""
+
+
+def _columns(cte: str, names: Sequence[str]) -> list[str]:
+    """One selection per column of a one-row CTE of arrays."""
+    return [f"(SELECT c.{name} FROM {cte} c)" for name in names]
+
+
+def _parse_hydrated(columns: Sequence[Any]) -> dict[str, recall.EligibleEvidence]:
+    """Hydrated rows from :data:`_HYD_COLUMNS`' arrays, as
+    :func:`recall.parse_eligible` makes them from rows."""
+    ids, spaces, sources, contents, observed, recorded, counts, paths = (_rows(c) for c in columns)
+    rows = []
+    at = 0
+    for values in zip(ids, spaces, sources, contents, observed, recorded, counts, strict=True):
+        rows.append((*values[:6], paths[at : at + values[6]]))
+        at += values[6]
+    if at != len(paths):
+        raise ValueError("hydrated support paths do not add up")
+    return recall.parse_eligible(rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +209,8 @@ def _search_parts(
         hyd_exprs[5] = view.t_valid
     hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
     ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
-    selects = [search.LISTS_OF_CANDS, "(SELECT array_agg(ROW(h.*)) FROM hyd h)"]
+    ctes.append(_HYD_COLUMNS)
+    selects = [search.LISTS_OF_CANDS, *_columns("hyd_columns", _HYD_NAMES)]
     disc_wanted: list[str] | None = None
     if discovery is not None:
         disc_wanted = related.wanted_lists(discovery)
@@ -158,9 +226,9 @@ def _search_parts(
         ):
             if expr is not None:
                 exprs[disc_numbers[key]] = expr
-        selects.append(
-            f"(SELECT array_agg(ROW(d.*)) FROM (\n{placer.part(disc_args, exprs)(disc_sql)}\n) d)"
-        )
+        disc_part = placer.part(disc_args, exprs)(disc_sql)
+        ctes.append(_DISC_COLUMNS.format(discovery=disc_part))
+        selects += _columns("disc_columns", _DISC_NAMES)
         groups = placer.part(
             [team, list(discovery.readable_space_ids), discovery.t_sys],
             {3: view.t_sys} if view.t_sys is not None else None,
@@ -181,16 +249,21 @@ def _parse_search(
     """A round's lists, hydration and discovery from its selections ``row``."""
     found: related.Discovery | None = None
     path_groups: dict[str, str] = {}
+    hyd_end = 1 + len(_HYD_NAMES)
     if disc_wanted is not None:
         if disc_wanted:
-            found = related.parse_discovery(disc_wanted, _rows(row[2]))
-            ids, groups = row[3]
+            disc_end = hyd_end + len(_DISC_NAMES)
+            names, ranks, ids, keys = (_rows(c) for c in row[hyd_end:disc_end])
+            found = related.parse_discovery(
+                disc_wanted, list(zip(names, ranks, ids, keys, strict=True))
+            )
+            ids, groups = row[disc_end]
             path_groups = dict(zip(_rows(ids), _rows(groups), strict=True))
         else:
             found = related.Discovery({}, frozenset(), None)
     return FirstRound(
         lists=search.parse_lists(candidates, wanted, _rows(row[0])),
-        eligible=recall.parse_eligible(_rows(row[1])),
+        eligible=_parse_hydrated(row[1:hyd_end]),
         discovery=found,
         path_groups=path_groups,
     )
