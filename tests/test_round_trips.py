@@ -9,6 +9,7 @@ everything that comes back.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -265,3 +266,82 @@ async def test_a_first_round_that_finds_nothing_has_empty_lists_and_groups(
     assert combined.lists == lists
     assert combined.eligible == {} and combined.path_groups == {}
     assert combined.discovery == alone
+
+
+async def test_hydration_and_discovery_come_as_columns_not_records(
+    writes: Any, db: Database, embedder: EmbeddingProvider
+) -> None:
+    """The first round's hydrated rows and discovery's rows come back as one array
+    per column, each a column of the statement's own row: the driver decodes a
+    column with the codec its prepared statement resolved once, where an array of
+    anonymous records costs it a codec lookup per field (docs/benchmarks.md,
+    "Hydration and discovery as columns"). Only the candidate lists (a record per
+    list) and the support paths' groups (one record) stay records. The answer is
+    the separate statements' (test_first_round_is_the_three_statements)."""
+    team, branches, _ = await _setup(writes, db)
+    # A second relationship that the old chart's evidence supports: a hydrated row
+    # with two support paths (their flattened array and their counts).
+    second = {
+        "kind": "relationship",
+        "team": team,
+        "id": "rel-alt-maintainer",
+        "subject": "billing",
+        "predicate": "maintained_by",
+        "object": "ledger",
+        "owner": "bob",
+        "supports": [{"id": "sup-alt-maintainer", "evidence": "ev-alt"}],
+    }
+    await load_jsonl(writes, jsonl([second]))
+    vector = np.asarray((await embed_queries(embedder, [QUERY]))[0], dtype=np.float32)
+    spaces = [b.space_id for b in branches]
+    shared = branches[0]
+    sent: list[str] = []
+    async with db.tenant(team, spaces) as conn:
+        now = await conn.fetchval("SELECT now()")
+        cq = search.CandidateQuery(
+            team, tuple(branches), QUERY, vector, ("billing",), (), overfetch(10), now
+        )
+        dq = related.DiscoveryQuery(
+            team,
+            shared.space_id,
+            shared.generation,
+            spaces,
+            now,
+            now,
+            QUERY,
+            vector,
+            overfetch(5),
+            [],
+            [],
+            [],
+        )
+        conn.add_query_logger(lambda record: sent.append(record.query))
+        combined = await round_trips.first_round(conn, cq, now, dq)
+        await asyncio.sleep(0)  # query loggers are called soon, not at once
+        (sql,) = [q for q in sent if q.startswith("WITH cands")]
+        columns = (await conn.prepare(sql)).get_attributes()
+        ids = list(dict.fromkeys(i for ranked in combined.lists.values() for i in ranked))
+        eligible = await hydration.eligible_evidence(conn, team, ids, spaces, now, now)
+    assert (
+        combined is not None
+        and combined.eligible == eligible
+        and combined.eligible
+        and combined.discovery is not None
+    )
+    assert any(len(e.relationship_ids) > 1 for e in combined.eligible.values())
+    types = [c.type.name for c in columns]
+    assert types[0] == "record[]" and types[-1] == "record", types  # the lists, the groups
+    assert types[1:-1] == [
+        "text[]",  # hydration: evidence IDs
+        "uuid[]",
+        "text[]",
+        "text[]",
+        "timestamptz[]",
+        "timestamptz[]",
+        "int4[]",  # support paths per row
+        "text[]",  # the support paths, flattened
+        "text[]",  # discovery: list names
+        "int8[]",
+        "text[]",
+        "text[]",
+    ], types
