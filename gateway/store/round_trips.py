@@ -5,10 +5,13 @@ the candidate lists, then fusion in Python, ...). Statements that do not
 depend on each other's answers in Python are sent together here, each keeping
 its own SQL text (the modules that own them stay the one place of their
 rules): every part's parameters are renumbered after the previous parts'
-(gateway/store/placement.py), and each part's rows come back as one array of
-records in one row (the candidate lists as one record per list, and the support
-paths' groups as two arrays: fewer fields for the driver to decode one by one,
-see ``search.LISTS_OF_CANDS``). The rounds:
+(gateway/store/placement.py), and each part's rows come back in the statement's
+one row: hydration's and discovery's as one array per column (``_HYD_COLUMNS``,
+``_DISC_COLUMNS``: the driver decodes a column with the codec its prepared
+statement resolved once), the candidate lists as one record per list and the
+support paths' groups as one record of two arrays (see
+``search.LISTS_OF_CANDS``), the other parts as arrays of records, whose every
+field costs the driver a codec lookup. The rounds:
 
 - :func:`scope_round`: the view (the readable spaces' generations at the
   view's instant, the database's ``now()``) and, computed from it in SQL, the
