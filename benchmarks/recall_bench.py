@@ -1092,7 +1092,9 @@ def _model_runs(port: int) -> float | None:
     """Query embeddings the workers have run so far (``/metrics``' count of embedding
     calls, summed over the workers; None without it). Each worker keeps its own
     LRU, so the throughput step's measured requests run the model for questions a
-    worker has not seen yet (its warm-up is short), about 8 ms of CPU each."""
+    worker has not seen yet (its warm-up is short), about 8 ms of CPU each. The
+    count is of every embedding call, a write's too: the benchmarks that read it
+    (this step, worker_cpu_ab.py) write nothing meanwhile."""
     import urllib.request
 
     try:

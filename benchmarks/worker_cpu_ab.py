@@ -36,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -95,24 +94,6 @@ def workers_of(proc: subprocess.Popen[bytes]) -> list[int]:
 def _cpu(process: psutil.Process) -> float:
     times = process.cpu_times()
     return times.user + times.system
-
-
-def model_runs(port: int) -> float | None:
-    """Query embeddings the gateway's workers have run (not answered from their LRU),
-    summed over the workers: ``/metrics``' count of embedding calls (None without
-    ``/metrics``). Each worker keeps its own LRU, so a question the warm-up asked on
-    one worker is new to the other: a round whose measured connections land
-    differently from the warm-up's runs the model for some of its recalls, about
-    8 ms of CPU each, in the workers' CPU it reports."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-            text = answer.read().decode()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("recall_gateway_embedding_duration_seconds_count"):
-            return float(line.rsplit(" ", 1)[1])
-    return None
 
 
 def worker_connections(workers: list[psutil.Process], port: int) -> list[int]:
@@ -179,12 +160,12 @@ def one_run(
             time.sleep(1.0)
         workers = [psutil.Process(pid) for pid in workers_of(proc)]
         load_before = os.getloadavg()[0]
-        runs0 = model_runs(args.port)
+        runs0 = recall_bench._model_runs(args.port)
         gw0, pg0 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
         each0 = [_cpu(w) for w in workers]
         result = asyncio.run(_load_and_look(args, token, workers))
         gw1, pg1 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
-        runs1 = model_runs(args.port)
+        runs1 = recall_bench._model_runs(args.port)
         result["model_runs"] = None if runs0 is None or runs1 is None else round(runs1 - runs0)
         result["worker_cpu_s"] = [_cpu(w) - c for w, c in zip(workers, each0, strict=True)]
         result["load"] = (load_before, os.getloadavg()[0])

@@ -345,3 +345,56 @@ async def test_hydration_and_discovery_come_as_columns_not_records(
         "text[]",
         "text[]",
     ], types
+
+
+async def test_hydrated_columns_keep_each_rows_support_paths(db: Database) -> None:
+    """Hydration's columns line up whatever order ``hyd``'s rows come in: a row's
+    support paths are flattened into one array, cut again by the per-row counts,
+    so both must follow one order (the evidence ID in code-point order), not the
+    rows' physical order, which the server's collation and plan decide (the
+    embedded server's C collation happens to hand them over in ID order). Here
+    ``hyd`` comes deliberately out of that order, with 0 to 3 paths per row and
+    IDs whose order differs between collations."""
+    space = uuid.uuid4()
+    wanted = {  # ID -> support paths, listed in the order hyd hands them over
+        "ev-b": ("rel-9", "rel-1", "rel-5"),
+        "EV-1": (),
+        "B.ev": ("rel-2",),
+        "b-ev": ("rel-3", "rel-4"),
+        "ev:a": ("rel-6",),
+        "Zeta-ev": ("rel-7", "rel-8"),
+        "ev-a": (),
+    }
+    values = ",\n".join(
+        f"({n}, '{i}', '{space}'::uuid, 'src-{i}', 'text of {i}', "
+        + ("NULL::timestamptz" if n % 2 else "'2026-01-02T03:04:05Z'::timestamptz")
+        + ", '2026-02-03T04:05:06Z'::timestamptz, ARRAY["
+        + ", ".join(f"'{p}'" for p in paths)
+        + "]::text[])"
+        for n, (i, paths) in enumerate(wanted.items())
+    )
+    hyd = (
+        "WITH hyd AS MATERIALIZED (\n"
+        "SELECT v.id, v.space_id, v.source_id, v.content, v.observed_at, v.recorded_at,"
+        " v.relationship_ids\n"
+        f"FROM (VALUES {values}) AS v (n, id, space_id, source_id, content, observed_at,"
+        " recorded_at, relationship_ids)\n"
+        "ORDER BY v.n\n)"
+    )
+    sql = (
+        hyd
+        + ",\n"
+        + round_trips._HYD_COLUMNS
+        + "\nSELECT "
+        + ", ".join(round_trips._columns("hyd_columns", round_trips._HYD_NAMES))
+    )
+    async with db.pool.acquire() as conn:
+        # The premise: hyd's rows are not in the ID order the columns follow.
+        physical = await conn.fetchval(hyd + "\nSELECT array_agg(h.id) FROM hyd h")
+        row = await conn.fetchrow(sql)
+    assert physical == list(wanted) != sorted(wanted)
+    assert row is not None
+    got = round_trips._parse_hydrated(tuple(row))
+    assert {i: e.relationship_ids for i, e in got.items()} == wanted
+    assert {i: e.source_id for i, e in got.items()} == {i: f"src-{i}" for i in wanted}
+    assert sum(e.observed_at is None for e in got.values()) == len(wanted) // 2

@@ -39,7 +39,8 @@ parameters), so the answers are the ones of the separate statements. A
 failure of a combined statement is the caller's cue to run the separate ones,
 each with its own degradation. Rows of a part come in the order its SQL
 sorts them (an aggregate over a sorted subquery keeps that order in
-PostgreSQL); the parsers that depend on an order sort again anyway.
+PostgreSQL; hydration's columns follow the evidence ID in code-point order); the
+parsers that depend on an order sort again anyway.
 """
 
 from __future__ import annotations
@@ -91,14 +92,16 @@ WHERE r.team_id = $1 AND r.space_id = ANY ($2::uuid[]) AND r.recorded_at <= $3
 # in the same row order, each a column of the statement's own row. asyncpg decodes
 # a column through the codec its prepared statement resolved once, where the
 # records of ``array_agg(ROW(...))`` name every field's type and cost a codec
-# lookup per field (hydration's 120 rows x 7 fields and discovery's 80 x 4, about
-# 1,150 lookups a recall; docs/benchmarks.md, "Hydration and discovery as
-# columns"). Identifiers are cast to text: an array of the ``client_id`` domain is
+# lookup per field (on main 08dcfe2, hydration's 120 rows x 7 fields and
+# discovery's 80 x 4, about 1,150 lookups a recall; docs/benchmarks.md, "Hydration
+# and discovery as columns"). Identifiers are cast to text: an array of the ``client_id`` domain is
 # a type of its own, which the driver would have to look up on each connection
 # (gateway/store/database.py, ``_learn_domains``). A hydrated row's support paths,
 # a text[] of its own, are flattened: their count per row, and all of them in row
-# order (``ORDER BY`` the unique evidence ID in both aggregates, so that both
-# follow one order).
+# order (``ORDER BY`` the unique evidence ID, in code-point order, in every
+# aggregate: both must follow one order, which the rows' physical order, left to
+# the server's collation and plan, would not guarantee;
+# tests/test_round_trips.py feeds them out of order).
 _HYD_NAMES: Final = (
     "ids",
     "space_ids",
