@@ -41,7 +41,7 @@ PostgreSQL); the parsers that depend on an order sort again anyway.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -114,6 +114,7 @@ def _search_parts(
     discovery: related.DiscoveryQuery | None,
     view: _ViewExprs,
     checked: Sequence[str],
+    vector_ranks: Mapping[str, int] | None = None,
 ) -> tuple[list[str], list[str], list[search.ListName], list[str] | None]:
     """The CTEs and selections of the candidate lists, their hydration, discovery and
     the support paths' groups; and what they ask: the lists, and discovery's lists
@@ -131,10 +132,18 @@ def _search_parts(
     team = candidates.team_id
     spaces = [b.space_id for b in candidates.branches]
     t_sys = candidates.known_at
-    # Candidates the caller has hydrated already (a scope round's) are not again.
-    fresh = ""
+    # Candidates the caller has hydrated already (a scope round's) are not again,
+    # nor vector candidates ranked below their branch's bound in ``vector_ranks``
+    # (services/evidence.py, vector_hydration_bounds: they cannot be in the answer).
+    tests = []
     if checked:
-        fresh = " WHERE c.evidence_id <> ALL (" + placer.part([list(checked)])("$1::text[]") + ")"
+        tests.append("c.evidence_id <> ALL (" + placer.part([list(checked)])("$1::text[]") + ")")
+    if vector_ranks:
+        bounds = placer.part([list(vector_ranks), list(vector_ranks.values())])(
+            "(SELECT x.r FROM unnest($1::text[], $2::integer[]) AS x (b, r) WHERE x.b = c.branch)"
+        )
+        tests.append(f"(c.list_name <> 'vector' OR c.rank <= coalesce({bounds}, c.rank))")
+    fresh = " WHERE " + " AND ".join(tests) if tests else ""
     hyd_exprs = {2: f"ARRAY(SELECT DISTINCT c.evidence_id FROM cands c{fresh})"}
     if view.t_sys is not None:
         hyd_exprs[4] = view.t_sys
@@ -203,16 +212,19 @@ async def first_round(
     discovery: related.DiscoveryQuery | None,
     *,
     checked: Sequence[str] = (),
+    vector_ranks: Mapping[str, int] | None = None,
 ) -> FirstRound | None:
     """Candidates, hydration and discovery in one statement; None when there is no
     candidate list to search (the caller's separate path answers that case).
     ``checked``: candidates already hydrated (by a scope round), not hydrated
-    again; ``eligible`` then holds only the others."""
+    again; ``eligible`` then holds only the others. ``vector_ranks``: per branch,
+    the last rank of its vector list whose candidates are hydrated (a branch left
+    out: all of them)."""
     if not search.wanted_lists(candidates) or not candidates.branches:
         return None
     placer = _Placer()
     ctes, selects, wanted, disc_wanted = _search_parts(
-        placer, candidates, t_valid, discovery, _ViewExprs(), checked
+        placer, candidates, t_valid, discovery, _ViewExprs(), checked, vector_ranks
     )
     sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
     row = await conn.fetchrow(sql, *placer.args)

@@ -1,0 +1,247 @@
+"""Vector candidates that cannot reach the answer are not hydrated.
+
+A recall of a new question reads its full-text and entity lists, with their
+hydration, in the scope round, and its vector lists after the query embedding
+(docs/recall.md, "Cost"). A vector candidate that no earlier list holds scores
+``1 / (60 + rank)`` in its branch's fusion; once ``limit`` eligible candidates
+of the earlier lists score more than that, it cannot be among the branch's
+results, so the vector round hydrates only the vector candidates ranked up to
+that point (``services/evidence.py``, ``vector_hydration_bounds``).
+
+Checked here: against fusion itself, on random lists (the answer and the
+starved flag from the hydrated candidates only equal those from every
+candidate's eligibility), and on the real PostgreSQL through the gateway (the
+vector round leaves the candidates below the bound unhydrated, and the answers
+equal those of hydrating them all, for several limits, known IDs and both
+branches).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from gateway.fusion import fuse_weighted
+from gateway.services import recall as recall_service
+from gateway.services.evidence import vector_hydration_bounds
+from gateway.store import round_trips
+
+from .conftest import load_jsonl, unique
+from .factories import jsonl
+from .test_conflicts import ownership_case
+from .test_recall import more_evidence, recall, token
+
+
+def _answer(
+    lists: dict[tuple[str, str], list[str]],
+    eligible: set[str],
+    branch: str,
+    known: set[str],
+    limit: int,
+) -> tuple[list[str], bool]:
+    """A branch's results and whether it has fewer than ``limit`` eligible, as
+    search_evidence computes them."""
+    fused = fuse_weighted(
+        {name: ids for (b, name), ids in lists.items() if b == branch}, known=known
+    )
+    kept = [i for i in fused if i in eligible]
+    return kept[:limit], len(kept) < limit
+
+
+def _case(
+    seed: int,
+) -> tuple[dict[tuple[str, str], list[str]], set[str], set[str], int]:
+    """Random lists of two branches, eligibility, known IDs and a limit."""
+    rng = random.Random(seed)
+    pool = [f"ev-{i:03d}" for i in range(rng.choice([8, 30, 90]))]
+    limit = rng.choice([1, 2, 3, 5, 10])
+    per_list = 4 * limit + 20
+    known = set(rng.sample(pool, rng.choice([0, 0, 1, 3])))
+    eligible = {i for i in pool if rng.random() < rng.choice([0.2, 0.7, 1.0])}
+    lists: dict[tuple[str, str], list[str]] = {}
+    home = {i: rng.choice(["shared", "private"]) for i in pool}  # one space per evidence
+    for branch in ("shared", "private"):
+        mine = [i for i in pool if home[i] == branch]
+        # The vector list mostly finds other evidence than the earlier lists (as
+        # on the benchmark's data), and sometimes the same.
+        cut = rng.randint(0, len(mine))
+        overlap = rng.choice([0.0, 0.1, 0.5])
+        for name in ("fulltext", "entity", "vector"):
+            if name != "vector" and rng.random() < 0.3:
+                continue
+            own = mine[cut:] if name == "vector" else mine[:cut]
+            other = mine[:cut] if name == "vector" else mine[cut:]
+            found = own + [i for i in other if rng.random() < overlap]
+            picked = rng.sample(found, min(len(found), rng.randint(0, per_list)))
+            if name == "vector" and rng.random() < 0.5:
+                picked = [i for i in picked if i not in known]  # as the SQL excludes them
+            if picked and rng.random() < 0.2:
+                picked.insert(rng.randrange(len(picked)), picked[0])  # a repeat
+            lists[branch, name] = picked
+    return lists, eligible, known, limit
+
+
+def _hydrated(
+    lists: dict[tuple[str, str], list[str]], eligible: set[str], known: set[str], limit: int
+) -> set[str]:
+    """The candidates a recall hydrates: every one of the earlier lists, and the
+    vector lists' up to their bounds."""
+    early = {k: v for k, v in lists.items() if k[1] != "vector"}
+    hydrated = {i for ids in early.values() for i in ids}
+    bounds = vector_hydration_bounds(
+        early, eligible & hydrated, ["shared", "private"], known, limit
+    )
+    for (branch, name), ids in lists.items():
+        if name == "vector":
+            bound = bounds.get(branch, len(ids))
+            hydrated |= {i for rank, i in enumerate(ids, start=1) if rank <= bound}
+    return hydrated
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_the_bound_changes_no_answer(seed: int) -> None:
+    lists, eligible, known, limit = _case(seed)
+    hydrated = _hydrated(lists, eligible, known, limit)
+    for branch in ("shared", "private"):
+        assert _answer(lists, eligible & hydrated, branch, known, limit) == _answer(
+            lists, eligible, branch, known, limit
+        ), (seed, branch)
+
+
+def test_the_bound_is_the_last_rank_that_can_reach_the_answer() -> None:
+    # Two eligible full-text candidates at ranks 1 and 2: a vector-only candidate
+    # at rank 2 scores 1/62, equal to the second one (its ID could win the tie),
+    # at rank 3 1/63, below it.
+    lists = {("shared", "fulltext"): ["a", "b", "c"]}
+    assert vector_hydration_bounds(lists, {"a", "b"}, ["shared"], (), 2) == {"shared": 2}
+    # One eligible candidate at rank 1 and limit 1: the vector list's first may
+    # tie it (1/61) and win on its ID, and must be hydrated.
+    first = {("shared", "fulltext"): ["b"]}
+    assert vector_hydration_bounds(first, {"b"}, ["shared"], (), 1) == {"shared": 1}
+    both_lists = {**first, ("shared", "vector"): ["a", "c"]}
+    hydrated = _hydrated(both_lists, {"a", "b", "c"}, set(), 1)
+    assert hydrated == {"a", "b"}
+    assert _answer(both_lists, {"a", "b"}, "shared", set(), 1) == (["a"], False)
+    # Fewer than `limit` eligible: every vector candidate may count.
+    assert vector_hydration_bounds(lists, {"a"}, ["shared"], (), 2) == {}
+    # A known ID leaves every list first (ranks move up), and may sit in the
+    # vector list too: the bound moves down by one for each.
+    assert vector_hydration_bounds(lists, {"b", "c"}, ["shared"], {"a"}, 2) == {"shared": 3}
+    # Entity expansion counts half: 1/2 / 61 is below 1/62, so no vector
+    # candidate at all can pass a candidate found by both lists ...
+    both = {("shared", "fulltext"): ["a"], ("shared", "entity"): ["a"]}
+    assert vector_hydration_bounds(both, {"a"}, ["shared"], (), 1) == {"shared": 0}
+    # ... and a branch whose earlier lists found nothing has no bound.
+    assert vector_hydration_bounds(both, {"a"}, ["shared", "private"], (), 1) == {"shared": 0}
+
+
+def _unrelated(team: str, n: int, *, space: str = "shared") -> list[dict[str, Any]]:
+    """n supported evidence fragments that share no word with the question: the
+    vector list finds them, the full-text list does not."""
+    suffix = "" if space == "shared" else "-" + space.replace(":", "-")
+    src, ent = f"src-menu{suffix}", f"ent-menu{suffix}"
+    out: list[dict[str, Any]] = [
+        {
+            "kind": "source",
+            "team": team,
+            "id": src,
+            "space": space,
+            "type": "document",
+            "title": "Menus",
+        },
+        {
+            "kind": "entity",
+            "team": team,
+            "id": ent,
+            "space": space,
+            "name": "Menu",
+            "type": "system",
+        },
+    ]
+    for i in range(n):
+        out.append(
+            {
+                "kind": "evidence",
+                "team": team,
+                "id": f"ev-menu{suffix}-{i:03d}",
+                "source": src,
+                "content": f"Cafeteria menu {i}: tomato soup with bread on Tuesday.",
+            }
+        )
+        out.append(
+            {
+                "kind": "relationship",
+                "team": team,
+                "id": f"rel-menu{suffix}-{i:03d}",
+                "space": space,
+                "subject": ent,
+                "predicate": "serves",
+                "object_value": str(i),
+                "owner": "alice",
+                "supports": [
+                    {"id": f"sup-menu{suffix}-{i:03d}", "evidence": f"ev-menu{suffix}-{i:03d}"}
+                ],
+            }
+        )
+    return out
+
+
+async def test_the_vector_round_hydrates_only_what_can_reach_the_answer(
+    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+) -> None:
+    team = unique("vh")
+    records = (
+        ownership_case(team)
+        + more_evidence(team, 12)
+        + _unrelated(team, 14)
+        + more_evidence(team, 6, space="private:alice")
+        + _unrelated(team, 8, space="private:alice")
+    )
+    await load_jsonl(writes, jsonl(records))
+    tok = await token(writes, team, "alice")
+    service = gateway_app.state.services.recall
+    question = "who owns the billing service and its invoices"
+
+    rounds: list[tuple[Any, dict[str, Any], Any]] = []
+    real = round_trips.first_round
+
+    async def spy(conn: Any, candidates: Any, t_valid: Any, discovery: Any, **kw: Any) -> Any:
+        got = await real(conn, candidates, t_valid, discovery, **kw)
+        rounds.append((candidates, kw, got))
+        return got
+
+    monkeypatch.setattr(round_trips, "first_round", spy)
+
+    async def fresh(**variables: Any) -> dict[str, Any]:
+        # A new question each time (the LRU emptied): the scope round, then the vector round.
+        monkeypatch.setattr(service.embeddings, "_cache", type(service.embeddings._cache)())
+        rounds.clear()
+        got = await recall(client, tok, q=question, **variables)
+        for key in ("recallId", "recallEventId", "suggestedActions"):
+            got.pop(key, None)
+        return got
+
+    skipped = 0
+    for variables in ({"limit": 1}, {"limit": 2}, {"limit": 5}, {"limit": 2, "with_known": True}):
+        if variables.pop("with_known", False):
+            first = await fresh(limit=2)
+            variables["known"] = [r["evidenceId"] for r in first["results"]]
+        got = await fresh(**variables)
+        [(_, kw, late)] = [r for r in rounds if r[0].text is None]  # the vector round
+        bounds = kw.get("vector_ranks") or {}
+        for (branch, name), ids in late.lists.items():
+            assert name == "vector"
+            bound = bounds.get(branch, len(ids))
+            below = {i for rank, i in enumerate(ids, start=1) if rank > bound}
+            below -= set(kw["checked"])
+            assert not below & set(late.eligible), (branch, bound)
+            skipped += len(below)
+        # The answer of hydrating every vector candidate.
+        monkeypatch.setattr(recall_service, "vector_hydration_bounds", lambda *a, **k: {})
+        every = await fresh(**variables)
+        monkeypatch.setattr(recall_service, "vector_hydration_bounds", vector_hydration_bounds)
+        assert got == every and got["results"], variables
+    # Eligible vector candidates below the bound (the menu notes) were there to skip.
+    assert skipped > 0
