@@ -8,12 +8,16 @@ of the earlier lists score more than that, it cannot be among the branch's
 results, so the vector round hydrates only the vector candidates ranked up to
 that point (``services/evidence.py``, ``vector_hydration_bounds``).
 
+A question whose embedding is known sends every list in one statement; there
+the bound is computed in SQL from the other lists' eligible candidates
+(``round_trips._VECTOR_BOUNDS``, floats: never below the exact bound).
+
 Checked here: against fusion itself, on random lists (the answer and the
 starved flag from the hydrated candidates only equal those from every
-candidate's eligibility), and on the real PostgreSQL through the gateway (the
-vector round leaves the candidates below the bound unhydrated, and the answers
-equal those of hydrating them all, for several limits, known IDs and both
-branches).
+candidate's eligibility); the SQL bound against the exact one on the same
+lists; and on the real PostgreSQL through the gateway, for both paths (the
+candidates below the bound are left unhydrated, and the answers equal those of
+hydrating them all, for several limits, known IDs and both branches).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from gateway.fusion import fuse_weighted
+from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K, fuse_weighted
 from gateway.services import recall as recall_service
 from gateway.services.evidence import vector_hydration_bounds
 from gateway.store import round_trips
@@ -244,4 +248,113 @@ async def test_the_vector_round_hydrates_only_what_can_reach_the_answer(
         monkeypatch.setattr(recall_service, "vector_hydration_bounds", vector_hydration_bounds)
         assert got == every and got["results"], variables
     # Eligible vector candidates below the bound (the menu notes) were there to skip.
+    assert skipped > 0
+
+
+@pytest.mark.parametrize("seed", range(60))
+async def test_the_statements_bound_is_never_below_the_exact_one(db: Any, seed: int) -> None:
+    """The bound a statement that holds every list computes in SQL (floats, and
+    the lists' own ranks) against the exact one: never below it (a candidate that
+    can reach the answer is always hydrated), and at most one rank above it when
+    no known ID or repeat moves the ranks."""
+    lists, eligible, known, limit = _case(seed)
+    rows = [
+        (branch, name, rank, item)
+        for (branch, name), ids in lists.items()
+        for rank, item in enumerate(ids, start=1)
+    ]
+    early = {k: v for k, v in lists.items() if k[1] != "vector"}
+    early_ids = {i for ids in early.values() for i in ids}
+    bound = round_trips.VectorBound(limit, EVIDENCE_WEIGHTS, RRF_K)
+    names = list(bound.weights)
+    sql = (
+        "WITH cands AS (SELECT * FROM unnest($6::text[], $7::text[], $8::bigint[], $9::text[])"
+        " AS c (branch, list_name, rank, evidence_id)),\n"
+        "hyd_early AS (SELECT x.id FROM unnest($10::text[]) AS x (id))\n"
+        + round_trips._VECTOR_BOUNDS
+    )
+    async with db.pool.acquire() as conn:
+        got = await conn.fetch(
+            sql,
+            limit,
+            sorted(known),
+            names,
+            [bound.weights[n] for n in names],
+            float(bound.k),
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            sorted(eligible & early_ids),
+        )
+    # A rank below 1 hydrates no vector candidate, as 0 does.
+    in_sql = {r["branch"]: max(r["r"], 0) for r in got}
+    exact = vector_hydration_bounds(
+        early, eligible & early_ids, ["shared", "private"], known, limit
+    )
+    assert set(in_sql) == set(exact), (in_sql, exact)
+    for branch, r in exact.items():
+        assert in_sql[branch] >= r, (branch, in_sql, exact)
+        moved = known or any(len(set(ids)) < len(ids) for ids in early.values())
+        if not moved and r > 0:
+            assert in_sql[branch] <= r + 1, (branch, in_sql, exact)
+
+
+async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
+    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+) -> None:
+    """The one statement of a question whose embedding is known (the LRU): the
+    scope round with every list, its vector candidates bounded in SQL."""
+    team = unique("vh1")
+    records = (
+        ownership_case(team)
+        + more_evidence(team, 12)
+        + _unrelated(team, 14)
+        + more_evidence(team, 6, space="private:alice")
+        + _unrelated(team, 8, space="private:alice")
+    )
+    await load_jsonl(writes, jsonl(records))
+    tok = await token(writes, team, "alice")
+    question = "who owns the billing service and its invoices"
+
+    rounds: list[Any] = []
+    real = round_trips.scope_round
+
+    async def spy(conn: Any, scope: Any, candidates: Any, discovery: Any, *rest: Any) -> Any:
+        got = await real(conn, scope, candidates, discovery, *rest)
+        rounds.append(got)
+        return got
+
+    monkeypatch.setattr(round_trips, "scope_round", spy)
+
+    async def again(**variables: Any) -> dict[str, Any]:
+        await recall(client, tok, q=question, **variables)  # the embedding is then known
+        rounds.clear()
+        got = await recall(client, tok, q=question, **variables)
+        for key in ("recallId", "recallEventId", "suggestedActions"):
+            got.pop(key, None)
+        return got
+
+    skipped = 0
+    for variables in ({"limit": 1}, {"limit": 2}, {"limit": 5}, {"limit": 2, "with_known": True}):
+        if variables.pop("with_known", False):
+            first = await again(limit=2)
+            variables["known"] = [r["evidenceId"] for r in first["results"]]
+        got = await again(**variables)
+        [scope] = rounds
+        assert scope.first is not None
+        lists = scope.first.lists
+        assert any(name == "vector" for _, name in lists)
+        early = {k: v for k, v in lists.items() if k[1] != "vector"}
+        early_ids = {i for ids in early.values() for i in ids}
+        for (_, name), ids in lists.items():
+            if name == "vector":
+                late = [i for i in ids if i not in early_ids]
+                skipped += sum(1 for i in late if i not in scope.first.eligible)
+        # The answer of hydrating every candidate.
+        monkeypatch.setattr(round_trips, "scope_round", lambda c, s, cq, d, *rest: spy(c, s, cq, d))
+        every = await again(**variables)
+        monkeypatch.setattr(round_trips, "scope_round", spy)
+        assert got == every and got["results"], variables
+    # Eligible vector candidates (the menu notes) left unhydrated.
     assert skipped > 0

@@ -40,6 +40,7 @@ import numpy as np
 
 from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
 from gateway.errors import EmbeddingError, EmbeddingMalformed
+from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
@@ -519,7 +520,15 @@ class RecallService:
         )
         try:
             async with unit.step() as conn:
-                got = await round_trips.scope_round(conn, scope, candidates, discovery)
+                got = await round_trips.scope_round(
+                    conn,
+                    scope,
+                    candidates,
+                    discovery,
+                    # With the vector lists (the embedding known): vector candidates
+                    # that cannot reach the answer are not hydrated.
+                    round_trips.VectorBound(request.limit, EVIDENCE_WEIGHTS, RRF_K),
+                )
         except STORE_FAILURES as exc:
             log.warning("view with the first lists failed (%s); the view alone", exc)
             view, branches = await self._scope(unit, principal, request)

@@ -57,6 +57,7 @@ __all__ = [
     "HandlesQuery",
     "ScopeQuery",
     "ScopeRound",
+    "VectorBound",
     "answer_round",
     "first_round",
     "last_round",
@@ -96,6 +97,54 @@ class FirstRound:
     path_groups: dict[str, str]
 
 
+# Per branch, the last vector rank whose candidate can still be in the answer, from
+# the eligible candidates of the statement's other lists (hyd_early), for the
+# statement that holds every list (services/evidence.py, vector_hydration_bounds,
+# says why). $1 the answer's limit, $2 the known IDs, $3 and $4 the lists' names
+# and fusion weights, $5 the RRF k. The float score only approximates the exact
+# one, so a margin (1e-9, far above the rounding of a sum of a few terms) is added
+# before the rank is rounded down: never below the exact bound, and above it only
+# when the exact quotient falls within 1e-9 under an integer. A
+# list's repeated ID counts at its best rank once, and known IDs not at all: no
+# score above fusion's, so no bound below the exact one.
+_VECTOR_BOUNDS = """
+SELECT s.branch,
+       floor(s.vector_weight / s.score - $5::double precision + 1e-9)::integer
+           + cardinality($2::text[]) AS r
+FROM (
+    SELECT e.branch, e.score, e.vector_weight,
+           row_number() OVER (PARTITION BY e.branch ORDER BY e.score DESC) AS n
+    FROM (
+        SELECT d.branch, d.evidence_id,
+               sum(w.weight / ($5::double precision + d.rank)) AS score,
+               (SELECT v.weight FROM unnest($3::text[], $4::double precision[]) AS v (name, weight)
+                 WHERE v.name = 'vector') AS vector_weight
+        FROM (
+            SELECT c.branch, c.list_name, c.evidence_id, min(c.rank) AS rank
+            FROM cands c
+            WHERE c.list_name <> 'vector' AND c.evidence_id <> ALL ($2::text[])
+            GROUP BY c.branch, c.list_name, c.evidence_id
+        ) d
+        JOIN unnest($3::text[], $4::double precision[]) AS w (name, weight)
+          ON w.name = d.list_name
+        WHERE d.evidence_id IN (SELECT h.id::text FROM hyd_early h)
+        GROUP BY d.branch, d.evidence_id
+    ) e
+) s
+WHERE s.n = $1 AND s.score > 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class VectorBound:
+    """What bounds the hydration of vector candidates in a statement that holds
+    every list: the answer's limit and fusion's rule (its lists' weights and k)."""
+
+    limit: int
+    weights: Mapping[str, float]
+    k: float
+
+
 @dataclass(frozen=True, slots=True)
 class _ViewExprs:
     """SQL expressions of the view's values, for parts sent with the view itself:
@@ -115,6 +164,7 @@ def _search_parts(
     view: _ViewExprs,
     checked: Sequence[str],
     vector_ranks: Mapping[str, int] | None = None,
+    vector_bound: VectorBound | None = None,
 ) -> tuple[list[str], list[str], list[search.ListName], list[str] | None]:
     """The CTEs and selections of the candidate lists, their hydration, discovery and
     the support paths' groups; and what they ask: the lists, and discovery's lists
@@ -149,8 +199,48 @@ def _search_parts(
         hyd_exprs[4] = view.t_sys
     if view.t_valid is not None:
         hyd_exprs[5] = view.t_valid
-    hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
-    ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
+    if vector_bound is not None and "vector" in wanted and len(wanted) > 1 and not tests:
+        # Every list in this statement: the other lists' candidates first, then
+        # the vector-only ones down to their branch's bound (see _VECTOR_BOUNDS).
+        early = placer.part(
+            [team, None, spaces, t_sys, t_valid],
+            {
+                **hyd_exprs,
+                2: "ARRAY(SELECT DISTINCT c.evidence_id FROM cands c WHERE c.list_name <> 'vector')",
+            },
+        )
+        ctes.append(f"hyd_early AS MATERIALIZED (\n{early(recall.ELIGIBLE_SQL)}\n)")
+        names = list(vector_bound.weights)
+        bounds_part = placer.part(
+            [
+                vector_bound.limit,
+                list(candidates.exclude_ids),
+                names,
+                [float(vector_bound.weights[n]) for n in names],
+                float(vector_bound.k),
+            ]
+        )
+        ctes.append(f"vector_bounds AS MATERIALIZED (\n{bounds_part(_VECTOR_BOUNDS)}\n)")
+        late = placer.part(
+            [team, None, spaces, t_sys, t_valid],
+            {
+                **hyd_exprs,
+                2: (
+                    "ARRAY(SELECT DISTINCT c.evidence_id FROM cands c WHERE c.list_name = 'vector'"
+                    " AND c.evidence_id NOT IN (SELECT o.evidence_id FROM cands o"
+                    " WHERE o.list_name <> 'vector')"
+                    " AND c.rank <= coalesce((SELECT b.r FROM vector_bounds b"
+                    " WHERE b.branch = c.branch), c.rank))"
+                ),
+            },
+        )
+        ctes.append(f"hyd_late AS MATERIALIZED (\n{late(recall.ELIGIBLE_SQL)}\n)")
+        ctes.append(
+            "hyd AS MATERIALIZED (\nSELECT * FROM hyd_early UNION ALL SELECT * FROM hyd_late\n)"
+        )
+    else:
+        hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
+        ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
     selects = [search.LISTS_OF_CANDS, "(SELECT array_agg(ROW(h.*)) FROM hyd h)"]
     disc_wanted: list[str] | None = None
     if discovery is not None:
@@ -260,6 +350,7 @@ async def scope_round(
     scope: ScopeQuery,
     candidates: search.CandidateQuery | None,
     discovery: related.DiscoveryQuery | None,
+    vector_bound: VectorBound | None = None,
 ) -> ScopeRound:
     """The view and, in the same statement, the lists of ``candidates`` with their
     hydration and ``discovery``, fed in SQL from the view's values.
@@ -271,7 +362,10 @@ async def scope_round(
     for them. A space with no generation at the view's instant gets NULL, which
     no row matches: its lists come back empty, and its branch is not searched.
     The statement reads what the view statement and :func:`first_round` would
-    read in one transaction (``now()`` is the transaction's instant)."""
+    read in one transaction (``now()`` is the transaction's instant), but that
+    with ``vector_bound``, when it holds the vector lists and others, it
+    hydrates a branch's vector-only candidates only down to the last rank that
+    can still reach the answer (``_VECTOR_BOUNDS``)."""
     placer = _Placer()
     view = placer.part([scope.team_id, list(scope.space_ids), scope.known_at])
     ctes = [
@@ -310,6 +404,8 @@ async def scope_round(
             discovery,
             exprs,
             (),
+            None,
+            vector_bound,
         )
         ctes += more_ctes
         selects += more
