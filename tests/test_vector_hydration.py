@@ -81,9 +81,9 @@ def _case(
             picked = rng.sample(found, min(len(found), rng.randint(0, per_list)))
             if name == "vector" and rng.random() < 0.5:
                 picked = [i for i in picked if i not in known]  # as the SQL excludes them
-            if picked and rng.random() < 0.2:
+            if name != "vector" and picked and rng.random() < 0.2:
                 picked.insert(rng.randrange(len(picked)), picked[0])  # a repeat
-            lists[branch, name] = picked
+            lists[branch, name] = picked  # (a vector list never repeats an ID: its table's key)
     return lists, eligible, known, limit
 
 
@@ -99,7 +99,8 @@ def _hydrated(
     )
     for (branch, name), ids in lists.items():
         if name == "vector":
-            bound = bounds.get(branch, len(ids))
+            # As the SQL filter: the bound plus the known IDs the list holds.
+            bound = bounds.get(branch, len(ids)) + len(set(ids) & known)
             hydrated |= {i for rank, i in enumerate(ids, start=1) if rank <= bound}
     return hydrated
 
@@ -130,15 +131,44 @@ def test_the_bound_is_the_last_rank_that_can_reach_the_answer() -> None:
     assert _answer(both_lists, {"a", "b"}, "shared", set(), 1) == (["a"], False)
     # Fewer than `limit` eligible: every vector candidate may count.
     assert vector_hydration_bounds(lists, {"a"}, ["shared"], (), 2) == {}
-    # A known ID leaves every list first (ranks move up), and may sit in the
-    # vector list too: the bound moves down by one for each.
-    assert vector_hydration_bounds(lists, {"b", "c"}, ["shared"], {"a"}, 2) == {"shared": 3}
+    # A known ID leaves every list first (ranks move up): b and c rank 1 and 2.
+    assert vector_hydration_bounds(lists, {"b", "c"}, ["shared"], {"a"}, 2) == {"shared": 2}
+    # A repeat keeps its first rank, and the items after it move up.
+    again = {("shared", "fulltext"): ["a", "a", "b"]}
+    assert vector_hydration_bounds(again, {"a", "b"}, ["shared"], (), 2) == {"shared": 2}
     # Entity expansion counts half: 1/2 / 61 is below 1/62, so no vector
     # candidate at all can pass a candidate found by both lists ...
     both = {("shared", "fulltext"): ["a"], ("shared", "entity"): ["a"]}
     assert vector_hydration_bounds(both, {"a"}, ["shared"], (), 1) == {"shared": 0}
     # ... and a branch whose earlier lists found nothing has no bound.
     assert vector_hydration_bounds(both, {"a"}, ["shared", "private"], (), 1) == {"shared": 0}
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 10])
+@pytest.mark.parametrize("known_above", [False, True])
+@pytest.mark.parametrize("vector_first", [False, True])
+def test_a_tie_at_the_bound_keeps_its_answer(
+    limit: int, known_above: bool, vector_first: bool
+) -> None:
+    """The limit-th full-text candidate and the vector list's candidate at the
+    bound score the same (1/(60 + limit)); the lower ID wins, whichever it is."""
+    text = [f"ev-m-{i:02d}" for i in range(limit + 5)]
+    vector = [f"ev-{'a' if vector_first else 'z'}-{i:02d}" for i in range(30)]
+    known = {"ev-m-known"} if known_above else set()
+    if known_above:
+        text.insert(0, "ev-m-known")
+        vector.insert(limit // 2, "ev-m-known")  # as if a list kept it
+    lists = {("shared", "fulltext"): text, ("shared", "vector"): vector}
+    eligible = set(text) | set(vector)
+    hydrated = _hydrated(lists, eligible, known, limit)
+    assert _answer(lists, eligible & hydrated, "shared", known, limit) == _answer(
+        lists, eligible, "shared", known, limit
+    )
+    early = {("shared", "fulltext"): text}
+    assert vector_hydration_bounds(early, set(text), ["shared"], known, limit) == {"shared": limit}
+    if limit == 1:  # the tie decides the answer: the lower ID
+        kept, _ = _answer(lists, eligible, "shared", known, limit)
+        assert (kept[0] in vector) == vector_first
 
 
 def _unrelated(team: str, n: int, *, space: str = "shared") -> list[dict[str, Any]]:
@@ -287,16 +317,17 @@ async def test_the_statements_bound_is_never_below_the_exact_one(db: Any, seed: 
             [r[3] for r in rows],
             sorted(eligible & early_ids),
         )
-    # A rank below 1 hydrates no vector candidate, as 0 does.
-    in_sql = {r["branch"]: max(r["r"], 0) for r in got}
+    in_sql = {r["branch"]: r["r"] for r in got}
     exact = vector_hydration_bounds(
         early, eligible & early_ids, ["shared", "private"], known, limit
     )
     assert set(in_sql) == set(exact), (in_sql, exact)
     for branch, r in exact.items():
+        # Both as ranks of the list itself: plus the known IDs it holds.
+        r += len(set(lists.get((branch, "vector"), [])) & known)
         assert in_sql[branch] >= r, (branch, in_sql, exact)
-        moved = known or any(len(set(ids)) < len(ids) for ids in early.values())
-        if not moved and r > 0:
+        moved = known & early_ids or any(len(set(ids)) < len(ids) for ids in early.values())
+        if not moved:
             assert in_sql[branch] <= r + 1, (branch, in_sql, exact)
 
 
@@ -358,3 +389,96 @@ async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
         assert got == every and got["results"], variables
     # Eligible vector candidates (the menu notes) left unhydrated.
     assert skipped > 0
+
+
+def _gazpacho(team: str, n: int) -> list[dict[str, Any]]:
+    """A note about the cold server room and n about gazpacho (IDs below it): the
+    question "cold tomato soup" finds the first by full text, the others by
+    vector."""
+    out: list[dict[str, Any]] = [
+        {
+            "kind": "source",
+            "team": team,
+            "id": "src-k",
+            "space": "shared",
+            "type": "document",
+            "title": "Kitchen",
+        },
+        {"kind": "entity", "team": team, "id": "ent-k", "space": "shared", "name": "Kitchen"},
+    ]
+    texts = {"ev-z-cold": "The server room runs cold at night; check the thermostat."}
+    for i in range(n):
+        texts[f"ev-a-gaz-{i:02d}"] = f"Gazpacho number {i}: a chilled Andalusian blended dish."
+    for i, (ident, text) in enumerate(texts.items()):
+        out.append(
+            {"kind": "evidence", "team": team, "id": ident, "source": "src-k", "content": text}
+        )
+        out.append(
+            {
+                "kind": "relationship",
+                "team": team,
+                "id": f"rel-k-{i:02d}",
+                "space": "shared",
+                "subject": "ent-k",
+                "predicate": "notes",
+                "object_value": str(i),
+                "owner": "alice",
+                "supports": [{"id": f"sup-k-{i:02d}", "evidence": ident}],
+            }
+        )
+    return out
+
+
+async def test_a_tie_at_the_bound_through_the_gateway(
+    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+) -> None:
+    """limit 1: the full-text list's first and the vector list's first both score
+    1/61, and the lower ID is the answer. The bound is 1 and that vector
+    candidate is hydrated, in the vector round (a new question) and in the one
+    statement of a repeated question: a bound one lower, or a strict rank test
+    in either SQL filter, answers the other one."""
+    team = unique("vt")
+    await load_jsonl(writes, jsonl(ownership_case(team) + _gazpacho(team, 30)))
+    tok = await token(writes, team, "alice", "shared_only")
+    service = gateway_app.state.services.recall
+    scopes: list[Any] = []
+    firsts: list[tuple[dict[str, Any], Any]] = []
+    real_scope, real_first = round_trips.scope_round, round_trips.first_round
+
+    async def scope_spy(*args: Any) -> Any:
+        got = await real_scope(*args)
+        scopes.append(got)
+        return got
+
+    async def first_spy(*args: Any, **kw: Any) -> Any:
+        got = await real_first(*args, **kw)
+        firsts.append((kw, got))
+        return got
+
+    monkeypatch.setattr(round_trips, "scope_round", scope_spy)
+    monkeypatch.setattr(round_trips, "first_round", first_spy)
+    monkeypatch.setattr(service.embeddings, "_cache", type(service.embeddings._cache)())
+    new = await recall(client, tok, q="cold tomato soup", limit=1)
+    [scope] = scopes
+    [(kw, late)] = firsts
+    assert scope.first is not None
+    text = scope.first.lists["shared", "fulltext"]
+    vector = late.lists["shared", "vector"]
+    assert text and vector and vector[0] not in text and text[0] not in vector[:1]
+    assert text[0] in scope.first.eligible
+    # The wiring: the bound from the scope round's lists, eligibility, limit, known IDs.
+    expected = vector_hydration_bounds(scope.first.lists, scope.first.eligible, ["shared"], (), 1)
+    assert kw["vector_ranks"] == expected == {"shared": 1}
+    assert vector[0] in late.eligible
+    winner = min(text[0], vector[0])  # equal scores: the lower ID
+    assert vector[0] == winner  # the gazpacho notes sort before ev-z-cold
+    assert [r["evidenceId"] for r in new["results"]] == [winner]
+    # The same question again: its embedding is known, every list in one statement.
+    scopes.clear()
+    firsts.clear()
+    again = await recall(client, tok, q="cold tomato soup", limit=1)
+    [scope] = scopes
+    assert not firsts and scope.first is not None
+    assert scope.first.lists["shared", "vector"][0] == winner
+    assert winner in scope.first.eligible
+    assert [r["evidenceId"] for r in again["results"]] == [winner]

@@ -16,16 +16,14 @@ transaction the unit opens after a failure.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from fractions import Fraction
 
 import numpy as np
 
 from gateway.errors import DatabaseUnavailable
-from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K, fuse_branches, fuse_weighted
+from gateway.fusion import EVIDENCE_WEIGHTS, fuse_branches, fuse_weighted, last_reachable_rank
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import (
     Degradation,
@@ -97,44 +95,26 @@ def vector_hydration_bounds(
     known: Collection[str],
     limit: int,
 ) -> dict[str, int]:
-    """Per branch, the last vector rank whose candidate can still be in the answer,
-    given the lists read before the vector list (``lists``: full text and entity,
-    by ``(branch, list)``) and which of their candidates are eligible; a branch
-    left out has no such rank (all of its vector candidates may count).
-
-    The vector list comes after the scope round (docs/recall.md, "Cost"), and a
-    vector candidate that none of those lists holds scores exactly
-    ``vector weight / (k + r)`` in its branch's fusion, ``r`` its rank there
-    (known IDs removed: at least its rank in the list minus the number of known
-    IDs, and at least 1). When ``limit`` eligible candidates of the earlier
-    lists already score more than that on their earlier lists alone (a lower
-    bound of their fused score), ``limit`` eligible candidates precede it
-    whatever it is: it is not among the branch's first ``limit`` eligible
-    results, and the branch is not starved (it has ``limit`` eligible), so
-    whether it is eligible changes nothing, and it need not be hydrated.
-    Exact rational scores, compared strictly, as fusion orders (ties by ID could
-    otherwise favour it)."""
-    skip = set(known)
-    vector = Fraction(EVIDENCE_WEIGHTS["vector"])
+    """Per branch, the last rank of its vector list (known IDs removed) whose
+    candidate can still be in the answer, given the lists read before the vector
+    list (``lists``: full text and entity, by ``(branch, list)``) and which of
+    their candidates are eligible; a branch left out has no such rank (all of its
+    vector candidates may count). ``gateway.fusion.last_reachable_rank`` says
+    why: a vector candidate below it is not among the branch's first ``limit``
+    eligible results, and the branch has ``limit`` eligible either way (not
+    starved), so it need not be hydrated (docs/recall.md, "Cost")."""
     bounds: dict[str, int] = {}
     for branch in branches:
-        scores: dict[str, Fraction] = {}
-        for (b, name), ids in lists.items():
-            if b != branch:
-                continue
-            weight = Fraction(EVIDENCE_WEIGHTS[name])
-            seen: set[str] = set()
-            for item in ids:
-                if item in skip or item in seen:
-                    continue  # known IDs leave the list; a repeat keeps its first rank
-                seen.add(item)
-                scores[item] = scores.get(item, Fraction(0)) + weight / (RRF_K + len(seen))
-        kept = sorted((s for i, s in scores.items() if i in eligible), reverse=True)
-        if limit < 1 or len(kept) < limit or kept[limit - 1] <= 0:
-            continue
-        # The largest rank m with vector / (k + m) >= the limit-th score.
-        m = math.floor(vector / kept[limit - 1] - RRF_K)
-        bounds[branch] = m + len(skip) if m >= 1 else 0
+        last = last_reachable_rank(
+            {name: ids for (b, name), ids in lists.items() if b == branch},
+            eligible,
+            limit,
+            EVIDENCE_WEIGHTS,
+            later="vector",
+            known=known,
+        )
+        if last is not None:
+            bounds[branch] = last
     return bounds
 
 

@@ -99,18 +99,21 @@ class FirstRound:
 
 # Per branch, the last vector rank whose candidate can still be in the answer, from
 # the eligible candidates of the statement's other lists (hyd_early), for the
-# statement that holds every list (services/evidence.py, vector_hydration_bounds,
-# says why). $1 the answer's limit, $2 the known IDs, $3 and $4 the lists' names
-# and fusion weights, $5 the RRF k. The float score only approximates the exact
-# one, so a margin (1e-9, far above the rounding of a sum of a few terms) is added
-# before the rank is rounded down: never below the exact bound, and above it only
-# when the exact quotient falls within 1e-9 under an integer. A
-# list's repeated ID counts at its best rank once, and known IDs not at all: no
-# score above fusion's, so no bound below the exact one.
+# statement that holds every list (gateway.fusion.last_reachable_rank says why and
+# computes it exactly). $1 the answer's limit, $2 the known IDs, $3 and $4 the
+# lists' names and fusion weights, $5 the RRF k. The float score only approximates
+# the exact one, so a margin (1e-9, far above the rounding of a sum of a few terms)
+# is added before the rank is rounded down: never below the exact bound, and above
+# it only when the exact quotient falls within 1e-9 under an integer. A list's
+# repeated ID counts at its best rank once, known IDs not at all, and the ranks are
+# the lists' own (known IDs, which every list leaves out already, would only lower
+# a score): no score above fusion's, so no bound below it. The vector list's known
+# IDs are added to the bound, as in the late round's filter (_search_parts).
 _VECTOR_BOUNDS = """
 SELECT s.branch,
-       floor(s.vector_weight / s.score - $5::double precision + 1e-9)::integer
-           + cardinality($2::text[]) AS r
+       greatest(floor(s.vector_weight / s.score - $5::double precision + 1e-9), 0)::integer
+           + (SELECT count(*) FROM cands k WHERE k.branch = s.branch
+              AND k.list_name = 'vector' AND k.evidence_id = ANY ($2::text[]))::integer AS r
 FROM (
     SELECT e.branch, e.score, e.vector_weight,
            row_number() OVER (PARTITION BY e.branch ORDER BY e.score DESC) AS n
@@ -189,8 +192,15 @@ def _search_parts(
     if checked:
         tests.append("c.evidence_id <> ALL (" + placer.part([list(checked)])("$1::text[]") + ")")
     if vector_ranks:
-        bounds = placer.part([list(vector_ranks), list(vector_ranks.values())])(
+        # The bound is a rank with known IDs removed (fusion's); a list's own rank
+        # is that plus the known IDs above it, which every list leaves out already
+        # (search.py): counted anyway, all of the list's, so never too few.
+        bounds = placer.part(
+            [list(vector_ranks), list(vector_ranks.values()), list(candidates.exclude_ids)]
+        )(
             "(SELECT x.r FROM unnest($1::text[], $2::integer[]) AS x (b, r) WHERE x.b = c.branch)"
+            " + (SELECT count(*) FROM cands k WHERE k.branch = c.branch"
+            " AND k.list_name = 'vector' AND k.evidence_id = ANY ($3::text[]))"
         )
         tests.append(f"(c.list_name <> 'vector' OR c.rank <= coalesce({bounds}, c.rank))")
     fresh = " WHERE " + " AND ".join(tests) if tests else ""
