@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import statistics
@@ -40,6 +42,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -241,6 +245,200 @@ class Phases:
             print(f"  {name:44} {statistics.median(values):7.2f}")
 
 
+def _schedstat_ns(path: str) -> int:
+    """Nanoseconds on a CPU of a process or thread (``/proc/.../schedstat``)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Timeline(Phases):
+    """``--timeline``: :class:`Phases`, and every step of one call on one clock
+    (the HTTP view, the token lookup, the GraphQL execution, each SQL statement
+    from its send to its answer, the response's messages), and the CPU each call
+    took: the gateway's event loop thread, the process's other threads (the
+    embedding model's), this client's thread, and the PostgreSQL server's
+    processes (``/proc/.../schedstat``, nanoseconds)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.statements: list[tuple[float, float, str]] = []
+        self.cpu_rows: list[dict[str, float]] = []
+        self.timelines: list[dict[str, float]] = []
+        self.loop_tid = 0
+        self.pg_pids: list[int] = []
+        self.cpu_before: dict[str, int] = {}
+
+    def install(self, app: Any) -> None:
+        super().install(app)
+        import asyncpg
+
+        import gateway.http.view as view_module
+        import gateway.store.auth as auth_store
+
+        phases = self
+        view_call = view_module.GraphQLHTTPView.__call__
+        execute = view_module.GraphQLHTTPView.execute_operation
+        find_token = auth_store.find_token
+        time_and_log = asyncpg.connection.Connection._time_and_log
+
+        async def timed_call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+            phases.marks["view"] = time.perf_counter()
+            phases.loop_tid = threading.get_native_id()
+
+            async def timed_send(message: Any) -> None:
+                phases.marks.setdefault(message["type"], time.perf_counter())
+                await send(message)
+
+            await view_call(self, scope, receive, timed_send)
+
+        async def timed_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+            phases.marks["execute"] = time.perf_counter()
+            return await execute(self, *args, **kwargs)
+
+        async def timed_find(conn: Any, token_id: str) -> Any:
+            phases.marks["token statement"] = time.perf_counter()
+            return await find_token(conn, token_id)
+
+        @contextlib.contextmanager
+        def logged(self: Any, query: str, *args: Any) -> Iterator[None]:
+            # asyncpg times each statement with this (its query loggers' clock):
+            # from the statement's send to the task resuming with its answer
+            started = time.perf_counter()
+            try:
+                with time_and_log(self, query, *args):
+                    yield
+            finally:
+                text = " ".join(query.split())
+                phases.statements.append((started, time.perf_counter(), text))
+
+        from gateway.services import writes as service
+
+        lane_vectors, batch_vectors = service._Lane.vectors, service._Batch._vectors
+
+        async def timed_lane(self: Any, *args: Any) -> Any:
+            try:
+                return await lane_vectors(self, *args)
+            finally:
+                phases.marks["the lane's vectors returned"] = time.perf_counter()
+
+        async def timed_vectors(self: Any, *args: Any) -> Any:
+            try:
+                return await batch_vectors(self, *args)
+            finally:
+                phases.marks["the batch's vectors returned"] = time.perf_counter()
+
+        import strawberry.schema.schema as strawberry_schema
+
+        graphql_execute = strawberry_schema.execute
+
+        def timed_graphql(*args: Any, **kwargs: Any) -> Any:
+            phases.marks["graphql-core executes (extensions' on_execute entered)"] = (
+                time.perf_counter()
+            )
+            return graphql_execute(*args, **kwargs)
+
+        strawberry_schema.execute = timed_graphql
+        service._Lane.vectors = timed_lane  # type: ignore[method-assign]
+        service._Batch._vectors = timed_vectors  # type: ignore[method-assign]
+        view_module.GraphQLHTTPView.__call__ = timed_call  # type: ignore[method-assign]
+        view_module.GraphQLHTTPView.execute_operation = timed_execute  # type: ignore[method-assign]
+        auth_store.find_token = timed_find  # type: ignore[assignment]
+        asyncpg.connection.Connection._time_and_log = logged  # type: ignore[method-assign]
+
+    def _pg(self) -> list[int]:
+        """The embedded server's processes: its postmaster and the postmaster's children."""
+        import asyncpg
+
+        async def folder() -> str:
+            conn = await asyncpg.connect(self.dsn)
+            try:
+                return str(await conn.fetchval("SHOW data_directory"))
+            finally:
+                await conn.close()
+
+        postmaster = int(Path(asyncio.run(folder()), "postmaster.pid").read_text().split()[0])
+        pids = [postmaster]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def _cpu(self) -> dict[str, int]:
+        client = threading.get_native_id()
+        out = {"gateway event loop": 0, "other threads (the model)": 0, "client": 0}
+        for task in Path("/proc/self/task").iterdir():
+            ns = _schedstat_ns(f"{task}/schedstat")
+            tid = int(task.name)
+            if tid == self.loop_tid:
+                out["gateway event loop"] += ns
+            elif tid == client:
+                out["client"] += ns
+            else:
+                out["other threads (the model)"] += ns
+        out["PostgreSQL (all its processes)"] = sum(
+            _schedstat_ns(f"/proc/{pid}/schedstat") for pid in self.pg_pids
+        )
+        return out
+
+    def start(self) -> None:
+        if not self.pg_pids:
+            self.pg_pids = self._pg()
+        self.cpu_before = self._cpu()
+        self.statements = []
+        super().start()
+
+    def finish(self, sql_seconds: float) -> None:
+        received = time.perf_counter()
+        super().finish(sql_seconds)
+        after = self._cpu()
+        self.cpu_rows.append({k: (after[k] - self.cpu_before[k]) / 1e9 for k in after})
+        sent = self.marks["sent"]
+        line = {f"mark: {k}": v - sent for k, v in self.marks.items() if k != "sent"}
+        line["mark: received"] = received - sent
+        for k, (a, b, n) in enumerate(sorted(self.embeds)):
+            line[f"embedding call {k + 1} ({n}): start"] = a - sent
+            line[f"embedding call {k + 1} ({n}): end"] = b - sent
+        for k, (a, b, query) in enumerate(self.statements):
+            label = f"SQL {k + 1:2d} {query[:48]}"
+            line[f"{label}: sent"] = a - sent
+            line[f"{label}: answered"] = b - sent
+        self.timelines.append(line)
+
+    def report(self) -> None:
+        super().report()
+        print("CPU per call (evidence + relationship kind), medians and means in ms:")
+        for name in self.cpu_rows[0]:
+            values = [r[name] * 1000 for r in self.cpu_rows]
+            print(
+                f"  {name:44} {statistics.median(values):7.2f}   mean {statistics.mean(values):7.2f}"
+            )
+        print("timeline of a call (ms after the client's send, medians over the calls):")
+        shape = Counter(tuple(line) for line in self.timelines)
+        keys, count = shape.most_common(1)[0]
+        print(f"  ({count} of {len(self.timelines)} calls had this sequence of steps)")
+        rows = [line for line in self.timelines if tuple(line) == keys]
+        ordered = sorted(keys, key=lambda k: statistics.median(r[k] for r in rows))
+        print("  at (median)  since the step before (median of each call's difference)")
+        previous = None
+        for key in ordered:
+            at = statistics.median(r[key] for r in rows) * 1000
+            step = (
+                statistics.median(r[key] - r[previous] for r in rows) * 1000
+                if previous is not None
+                else at
+            )
+            print(f"  {at:8.2f}  {step:+7.2f}  {key}")
+            previous = key
+
+
 class Other:
     """The gateway of another checkout (``--against``), in a process of its own."""
 
@@ -303,8 +501,10 @@ def measure(
     write's embedding lane holding two calls in flight instead of one (a text
     added while a call runs queues behind it in the provider at once instead of
     waiting for its end): an A/B of the lane's rule in one run."""
+    from gateway.app import GatewayGraphQL
+
     counter = app.state.services.db.counter
-    kinds = ("full", "serial", "bare")
+    kinds = ("full", "lookup first", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
@@ -316,6 +516,7 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
+                GatewayGraphQL.LOOKUP_AHEAD = name != "lookup first"
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -324,6 +525,7 @@ def measure(
                 if phases is not None and name == "full":
                     phases.finish(counter.seconds - seconds)
                 _Lane.OUTSTANDING = outstanding
+                GatewayGraphQL.LOOKUP_AHEAD = True
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -332,6 +534,42 @@ def measure(
                 if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
                     raise SystemExit("remember did not write")
     return latencies, statements
+
+
+RECALL = """query($q: String!) { recallMemory(query: $q, limit: 10) {
+  results { evidenceId rank context source { id } supportingRelationships { id } }
+  degradations { code } } }"""
+
+
+def measure_recall(port: int, token: str, calls: int) -> dict[str, list[float]]:
+    """``--recall``: the demo's recall over HTTP with the token's lookup beside the
+    document's work and before it (``GatewayGraphQL.LOOKUP_AHEAD``), each question
+    asked in both ways back to back, the first of the two alternating, nothing
+    written in between: their answers must be the same."""
+    from gateway.app import GatewayGraphQL
+
+    latencies: dict[str, list[float]] = {"ahead": [], "first": []}
+    headers = {"Authorization": f"Bearer {token}"}
+    differ = 0
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        for i in range(calls):
+            question = " ".join(WORDS[(i * 5 + k) % len(WORDS)] for k in range(4))
+            body = {"query": RECALL, "variables": {"q": question}}
+            answers = {}
+            for name in ("ahead", "first") if i % 2 == 0 else ("first", "ahead"):
+                GatewayGraphQL.LOOKUP_AHEAD = name == "ahead"
+                started = time.perf_counter()
+                answer = client.post("/graphql", json=body, headers=headers).json()
+                latencies[name].append((time.perf_counter() - started) * 1000)
+                GatewayGraphQL.LOOKUP_AHEAD = True
+                if "errors" in answer:
+                    raise SystemExit(f"recall failed: {answer['errors']}")
+                answers[name] = answer["data"]
+            differ += answers["ahead"] != answers["first"]
+    print(
+        f"recall, {calls} questions asked both ways: {calls - differ} of {calls} answers identical"
+    )
+    return latencies
 
 
 # The text the gateway renders for the benchmark's relationship (its entities' names
@@ -417,6 +655,20 @@ def main() -> None:
         "--profile", action="store_true", help="also print where a call's time goes"
     )
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also print one call's steps on one clock, and its CPU (implies --profile)",
+    )
+    parser.add_argument(
+        "--recall",
+        type=int,
+        default=0,
+        help="also this many demo recalls, the token looked up beside the document and first",
+    )
+    parser.add_argument(
+        "--timeline-out", type=Path, default=None, help="each call's timeline, JSON lines"
+    )
+    parser.add_argument(
         "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
     )
     parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
@@ -438,13 +690,18 @@ def main() -> None:
                 print(f"READY {token}", flush=True)
                 sys.stdin.read()
                 return
-            phases = Phases() if args.profile else None
+            timeline = args.timeline or args.timeline_out is not None
+            phases = Timeline(dsn) if timeline else Phases() if args.profile else None
             if phases is not None:
                 phases.install(app)
             measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
+                if isinstance(phases, Timeline):
+                    phases.cpu_rows.clear()
+                    phases.timelines.clear()
             runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
+            recalls = measure_recall(args.port, token, args.recall) if args.recall else {}
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -456,6 +713,7 @@ def main() -> None:
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
+        ("  same, the token looked up first", runs["lookup first"], statements["lookup first"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
@@ -464,8 +722,20 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
+    for name, values in recalls.items():
+        print(
+            f"  recall, token looked up {'beside the document' if name == 'ahead' else 'first':20}"
+            f" p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
+        )
     if phases is not None:
         phases.report()
+    if isinstance(phases, Timeline) and args.timeline_out is not None:
+        args.timeline_out.write_text(
+            "".join(
+                json.dumps({**line, **cpu}) + "\n"
+                for line, cpu in zip(phases.timelines, phases.cpu_rows, strict=True)
+            )
+        )
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
