@@ -143,6 +143,8 @@ class Phases:
         self.marks: dict[str, float] = {}
         self.embeds: list[tuple[float, float, int]] = []
         self.rows: list[dict[str, float]] = []
+        # every kind's rows (``full`` is ``rows``), for the kinds' comparison
+        self.by_kind: dict[str, list[dict[str, float]]] = {}
 
     def install(self, app: Any) -> None:
         from gateway.services import writes as service
@@ -206,7 +208,7 @@ class Phases:
         self.marks = {"sent": time.perf_counter()}
         self.embeds = []
 
-    def finish(self, sql_seconds: float) -> None:
+    def finish(self, sql_seconds: float, kind: str = "full") -> None:
         m = {**self.marks, "received": time.perf_counter()}
         row = {
             "total": m["received"] - m["sent"],
@@ -236,13 +238,38 @@ class Phases:
                 busy_until = max(busy_until, b)
             row["embedding lane idle between calls"] = idle
             row["after the last embedding ends"] = m["received"] - max(b for _, b, _ in calls)
-        self.rows.append(row)
+        self.by_kind.setdefault(kind, []).append(row)
+        if kind == "full":
+            self.rows.append(row)
+
+    COMPARED = (
+        "total",
+        "to the write service",
+        "embedding call 1 starts after send",
+        "records' checks and inserts",
+        "after the last embedding ends",
+        "SQL send-to-answer, all statements",
+    )
 
     def report(self) -> None:
         print("where a call's time goes (evidence + relationship kind), medians in ms:")
         for name in self.rows[0]:
             values = [r[name] * 1000 for r in self.rows if name in r]
             print(f"  {name:44} {statistics.median(values):7.2f}")
+        kinds = [k for k in self.by_kind if k != "full"]
+        if not kinds:
+            return
+        print("the kinds of the evidence + relationship call, interleaved (medians in ms):")
+        print(f"  {'':44} {'full':>9}" + "".join(f" {k[:14]:>14}" for k in kinds))
+        for name in self.COMPARED + tuple(self.extra_compared()):
+            cells = []
+            for kind in ("full", *kinds):
+                values = [r[name] * 1000 for r in self.by_kind[kind] if name in r]
+                cells.append(statistics.median(values) if values else float("nan"))
+            print(f"  {name:44} {cells[0]:9.2f}" + "".join(f" {c:14.2f}" for c in cells[1:]))
+
+    def extra_compared(self) -> list[str]:
+        return []
 
 
 def _schedstat_ns(path: str) -> int:
@@ -395,11 +422,15 @@ class Timeline(Phases):
         self.statements = []
         super().start()
 
-    def finish(self, sql_seconds: float) -> None:
+    def finish(self, sql_seconds: float, kind: str = "full") -> None:
         received = time.perf_counter()
-        super().finish(sql_seconds)
+        super().finish(sql_seconds, kind)
         after = self._cpu()
-        self.cpu_rows.append({k: (after[k] - self.cpu_before[k]) / 1e9 for k in after})
+        cpu = {k: (after[k] - self.cpu_before[k]) / 1e9 for k in after}
+        self.by_kind[kind][-1].update({f"CPU: {k}": v for k, v in cpu.items()})
+        if kind != "full":
+            return
+        self.cpu_rows.append(cpu)
         sent = self.marks["sent"]
         line = {f"mark: {k}": v - sent for k, v in self.marks.items() if k != "sent"}
         line["mark: received"] = received - sent
@@ -411,6 +442,9 @@ class Timeline(Phases):
             line[f"{label}: sent"] = a - sent
             line[f"{label}: answered"] = b - sent
         self.timelines.append(line)
+
+    def extra_compared(self) -> list[str]:
+        return [f"CPU: {k}" for k in self.cpu_rows[0]] if self.cpu_rows else []
 
     def report(self) -> None:
         super().report()
@@ -504,7 +538,7 @@ def measure(
     from gateway.app import GatewayGraphQL
 
     counter = app.state.services.db.counter
-    kinds = ("full", "lookup first", "serial", "bare")
+    kinds = ("full", "lookup first", "begin alone", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
@@ -517,15 +551,17 @@ def measure(
                 body = {"query": MUTATION, "variables": {"input": data}}
                 _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
                 GatewayGraphQL.LOOKUP_AHEAD = name != "lookup first"
+                Database.BEGIN_WITH_SETTINGS = name != "begin alone"
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
                 started = time.perf_counter()
                 r = client.post("/graphql", json=body, headers=headers)
-                if phases is not None and name == "full":
-                    phases.finish(counter.seconds - seconds)
+                if phases is not None and name != "bare":
+                    phases.finish(counter.seconds - seconds, name)
                 _Lane.OUTSTANDING = outstanding
                 GatewayGraphQL.LOOKUP_AHEAD = True
+                Database.BEGIN_WITH_SETTINGS = True
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -697,6 +733,7 @@ def main() -> None:
             measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
+                phases.by_kind.clear()
                 if isinstance(phases, Timeline):
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
@@ -714,6 +751,7 @@ def main() -> None:
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
         ("  same, the token looked up first", runs["lookup first"], statements["lookup first"]),
+        ("  same, BEGIN alone first", runs["begin alone"], statements["begin alone"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
