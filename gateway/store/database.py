@@ -86,6 +86,7 @@ class _BegunWithSettings(Transaction):
         self._begin = begin
 
     async def start(self) -> None:
+        self._check_conn_validity("start")  # what asyncpg's guard on its start checks
         con = self._connection
         if con._top_xact is not None or con.is_in_transaction():
             raise asyncpg.InterfaceError(
