@@ -535,10 +535,8 @@ def measure(
     write's embedding lane holding two calls in flight instead of one (a text
     added while a call runs queues behind it in the provider at once instead of
     waiting for its end): an A/B of the lane's rule in one run."""
-    from gateway.app import GatewayGraphQL
-
     counter = app.state.services.db.counter
-    kinds = ("full", "lookup first", "begin alone", "serial", "bare")
+    kinds = ("full", "begin alone", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
@@ -550,7 +548,6 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
-                GatewayGraphQL.LOOKUP_AHEAD = name != "lookup first"
                 Database.BEGIN_WITH_SETTINGS = name != "begin alone"
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
@@ -560,7 +557,6 @@ def measure(
                 if phases is not None and name != "bare":
                     phases.finish(counter.seconds - seconds, name)
                 _Lane.OUTSTANDING = outstanding
-                GatewayGraphQL.LOOKUP_AHEAD = True
                 Database.BEGIN_WITH_SETTINGS = True
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
@@ -570,42 +566,6 @@ def measure(
                 if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
                     raise SystemExit("remember did not write")
     return latencies, statements
-
-
-RECALL = """query($q: String!) { recallMemory(query: $q, limit: 10) {
-  results { evidenceId rank context source { id } supportingRelationships { id } }
-  degradations { code } } }"""
-
-
-def measure_recall(port: int, token: str, calls: int) -> dict[str, list[float]]:
-    """``--recall``: the demo's recall over HTTP with the token's lookup beside the
-    document's work and before it (``GatewayGraphQL.LOOKUP_AHEAD``), each question
-    asked in both ways back to back, the first of the two alternating, nothing
-    written in between: their answers must be the same."""
-    from gateway.app import GatewayGraphQL
-
-    latencies: dict[str, list[float]] = {"ahead": [], "first": []}
-    headers = {"Authorization": f"Bearer {token}"}
-    differ = 0
-    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-        for i in range(calls):
-            question = " ".join(WORDS[(i * 5 + k) % len(WORDS)] for k in range(4))
-            body = {"query": RECALL, "variables": {"q": question}}
-            answers = {}
-            for name in ("ahead", "first") if i % 2 == 0 else ("first", "ahead"):
-                GatewayGraphQL.LOOKUP_AHEAD = name == "ahead"
-                started = time.perf_counter()
-                answer = client.post("/graphql", json=body, headers=headers).json()
-                latencies[name].append((time.perf_counter() - started) * 1000)
-                GatewayGraphQL.LOOKUP_AHEAD = True
-                if "errors" in answer:
-                    raise SystemExit(f"recall failed: {answer['errors']}")
-                answers[name] = answer["data"]
-            differ += answers["ahead"] != answers["first"]
-    print(
-        f"recall, {calls} questions asked both ways: {calls - differ} of {calls} answers identical"
-    )
-    return latencies
 
 
 # The text the gateway renders for the benchmark's relationship (its entities' names
@@ -696,12 +656,6 @@ def main() -> None:
         help="also print one call's steps on one clock, and its CPU (implies --profile)",
     )
     parser.add_argument(
-        "--recall",
-        type=int,
-        default=0,
-        help="also this many demo recalls, the token looked up beside the document and first",
-    )
-    parser.add_argument(
         "--timeline-out", type=Path, default=None, help="each call's timeline, JSON lines"
     )
     parser.add_argument(
@@ -738,7 +692,6 @@ def main() -> None:
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
             runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
-            recalls = measure_recall(args.port, token, args.recall) if args.recall else {}
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -750,7 +703,6 @@ def main() -> None:
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
-        ("  same, the token looked up first", runs["lookup first"], statements["lookup first"]),
         ("  same, BEGIN alone first", runs["begin alone"], statements["begin alone"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
@@ -760,11 +712,6 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
-    for name, values in recalls.items():
-        print(
-            f"  recall, token looked up {'beside the document' if name == 'ahead' else 'first':20}"
-            f" p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
-        )
     if phases is not None:
         phases.report()
     if isinstance(phases, Timeline) and args.timeline_out is not None:

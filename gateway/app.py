@@ -25,12 +25,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.schema.config import StrawberryConfig
-from strawberry.types.unset import UNSET
 
 from gateway import heap
 from gateway.embedded import EmbeddedPostgres, ServerMemory, machine_memory_mb
 from gateway.embeddings import EmbeddingProvider, StoreModel, create_provider
-from gateway.errors import ConfigurationError, GatewayError
+from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError, Unauthenticated
 from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
 from gateway.http.documents import Documents
@@ -101,17 +100,7 @@ class RequestIdMiddleware:
 
 
 class GatewayGraphQL(GraphQLHTTPView):
-    LOOKUP_AHEAD = True
-    """Whether the token's lookup runs beside the document's work (see
-    :meth:`get_context`); off, it ends before the body is read, as before
-    2026-12-05. ``benchmarks/remember_bench.py`` switches it for one kind of call."""
-
     async def get_context(self, request: Any, response: Any) -> RequestContext:
-        """The request's context, with its bearer token's lookup started, not
-        awaited: it runs while the body is read and the document is parsed,
-        validated and its arguments coerced (about a millisecond of the event
-        loop's work that waited for it before), and the first field that needs
-        the caller awaits it (:meth:`RequestContext.caller`)."""
         services: Services = request.app.state.services
         ctx = RequestContext(
             request=request,
@@ -121,44 +110,13 @@ class GatewayGraphQL(GraphQLHTTPView):
         )
         raw = bearer(request.headers.get("authorization"))
         if raw is not None:
-            ctx.look_up(authenticate(services.db, raw))
-            request.state.graphql_context = ctx
-            if self.LOOKUP_AHEAD:
-                # one turn of the loop: the lookup takes its connection and sends
-                # its statement now, before the CPU work of the document, which has
-                # no other point where it would let the lookup start
-                await asyncio.sleep(0)
-            else:
-                await ctx.settle()
+            try:
+                ctx.principal = await authenticate(services.db, raw)
+            except (Unauthenticated, DatabaseUnavailable) as exc:
+                # Raised by the first field that needs the caller: a database that
+                # is down answers DATABASE_UNAVAILABLE, not a 500.
+                ctx.auth_error = exc
         return ctx
-
-    async def run(self, request: Any, context: Any = UNSET, root_value: Any = UNSET) -> Any:
-        try:
-            return await super().run(request, context, root_value)
-        finally:
-            ctx = getattr(request.state, "graphql_context", None)
-            if ctx is not None:
-                await ctx.abandon()
-
-    async def execute_operation(
-        self,
-        request: Any,
-        request_adapter: Any,
-        request_data: Any,
-        context: Any,
-        root_value: Any,
-        sub_response: Any,
-    ) -> Any:
-        """A persisted query is resolved and kept for the caller's team: its
-        caller must be known first (see :meth:`GraphQLHTTPView.execute_operation`)."""
-        items = request_data if isinstance(request_data, list) else [request_data]
-        if isinstance(context, RequestContext) and any(
-            "persistedQuery" in (getattr(item, "extensions", None) or {}) for item in items
-        ):
-            await context.settle()
-        return await super().execute_operation(
-            request, request_adapter, request_data, context, root_value, sub_response
-        )
 
 
 async def healthz(request: Request) -> Response:

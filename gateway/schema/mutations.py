@@ -61,7 +61,7 @@ def _receipt(r: Receipt) -> WriteReceipt:
 
 
 async def _one(info: _Info, kind: str, data: dict[str, Any], **names: str) -> WriteReceipt:
-    principal = await info.context.caller()
+    principal = info.context.require_principal()
     if "space" in data:
         data["space"] = space_ref(principal, data["space"])
     receipts = await info.context.services.mutations.apply(
@@ -89,7 +89,7 @@ class Mutation:
         "before it returns."
     )
     async def remember(self, info: _Info, input: RememberInput) -> RememberResult:
-        principal = await info.context.caller()
+        principal = info.context.require_principal()
         items = remember_items(principal, _plain(input))
         receipts = await info.context.services.mutations.apply(principal, items)
         return RememberResult(receipts=[_receipt(r) for r in receipts])
@@ -197,7 +197,7 @@ class Mutation:
     async def submit_recall_session_feedback(
         self, info: _Info, input: RecallSessionFeedbackInput
     ) -> RecallSessionFeedbackResult:
-        principal = await info.context.caller()
+        principal = info.context.require_principal()
         submission = fb.SessionFeedback(
             feedback_id=str(input.feedback_id),
             recall_event_id=str(input.recall_event_id),

@@ -16,8 +16,8 @@ from gateway.schema.types import PrincipalKind, SpaceKind, Team, TokenBinding, V
 @strawberry.type
 class Query:
     @strawberry.field(description="Who the bearer token belongs to and what it may read.")
-    async def viewer(self, info: Info[RequestContext, None]) -> Viewer:
-        p = await info.context.caller()
+    def viewer(self, info: Info[RequestContext, None]) -> Viewer:
+        p = info.context.require_principal()
         return Viewer(
             principal_id=strawberry.ID(p.principal_id),
             display_name=p.display_name,

@@ -156,7 +156,7 @@ async def recall_memory(
         strawberry.argument(description="Entities whose evidence to include (direct, bounded)."),
     ] = None,
 ) -> RecallResult:
-    principal = await info.context.caller()
+    principal = info.context.require_principal()
     request = validate(
         query=query,
         limit=limit,

@@ -198,7 +198,7 @@ async def trace_memory(
         strawberry.argument(description="System time: what memory knew then. With a time zone."),
     ] = None,
 ) -> MemoryTrace:
-    principal = await info.context.caller()
+    principal = info.context.require_principal()
     request = service.validate(
         relationship_id=str(relationship_id),
         max_depth=max_depth,
