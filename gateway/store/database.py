@@ -319,12 +319,6 @@ async def _reset(conn: asyncpg.Connection) -> None:
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
-    BEGIN_WITH_SETTINGS = True
-    """Whether a write transaction begins with its settings in one round trip
-    (:class:`_BegunWithSettings`); off, asyncpg's ``BEGIN`` goes alone first, as
-    before 2026-12-05. ``benchmarks/remember_bench.py`` switches it for one kind
-    of call."""
-
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -467,12 +461,7 @@ class Database:
         async with self.acquire() as conn:
             # a write transaction on the pool's own connections: BEGIN with the settings
             begin_with = getattr(conn, "begun_with_settings", None)
-            writing = (
-                claim_counter_shard
-                and not readonly
-                and begin_with is not None
-                and self.BEGIN_WITH_SETTINGS
-            )
+            writing = claim_counter_shard and not readonly and begin_with is not None
             transaction = (
                 begin_with(_begin_tenant_writing(settings))
                 if begin_with is not None and writing
