@@ -27,6 +27,16 @@ with the client, and every call of the two kinds (evidence + relationship,
 evidence only) is sent to both gateways in turn, the first of the two
 alternating, so that both see the same machine load. Printed: each one's p50
 and p95, and their ratio.
+
+``--profile`` prints where a call's time goes (medians of its phases);
+``--timeline`` also every step of one call on one clock (the HTTP view, the
+token lookup, graphql-core's execution, the resolver, each SQL statement from
+its send to its answer, the embedding calls, the response's messages) and the
+CPU each call took per thread (the event loop, the model's threads, the
+client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
+writes each call's timeline and CPU as JSON lines. The default call and the
+same call with two embedding calls in flight are compared pair by pair (the
+median of the differences with a bootstrap interval).
 """
 
 from __future__ import annotations
