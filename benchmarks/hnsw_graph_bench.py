@@ -156,10 +156,12 @@ async def measure(
     efs: list[int],
     builds: int,
     target: float,
+    probes: int = 0,
 ) -> None:
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
     reached: dict[Graph, list[int | None]] = {}
+    reached_probes: dict[Graph, list[int | None]] = {}
     try:
         pid = await conn.fetchval("SELECT pg_backend_pid()")
         await conn.execute("SET maintenance_work_mem = '1GB'")
@@ -171,6 +173,16 @@ async def measure(
             sub = vectors[:size]
             unit = sub / np.linalg.norm(sub, axis=1, keepdims=True)
             exact = [set(row.tolist()) for row in np.argsort(-(unit @ qs.T), axis=0)[:10].T]
+            # Probes: members of the space asked for their 10 nearest others (the
+            # probe itself left out of both lists): what a space could measure of
+            # itself, without questions, to choose its own width.
+            pids = np.random.default_rng(size).choice(size, probes, replace=False)
+            pexact = [
+                [i for i in row.tolist() if i != p][:10]
+                for p, row in zip(
+                    pids, np.argsort(-(unit @ unit[pids].T), axis=0)[:11].T, strict=True
+                )
+            ]
             await conn.execute("DROP TABLE IF EXISTS g; CREATE TABLE g (id int, v vector(384))")
             await conn.execute("ALTER TABLE g ALTER COLUMN v SET STORAGE PLAIN")
             await conn.copy_records_to_table(
@@ -208,6 +220,7 @@ async def measure(
                         for q in qs:  # untimed: the index into shared buffers
                             await conn.fetch("SELECT id FROM g ORDER BY v <=> $1 LIMIT 10", q)
                         first: int | None = None
+                        pfirst: int | None = None
                         for ef in efs:
                             await conn.execute(f"SET hnsw.ef_search = {ef}")
                             hits, times = 0, []
@@ -230,7 +243,24 @@ async def measure(
                                 f"(load {os.getloadavg()[0]:.1f})",
                                 flush=True,
                             )
+                            if probes:
+                                phits = 0
+                                for p, truth in zip(pids, pexact, strict=True):
+                                    got = await conn.fetch(
+                                        "SELECT id FROM g ORDER BY v <=> $1 LIMIT 11", sub[p]
+                                    )
+                                    mine = [r[0] for r in got if r[0] != p][:10]
+                                    phits += len(set(mine) & set(truth))
+                                precall = phits / (10 * probes)
+                                if pfirst is None and precall >= target:
+                                    pfirst = ef
+                                print(
+                                    f"size {size} m {m:2} efc {e:3} build {b} ef_search {ef:5}: "
+                                    f"probes' recall@10 {precall:.4f}",
+                                    flush=True,
+                                )
                         reached.setdefault(graph, []).append(first)
+                        reached_probes.setdefault(graph, []).append(pfirst)
                     await conn.execute("DROP INDEX IF EXISTS g_v")
         print(f"\nsmallest ef_search measured with recall@10 >= {target} on every build:")
         for graph, firsts in reached.items():
@@ -238,6 +268,7 @@ async def measure(
             print(
                 f"  size {graph.size:7} m {graph.m:2} ef_construction {graph.efc:3}: "
                 f"{worst if worst is not None else 'none measured'} (per build: {firsts})"
+                + (f"; probes: {reached_probes[graph]}" if probes else "")
             )
     finally:
         await conn.close()
@@ -260,6 +291,12 @@ def main() -> None:
     parser.add_argument("--builds", type=int, default=1)
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--target", type=float, default=0.98)
+    parser.add_argument(
+        "--probes",
+        type=int,
+        default=0,
+        help="also N members of each space as questions (their 10 nearest others)",
+    )
     args = parser.parse_args()
     from gateway.embedded import EmbeddedPostgres
 
@@ -286,6 +323,7 @@ def main() -> None:
                 ints(args.ef_search),
                 args.builds,
                 args.target,
+                args.probes,
             )
         )
 
