@@ -112,6 +112,9 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("WITH cands AS MATERIALIZED", "first round"),
     ("WITH run AS MATERIALIZED", "community snapshot"),
     ("SELECT o.id, o.space_id, o.subject_entity_id", "related handles"),
+    # The answer round: with the related frontiers' handles when a shared branch
+    # has related groups (round_trips.answer_round), else hypotheses and conflicts.
+    ("WITH handles AS MATERIALIZED", "answer round"),
     ("SELECT (SELECT array_agg(ROW(x.*))", "hypotheses, conflicts"),
     ("WITH event AS", "nested rows, event"),
     ("COMMIT", "commit"),

@@ -17,6 +17,9 @@ from gateway.services.writes import WriteService
 
 from .conftest import REPO, app_for, load_jsonl, unique
 from .factories import jsonl, team_records
+from .test_answer_round import QUERY as ANSWER_ROUND_QUERY
+from .test_answer_round import _records as answer_round_records
+from .test_answer_round import recall as answer_round_recall
 from .test_recall import more_evidence, recall, token
 
 
@@ -111,3 +114,33 @@ async def test_every_statement_of_a_real_recall_has_its_step(dsn, writes: WriteS
     # Exactly the statements the counter counts (not the driver's own).
     assert len(records) == counted
     assert all(seconds > 0 for _, seconds in records)
+
+
+async def test_the_answer_round_with_handles_has_its_step(dsn, writes: WriteService) -> None:
+    """A recall whose related relationships have handles reads them in the answer
+    round (``WITH handles``): it is named, not "other", and comes where the
+    hypotheses and conflicts do."""
+    team = unique("abhandles")
+    await load_jsonl(writes, jsonl(answer_round_records(team)))
+    tok = await token(writes, team, "alice", "shared_only")
+    original = database_module.StatementCounter
+    database_module.StatementCounter = ab.RecordingCounter
+    try:
+        app = app_for(dsn, pool_max_size=1)
+        async with app.router.lifespan_context(app):
+            counter = app.state.services.db.counter
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+                counter.take()
+                got = await answer_round_recall(
+                    client, tok, q=ANSWER_ROUND_QUERY, limit=1, rels=20, communities=0
+                )
+                records = counter.take()
+    finally:
+        database_module.StatementCounter = original
+    assert got["relatedRelationships"], got
+    steps = [ab.statement_step(sql) for sql, _ in records]
+    assert "other" not in steps, [sql[:80] for sql, _ in records]
+    assert "answer round" in steps
+    order = [name for _, name in ab.STEPS]
+    assert steps == sorted(steps, key=order.index)
