@@ -49,6 +49,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -115,7 +116,7 @@ async def embed_text(folder: Path, n: int, work: Path) -> tuple[np.ndarray, np.n
         if not dump.exists():
             texts = sentences(folder)
             started = time.perf_counter()
-            out = []
+            out: list[Any] = []
             for k in range(0, len(texts), 1024):
                 out.extend(await provider.embed(texts[k : k + 1024]))
                 rb.log(f"  embedded {min(k + 1024, len(texts))} of {len(texts)} texts")
@@ -157,6 +158,8 @@ async def measure(
     builds: int,
     target: float,
     probes: int = 0,
+    ivf: int = 0,
+    ivf_probes: tuple[int, ...] = (),
 ) -> None:
     conn = await asyncpg.connect(dsn)
     await register_vector(conn)
@@ -190,6 +193,9 @@ async def measure(
             )
             await conn.execute("VACUUM ANALYZE g")
             print(f"space of {size} vectors, {len(qs)} questions", flush=True)
+            if ivf:
+                await measure_ivf(conn, pid, unit, qs, exact, ivf, ivf_probes, ms, efc, efs)
+                continue
             for m in ms:
                 for e in efc:
                     graph = Graph(size, m, e)
@@ -245,12 +251,12 @@ async def measure(
                             )
                             if probes:
                                 phits = 0
-                                for p, truth in zip(pids, pexact, strict=True):
+                                for p, near in zip(pids, pexact, strict=True):
                                     got = await conn.fetch(
                                         "SELECT id FROM g ORDER BY v <=> $1 LIMIT 11", sub[p]
                                     )
                                     mine = [r[0] for r in got if r[0] != p][:10]
-                                    phits += len(set(mine) & set(truth))
+                                    phits += len(set(mine) & set(near))
                                 precall = phits / (10 * probes)
                                 if pfirst is None and precall >= target:
                                     pfirst = ef
@@ -272,6 +278,100 @@ async def measure(
             )
     finally:
         await conn.close()
+
+
+def kmeans(unit: np.ndarray, k: int, rounds: int = 15) -> tuple[np.ndarray, np.ndarray]:
+    """Spherical k-means (cosine): the clusters' unit centres and each vector's cluster."""
+    centres = unit[np.random.default_rng(k).choice(len(unit), k, replace=False)]
+    for _ in range(rounds):
+        assign = np.argmax(unit @ centres.T, axis=1)
+        for c in range(k):
+            members = unit[assign == c]
+            if len(members):
+                centres[c] = members.sum(axis=0) / np.linalg.norm(members.sum(axis=0))
+    return centres, np.argmax(unit @ centres.T, axis=1)
+
+
+async def measure_ivf(
+    conn: asyncpg.Connection,
+    pid: int,
+    unit: np.ndarray,
+    qs: np.ndarray,
+    exact: list[set[int]],
+    k: int,
+    nprobes: tuple[int, ...],
+    ms: list[int],
+    efc: list[int],
+    efs: list[int],
+) -> None:
+    """The space cut into ``k`` clusters (k-means over its vectors), one partial HNSW
+    index per cluster (``WHERE c = i``: what a sub-partition per cluster would hold),
+    and each question walked in the graphs of its ``P`` nearest clusters, the walks'
+    rows merged by distance: recall@10 and the server's CPU per question (all its
+    walks) per width and ``P`` (design note direction (c): routing to the nearest
+    few clusters' graphs, each about the size where a short walk holds 0.98)."""
+    started = time.perf_counter()
+    centres, assign = kmeans(unit, k)
+    sizes = np.bincount(assign, minlength=k)
+    print(
+        f"  {k} clusters in {time.perf_counter() - started:.1f} s, "
+        f"sizes {int(sizes.min())}-{int(sizes.max())}",
+        flush=True,
+    )
+    await conn.execute("ALTER TABLE g ADD COLUMN IF NOT EXISTS c int")
+    await conn.execute("CREATE TEMP TABLE a (id int, c int)")
+    await conn.copy_records_to_table(
+        "a", records=[(i, int(c)) for i, c in enumerate(assign)], columns=["id", "c"]
+    )
+    await conn.execute("UPDATE g SET c = a.c FROM a WHERE a.id = g.id")
+    await conn.execute("DROP TABLE a")
+    await conn.execute("VACUUM ANALYZE g")
+    routes = np.argsort(-(qs @ centres.T), axis=1)
+    for m in ms:
+        for e in efc:
+            t0 = time.perf_counter()
+            for c in range(k):
+                await conn.execute(
+                    f"CREATE INDEX g_c{c} ON g USING hnsw (v vector_cosine_ops) "
+                    f"WITH (m = {m}, ef_construction = {e}) WHERE c = {c}"
+                )
+            built = time.perf_counter() - t0
+            mb = await conn.fetchval(
+                "SELECT sum(pg_relation_size(indexrelid)) FROM pg_index "
+                "WHERE indrelid = 'g'::regclass"
+            )
+            print(f"  m {m} ef_construction {e}: {k} builds {built:.1f} s, {mb / 2**20:.1f} MB")
+            plan = "\n".join(
+                r[0]
+                for r in await conn.fetch(
+                    "EXPLAIN SELECT id FROM g WHERE c = 0 ORDER BY v <=> $1 LIMIT 10", qs[0]
+                )
+            )
+            if "Index Scan using g_c0" not in plan:
+                raise SystemExit(f"the walk is not the cluster's index: {plan}")
+            for ef in efs:
+                await conn.execute(f"SET hnsw.ef_search = {ef}")
+                for p in nprobes:
+                    hits, cpu0 = 0, cpu_seconds(pid)
+                    for q, truth, route in zip(qs, exact, routes, strict=True):
+                        rows = []
+                        for c in route[:p]:
+                            rows += await conn.fetch(
+                                f"SELECT id, v <=> $1 AS d FROM g WHERE c = {int(c)} "
+                                "ORDER BY v <=> $1 LIMIT 10",
+                                q,
+                            )
+                        got = {r[0] for r in sorted(rows, key=lambda r: r[1])[:10]}
+                        hits += len(got & truth)
+                    cpu = (cpu_seconds(pid) - cpu0) * 1000 / len(qs)
+                    print(
+                        f"size {len(unit)} ivf {k} probe {p} m {m:2} efc {e:3} ef_search {ef:5}: "
+                        f"recall@10 {hits / (10 * len(qs)):.4f}   CPU {cpu:6.2f} ms "
+                        f"(load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+            for c in range(k):
+                await conn.execute(f"DROP INDEX g_c{c}")
 
 
 def ints(text: str) -> list[int]:
@@ -297,6 +397,8 @@ def main() -> None:
         default=0,
         help="also N members of each space as questions (their 10 nearest others)",
     )
+    parser.add_argument("--ivf", type=int, default=0, help="K clusters, a graph each")
+    parser.add_argument("--ivf-probes", default="1,2", help="clusters walked per question")
     args = parser.parse_args()
     from gateway.embedded import EmbeddedPostgres
 
@@ -324,6 +426,8 @@ def main() -> None:
                 args.builds,
                 args.target,
                 args.probes,
+                args.ivf,
+                tuple(ints(args.ivf_probes)),
             )
         )
 
