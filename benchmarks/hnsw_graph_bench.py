@@ -32,6 +32,12 @@ Last, per graph and size, the smallest measured width that reached
 ``--target`` on every build: whether a graph keeps recall with a width that
 grows slower than the space.
 
+``--probes N`` also asks N members of each space for their 10 nearest others
+(itself left out): what a store could measure of a space without questions.
+``--ivf K`` instead cuts each space into K k-means clusters, one partial index
+per cluster, and walks each question in its ``--ivf-probes`` nearest clusters
+(a graph per cluster instead of one per space).
+
 What it does not measure: the store's own vector function (its filters and
 iterative scan, which on a space whose vectors are all visible walk the same
 graph; its view check of the walked rows costs more with a wider walk too) and
