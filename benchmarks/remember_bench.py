@@ -27,12 +27,24 @@ with the client, and every call of the two kinds (evidence + relationship,
 evidence only) is sent to both gateways in turn, the first of the two
 alternating, so that both see the same machine load. Printed: each one's p50
 and p95, and their ratio.
+
+``--profile`` prints where a call's time goes (medians of its phases);
+``--timeline`` also every step of one call on one clock (the HTTP view, the
+token lookup, graphql-core's execution, the resolver, each SQL statement from
+its send to its answer, the embedding calls, the response's messages) and the
+CPU each call took per thread (the event loop, the model's threads, the
+client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
+writes each call's timeline and CPU as JSON lines. The default call and the
+same call with two embedding calls in flight are compared pair by pair (the
+median of the differences with a bootstrap interval).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import socket
 import statistics
@@ -40,6 +52,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -139,6 +153,8 @@ class Phases:
         self.marks: dict[str, float] = {}
         self.embeds: list[tuple[float, float, int]] = []
         self.rows: list[dict[str, float]] = []
+        # every kind's rows (``full`` is ``rows``), for the kinds' comparison
+        self.by_kind: dict[str, list[dict[str, float]]] = {}
 
     def install(self, app: Any) -> None:
         from gateway.services import writes as service
@@ -202,7 +218,7 @@ class Phases:
         self.marks = {"sent": time.perf_counter()}
         self.embeds = []
 
-    def finish(self, sql_seconds: float) -> None:
+    def finish(self, sql_seconds: float, kind: str = "full") -> None:
         m = {**self.marks, "received": time.perf_counter()}
         row = {
             "total": m["received"] - m["sent"],
@@ -232,13 +248,239 @@ class Phases:
                 busy_until = max(busy_until, b)
             row["embedding lane idle between calls"] = idle
             row["after the last embedding ends"] = m["received"] - max(b for _, b, _ in calls)
-        self.rows.append(row)
+        self.by_kind.setdefault(kind, []).append(row)
+        if kind == "full":
+            self.rows.append(row)
+
+    COMPARED = (
+        "total",
+        "to the write service",
+        "embedding call 1 starts after send",
+        "records' checks and inserts",
+        "after the last embedding ends",
+        "SQL send-to-answer, all statements",
+    )
 
     def report(self) -> None:
         print("where a call's time goes (evidence + relationship kind), medians in ms:")
         for name in self.rows[0]:
             values = [r[name] * 1000 for r in self.rows if name in r]
             print(f"  {name:44} {statistics.median(values):7.2f}")
+        kinds = [k for k in self.by_kind if k != "full"]
+        if not kinds:
+            return
+        print("the kinds of the evidence + relationship call, interleaved (medians in ms):")
+        print(f"  {'':44} {'full':>9}" + "".join(f" {k[:14]:>14}" for k in kinds))
+        for name in self.COMPARED + tuple(self.extra_compared()):
+            cells = []
+            for kind in ("full", *kinds):
+                values = [r[name] * 1000 for r in self.by_kind[kind] if name in r]
+                cells.append(statistics.median(values) if values else float("nan"))
+            print(f"  {name:44} {cells[0]:9.2f}" + "".join(f" {c:14.2f}" for c in cells[1:]))
+
+    def extra_compared(self) -> list[str]:
+        return []
+
+
+def _schedstat_ns(path: str) -> int:
+    """Nanoseconds on a CPU of a process or thread (``/proc/.../schedstat``)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class Timeline(Phases):
+    """``--timeline``: :class:`Phases`, and every step of one call on one clock
+    (the HTTP view, the token lookup, the GraphQL execution, each SQL statement
+    from its send to its answer, the response's messages), and the CPU each call
+    took: the gateway's event loop thread, the process's other threads (the
+    embedding model's), this client's thread, and the PostgreSQL server's
+    processes (``/proc/.../schedstat``, nanoseconds)."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__()
+        self.dsn = dsn
+        self.statements: list[tuple[float, float, str]] = []
+        self.cpu_rows: list[dict[str, float]] = []
+        self.timelines: list[dict[str, float]] = []
+        self.loop_tid = 0
+        self.pg_pids: list[int] = []
+        self.cpu_before: dict[str, int] = {}
+
+    def install(self, app: Any) -> None:
+        super().install(app)
+        import asyncpg
+
+        import gateway.http.view as view_module
+        import gateway.store.auth as auth_store
+
+        phases = self
+        view_call = view_module.GraphQLHTTPView.__call__
+        execute = view_module.GraphQLHTTPView.execute_operation
+        find_token = auth_store.find_token
+        time_and_log = asyncpg.connection.Connection._time_and_log
+
+        async def timed_call(self: Any, scope: Any, receive: Any, send: Any) -> None:
+            phases.marks["view"] = time.perf_counter()
+            phases.loop_tid = threading.get_native_id()
+
+            async def timed_send(message: Any) -> None:
+                phases.marks.setdefault(message["type"], time.perf_counter())
+                await send(message)
+
+            await view_call(self, scope, receive, timed_send)
+
+        async def timed_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+            phases.marks["execute"] = time.perf_counter()
+            return await execute(self, *args, **kwargs)
+
+        async def timed_find(conn: Any, token_id: str) -> Any:
+            phases.marks["token statement"] = time.perf_counter()
+            return await find_token(conn, token_id)
+
+        @contextlib.contextmanager
+        def logged(self: Any, query: str, *args: Any) -> Iterator[None]:
+            # asyncpg times each statement with this (its query loggers' clock):
+            # from the statement's send to the task resuming with its answer
+            started = time.perf_counter()
+            try:
+                with time_and_log(self, query, *args):
+                    yield
+            finally:
+                text = " ".join(query.split())
+                phases.statements.append((started, time.perf_counter(), text))
+
+        from gateway.services import writes as service
+
+        lane_vectors, batch_vectors = service._Lane.vectors, service._Batch._vectors
+
+        async def timed_lane(self: Any, *args: Any) -> Any:
+            try:
+                return await lane_vectors(self, *args)
+            finally:
+                phases.marks["the lane's vectors returned"] = time.perf_counter()
+
+        async def timed_vectors(self: Any, *args: Any) -> Any:
+            try:
+                return await batch_vectors(self, *args)
+            finally:
+                phases.marks["the batch's vectors returned"] = time.perf_counter()
+
+        import strawberry.schema.schema as strawberry_schema
+
+        graphql_execute = strawberry_schema.execute
+
+        def timed_graphql(*args: Any, **kwargs: Any) -> Any:
+            phases.marks["graphql-core executes (extensions' on_execute entered)"] = (
+                time.perf_counter()
+            )
+            return graphql_execute(*args, **kwargs)
+
+        strawberry_schema.execute = timed_graphql
+        service._Lane.vectors = timed_lane  # type: ignore[method-assign]
+        service._Batch._vectors = timed_vectors  # type: ignore[method-assign]
+        view_module.GraphQLHTTPView.__call__ = timed_call  # type: ignore[method-assign]
+        view_module.GraphQLHTTPView.execute_operation = timed_execute  # type: ignore[method-assign]
+        auth_store.find_token = timed_find  # type: ignore[assignment]
+        asyncpg.connection.Connection._time_and_log = logged  # type: ignore[method-assign]
+
+    def _pg(self) -> list[int]:
+        """The embedded server's processes: its postmaster and the postmaster's children."""
+        import asyncpg
+
+        async def folder() -> str:
+            conn = await asyncpg.connect(self.dsn)
+            try:
+                return str(await conn.fetchval("SHOW data_directory"))
+            finally:
+                await conn.close()
+
+        postmaster = int(Path(asyncio.run(folder()), "postmaster.pid").read_text().split()[0])
+        pids = [postmaster]
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def _cpu(self) -> dict[str, int]:
+        client = threading.get_native_id()
+        out = {"gateway event loop": 0, "other threads (the model)": 0, "client": 0}
+        for task in Path("/proc/self/task").iterdir():
+            ns = _schedstat_ns(f"{task}/schedstat")
+            tid = int(task.name)
+            if tid == self.loop_tid:
+                out["gateway event loop"] += ns
+            elif tid == client:
+                out["client"] += ns
+            else:
+                out["other threads (the model)"] += ns
+        out["PostgreSQL (all its processes)"] = sum(
+            _schedstat_ns(f"/proc/{pid}/schedstat") for pid in self.pg_pids
+        )
+        return out
+
+    def start(self) -> None:
+        if not self.pg_pids:
+            self.pg_pids = self._pg()
+        self.cpu_before = self._cpu()
+        self.statements = []
+        super().start()
+
+    def finish(self, sql_seconds: float, kind: str = "full") -> None:
+        received = time.perf_counter()
+        super().finish(sql_seconds, kind)
+        after = self._cpu()
+        cpu = {k: (after[k] - self.cpu_before[k]) / 1e9 for k in after}
+        self.by_kind[kind][-1].update({f"CPU: {k}": v for k, v in cpu.items()})
+        if kind != "full":
+            return
+        self.cpu_rows.append(cpu)
+        sent = self.marks["sent"]
+        line = {f"mark: {k}": v - sent for k, v in self.marks.items() if k != "sent"}
+        line["mark: received"] = received - sent
+        for k, (a, b, n) in enumerate(sorted(self.embeds)):
+            line[f"embedding call {k + 1} ({n}): start"] = a - sent
+            line[f"embedding call {k + 1} ({n}): end"] = b - sent
+        for k, (a, b, query) in enumerate(self.statements):
+            label = f"SQL {k + 1:2d} {query[:48]}"
+            line[f"{label}: sent"] = a - sent
+            line[f"{label}: answered"] = b - sent
+        self.timelines.append(line)
+
+    def extra_compared(self) -> list[str]:
+        return [f"CPU: {k}" for k in self.cpu_rows[0]] if self.cpu_rows else []
+
+    def report(self) -> None:
+        super().report()
+        print("CPU per call (evidence + relationship kind), medians and means in ms:")
+        for name in self.cpu_rows[0]:
+            values = [r[name] * 1000 for r in self.cpu_rows]
+            print(
+                f"  {name:44} {statistics.median(values):7.2f}   mean {statistics.mean(values):7.2f}"
+            )
+        print("timeline of a call (ms after the client's send, medians over the calls):")
+        shape = Counter(tuple(line) for line in self.timelines)
+        keys, count = shape.most_common(1)[0]
+        print(f"  ({count} of {len(self.timelines)} calls had this sequence of steps)")
+        rows = [line for line in self.timelines if tuple(line) == keys]
+        ordered = sorted(keys, key=lambda k: statistics.median(r[k] for r in rows))
+        print("  at (median)  since the step before (median of each call's difference)")
+        previous = None
+        for key in ordered:
+            at = statistics.median(r[key] for r in rows) * 1000
+            step = (
+                statistics.median(r[key] - r[previous] for r in rows) * 1000
+                if previous is not None
+                else at
+            )
+            print(f"  {at:8.2f}  {step:+7.2f}  {key}")
+            previous = key
 
 
 class Other:
@@ -321,8 +563,8 @@ def measure(
                     phases.start()
                 started = time.perf_counter()
                 r = client.post("/graphql", json=body, headers=headers)
-                if phases is not None and name == "full":
-                    phases.finish(counter.seconds - seconds)
+                if phases is not None and name != "bare":
+                    phases.finish(counter.seconds - seconds, name)
                 _Lane.OUTSTANDING = outstanding
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
@@ -361,6 +603,25 @@ async def embedding_alone(calls: int) -> tuple[list[float], list[float]]:
         return together, apart
     finally:
         await embedder.aclose()
+
+
+def paired(default: list[float], other: list[float]) -> str:
+    """The interleaved kinds compared pair by pair (call i of each, sent back to
+    back): the median of ``other - default`` with a 95 % bootstrap interval (1,000
+    resamples of the pairs), and in how many pairs the default was faster."""
+    import random
+
+    differences = [b - a for a, b in zip(default, other, strict=True)]
+    draw = random.Random(11)  # noqa: S311 - resampling, not secrets
+    medians = sorted(
+        statistics.median(draw.choices(differences, k=len(differences))) for _ in range(1000)
+    )
+    faster = sum(d > 0 for d in differences)
+    return (
+        f"median of the pairs' differences {statistics.median(differences):+6.2f} ms "
+        f"[{medians[25]:+.2f}, {medians[974]:+.2f}], the default faster in {faster} of "
+        f"{len(differences)}"
+    )
 
 
 def p95(values: list[float]) -> float:
@@ -417,6 +678,14 @@ def main() -> None:
         "--profile", action="store_true", help="also print where a call's time goes"
     )
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="also print one call's steps on one clock, and its CPU (implies --profile)",
+    )
+    parser.add_argument(
+        "--timeline-out", type=Path, default=None, help="each call's timeline, JSON lines"
+    )
+    parser.add_argument(
         "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
     )
     parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
@@ -438,12 +707,17 @@ def main() -> None:
                 print(f"READY {token}", flush=True)
                 sys.stdin.read()
                 return
-            phases = Phases() if args.profile else None
+            timeline = args.timeline or args.timeline_out is not None
+            phases = Timeline(dsn) if timeline else Phases() if args.profile else None
             if phases is not None:
                 phases.install(app)
             measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
+                phases.by_kind.clear()
+                if isinstance(phases, Timeline):
+                    phases.cpu_rows.clear()
+                    phases.timelines.clear()
             runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
         finally:
             server.should_exit = True
@@ -464,8 +738,16 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
+    print(f"  two in flight against the default, paired: {paired(runs['full'], runs['serial'])}")
     if phases is not None:
         phases.report()
+    if isinstance(phases, Timeline) and args.timeline_out is not None:
+        args.timeline_out.write_text(
+            "".join(
+                json.dumps({**line, **cpu}) + "\n"
+                for line, cpu in zip(phases.timelines, phases.cpu_rows, strict=True)
+            )
+        )
     load = os.getloadavg()
     print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

@@ -27,6 +27,7 @@ from gateway.fusion import (
     fuse_evidence,
     fuse_weighted,
     fuse_weighted_scores,
+    last_reachable_rank,
 )
 
 P, S = Branch.PRIVATE, Branch.SHARED
@@ -526,3 +527,41 @@ def test_equal_weight_scores_match_ranx() -> None:
         assert scores.tolist() == pytest.approx([theirs[i] for i in ids], rel=1e-12)
         # Our order is ranx's scores descending, ties by ID.
         assert ids == sorted(theirs, key=lambda d: (-theirs[d], d))
+
+
+# --- the last rank a later list's new item can reach ----------------------------------------
+
+
+def _reachable(
+    lists: dict[str, list[str]], eligible: set[str], limit: int, known: set[str], rank: int
+) -> bool:
+    """By fusion itself: an eligible new item at ``rank`` of the vector list (the
+    ranks above it held by ineligible new items), with the lowest ID (it wins
+    ties), is among the first ``limit`` eligible items."""
+    later = [f"~filler-{i}" for i in range(rank - 1)] + [""]
+    fused = fuse_weighted({**lists, "vector": later}, known=known)
+    kept = [i for i in fused if i in eligible or i == ""]
+    return "" in kept[:limit]
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_last_reachable_rank_is_fusions_own(seed: int) -> None:
+    rng = random.Random(seed)
+    pool = [f"ev-{i:02d}" for i in range(rng.choice([5, 20, 60]))]
+    limit = rng.choice([1, 2, 3, 5, 10])
+    known = set(rng.sample(pool, rng.choice([0, 1, 3])))
+    eligible = {i for i in pool if rng.random() < rng.choice([0.3, 0.8, 1.0])}
+    lists: dict[str, list[str]] = {}
+    for name in ("fulltext", "entity"):
+        if rng.random() < 0.8:
+            ids = rng.sample(pool, rng.randint(0, len(pool)))
+            if ids and rng.random() < 0.3:
+                ids.insert(rng.randrange(len(ids)), ids[0])  # a repeat
+            lists[name] = ids
+    got = last_reachable_rank(lists, eligible, limit, EVIDENCE_WEIGHTS, known=known)
+    reachable = [r for r in range(1, 120) if _reachable(lists, eligible, limit, known, r)]
+    if got is None:
+        # Fewer than `limit` eligible items: every rank reaches the answer.
+        assert reachable == list(range(1, 120))
+    else:
+        assert reachable == list(range(1, got + 1)), (got, reachable[-3:])

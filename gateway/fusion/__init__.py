@@ -25,6 +25,7 @@ from gateway.fusion.rrf import (
     fuse_evidence,
     fuse_weighted,
     fuse_weighted_scores,
+    last_reachable_rank,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "fuse_evidence",
     "fuse_weighted",
     "fuse_weighted_scores",
+    "last_reachable_rank",
 ]

@@ -30,7 +30,9 @@ Rules, the same for every function here:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from fractions import Fraction
 from types import MappingProxyType
 from typing import Final
 
@@ -140,6 +142,49 @@ def fuse_evidence(
         known=known,
         limit=limit,
     )
+
+
+def last_reachable_rank(
+    lists: Mapping[str, Sequence[str]],
+    eligible: Collection[str],
+    limit: int,
+    weights: Mapping[str, float] = EVIDENCE_WEIGHTS,
+    *,
+    later: str = "vector",
+    known: Iterable[str] = (),
+    k: float = RRF_K,
+) -> int | None:
+    """The last rank of a list read later (``later``) at which an item that none of
+    ``lists`` holds can still be among the first ``limit`` eligible items of the
+    fusion of ``lists`` and that list; None when any rank can (fewer than
+    ``limit`` eligible items in ``lists``, or no positive score among them).
+
+    Such an item scores exactly ``weights[later] / (k + r)``, ``r`` its rank in
+    that list (known IDs removed, as fusion removes them). The eligible items of
+    ``lists`` score at least their score on ``lists`` alone, computed here as
+    fusion computes it (the same encoding: known IDs out, a repeat at its first
+    rank; the same exact rationals). When ``limit`` of them score more than the
+    item, ``limit`` eligible items precede it whatever it is: it is not among
+    the first ``limit``, and there are ``limit`` eligible items either way. An
+    equal score is reachable (ties go by ID). Used to skip the hydration of
+    such items (gateway/services/evidence.py)."""
+    exact_k = _core.check_k(k)
+    checked = {name: _core.check_weight(name, weights[name]) for name in (*lists, later)}
+    names = sorted(lists)
+    ranked = [_core.check_ids(f"list {name!r}", lists[name]) for name in names]
+    encoded = _core.encode(ranked, _core.known_set(known))
+    codes = _core.candidates(encoded)
+    terms = _core.signatures(encoded, [checked[name] for name in names], codes)
+    scorer = _core.ExactScorer(exact_k)
+    scores = sorted(
+        (scorer(terms[code]) for code in codes.tolist() if encoded.ids[code] in eligible),
+        reverse=True,
+    )
+    if limit < 1 or len(scores) < limit or scores[limit - 1] <= 0:
+        return None
+    # The largest r with weight / (k + r) >= the limit-th score.
+    last = math.floor(Fraction(checked[later]) / scores[limit - 1] - Fraction(exact_k))
+    return max(last, 0)
 
 
 def _fuse(

@@ -16,14 +16,14 @@ transaction the unit opens after a failure.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 import numpy as np
 
 from gateway.errors import DatabaseUnavailable
-from gateway.fusion import fuse_branches, fuse_weighted
+from gateway.fusion import EVIDENCE_WEIGHTS, fuse_branches, fuse_weighted, last_reachable_rank
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import (
     Degradation,
@@ -40,7 +40,13 @@ from gateway.store.database import STORE_FAILURES, Unit
 
 log = logging.getLogger("gateway.recall")
 
-__all__ = ["EvidenceFrontier", "Prefetched", "candidate_query", "search_evidence"]
+__all__ = [
+    "EvidenceFrontier",
+    "Prefetched",
+    "candidate_query",
+    "search_evidence",
+    "vector_hydration_bounds",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,36 @@ def candidate_query(
         # A knownAt view ranks with the statistics of its instant (never moves).
         as_of=t_sys if request.known_at is not None else None,
     )
+
+
+def vector_hydration_bounds(
+    lists: Mapping[tuple[str, str], Sequence[str]],
+    eligible: Collection[str],
+    branches: Sequence[str],
+    known: Collection[str],
+    limit: int,
+) -> dict[str, int]:
+    """Per branch, the last rank of its vector list (known IDs removed) whose
+    candidate can still be in the answer, given the lists read before the vector
+    list (``lists``: full text and entity, by ``(branch, list)``) and which of
+    their candidates are eligible; a branch left out has no such rank (all of its
+    vector candidates may count). ``gateway.fusion.last_reachable_rank`` says
+    why: a vector candidate below it is not among the branch's first ``limit``
+    eligible results, and the branch has ``limit`` eligible either way (not
+    starved), so it need not be hydrated (docs/recall.md, "Cost")."""
+    bounds: dict[str, int] = {}
+    for branch in branches:
+        last = last_reachable_rank(
+            {name: ids for (b, name), ids in lists.items() if b == branch},
+            eligible,
+            limit,
+            EVIDENCE_WEIGHTS,
+            later="vector",
+            known=known,
+        )
+        if last is not None:
+            bounds[branch] = last
+    return bounds
 
 
 @stage("evidence")

@@ -31,7 +31,7 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Final
@@ -40,10 +40,16 @@ import numpy as np
 
 from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
 from gateway.errors import EmbeddingError, EmbeddingMalformed
+from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
 from gateway.services.auth import Principal
-from gateway.services.evidence import Prefetched, candidate_query, search_evidence
+from gateway.services.evidence import (
+    Prefetched,
+    candidate_query,
+    search_evidence,
+    vector_hydration_bounds,
+)
 from gateway.services.feedback import FeedbackService
 from gateway.services.recall_input import RecallRequest
 from gateway.services.recall_types import (
@@ -393,6 +399,14 @@ class RecallService:
             if discovery is not None
             else None,
             checked=sorted({i for ids in early.lists.values() for i in ids}),
+            # Vector candidates that cannot reach the answer are not hydrated.
+            vector_ranks=vector_hydration_bounds(
+                early.lists,
+                early.eligible,
+                [b.branch for b in candidates.branches],
+                request.known_evidence_ids,
+                request.limit,
+            ),
         )
         if late is None:
             return None
@@ -406,13 +420,15 @@ class RecallService:
         t_valid: datetime,
         discovery: related_store.DiscoveryQuery | None,
         checked: Sequence[str] = (),
+        vector_ranks: Mapping[str, int] | None = None,
     ) -> round_trips.FirstRound | None:
         """Candidates, hydration and discovery in one statement (``checked``: already
-        hydrated); None when it fails or when there is nothing to search."""
+        hydrated; ``vector_ranks``: the vector candidates hydrated, per branch); None
+        when it fails or when there is nothing to search."""
         try:
             async with unit.step() as conn:
                 return await round_trips.first_round(
-                    conn, candidates, t_valid, discovery, checked=checked
+                    conn, candidates, t_valid, discovery, checked=checked, vector_ranks=vector_ranks
                 )
         except STORE_FAILURES as exc:
             log.warning("combined evidence search failed (%s); searching step by step", exc)
@@ -504,7 +520,15 @@ class RecallService:
         )
         try:
             async with unit.step() as conn:
-                got = await round_trips.scope_round(conn, scope, candidates, discovery)
+                got = await round_trips.scope_round(
+                    conn,
+                    scope,
+                    candidates,
+                    discovery,
+                    # With the vector lists (the embedding known): vector candidates
+                    # that cannot reach the answer are not hydrated.
+                    round_trips.VectorBound(request.limit, EVIDENCE_WEIGHTS, RRF_K),
+                )
         except STORE_FAILURES as exc:
             log.warning("view with the first lists failed (%s); the view alone", exc)
             view, branches = await self._scope(unit, principal, request)

@@ -45,7 +45,7 @@ parsers that depend on an order sort again anyway.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -61,6 +61,7 @@ __all__ = [
     "HandlesQuery",
     "ScopeQuery",
     "ScopeRound",
+    "VectorBound",
     "answer_round",
     "first_round",
     "last_round",
@@ -169,6 +170,57 @@ class FirstRound:
     path_groups: dict[str, str]
 
 
+# Per branch, the last vector rank whose candidate can still be in the answer, from
+# the eligible candidates of the statement's other lists (hyd_early), for the
+# statement that holds every list (gateway.fusion.last_reachable_rank says why and
+# computes it exactly). $1 the answer's limit, $2 the known IDs, $3 and $4 the
+# lists' names and fusion weights, $5 the RRF k. The float score only approximates
+# the exact one, so a margin (1e-9, far above the rounding of a sum of a few terms)
+# is added before the rank is rounded down: never below the exact bound, and above
+# it only when the exact quotient falls within 1e-9 under an integer. A list's
+# repeated ID counts at its best rank once, known IDs not at all, and the ranks are
+# the lists' own (known IDs, which every list leaves out already, would only lower
+# a score): no score above fusion's, so no bound below it. The vector list's known
+# IDs are added to the bound, as in the late round's filter (_search_parts).
+_VECTOR_BOUNDS = """
+SELECT s.branch,
+       greatest(floor(s.vector_weight / s.score - $5::double precision + 1e-9), 0)::integer
+           + (SELECT count(*) FROM cands k WHERE k.branch = s.branch
+              AND k.list_name = 'vector' AND k.evidence_id = ANY ($2::text[]))::integer AS r
+FROM (
+    SELECT e.branch, e.score, e.vector_weight,
+           row_number() OVER (PARTITION BY e.branch ORDER BY e.score DESC) AS n
+    FROM (
+        SELECT d.branch, d.evidence_id,
+               sum(w.weight / ($5::double precision + d.rank)) AS score,
+               (SELECT v.weight FROM unnest($3::text[], $4::double precision[]) AS v (name, weight)
+                 WHERE v.name = 'vector') AS vector_weight
+        FROM (
+            SELECT c.branch, c.list_name, c.evidence_id, min(c.rank) AS rank
+            FROM cands c
+            WHERE c.list_name <> 'vector' AND c.evidence_id <> ALL ($2::text[])
+            GROUP BY c.branch, c.list_name, c.evidence_id
+        ) d
+        JOIN unnest($3::text[], $4::double precision[]) AS w (name, weight)
+          ON w.name = d.list_name
+        WHERE d.evidence_id IN (SELECT h.id::text FROM hyd_early h)
+        GROUP BY d.branch, d.evidence_id
+    ) e
+) s
+WHERE s.n = $1 AND s.score > 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class VectorBound:
+    """What bounds the hydration of vector candidates in a statement that holds
+    every list: the answer's limit and fusion's rule (its lists' weights and k)."""
+
+    limit: int
+    weights: Mapping[str, float]
+    k: float
+
+
 @dataclass(frozen=True, slots=True)
 class _ViewExprs:
     """SQL expressions of the view's values, for parts sent with the view itself:
@@ -187,6 +239,8 @@ def _search_parts(
     discovery: related.DiscoveryQuery | None,
     view: _ViewExprs,
     checked: Sequence[str],
+    vector_ranks: Mapping[str, int] | None = None,
+    vector_bound: VectorBound | None = None,
 ) -> tuple[list[str], list[str], list[search.ListName], list[str] | None]:
     """The CTEs and selections of the candidate lists, their hydration, discovery and
     the support paths' groups; and what they ask: the lists, and discovery's lists
@@ -204,17 +258,72 @@ def _search_parts(
     team = candidates.team_id
     spaces = [b.space_id for b in candidates.branches]
     t_sys = candidates.known_at
-    # Candidates the caller has hydrated already (a scope round's) are not again.
-    fresh = ""
+    # Candidates the caller has hydrated already (a scope round's) are not again,
+    # nor vector candidates ranked below their branch's bound in ``vector_ranks``
+    # (services/evidence.py, vector_hydration_bounds: they cannot be in the answer).
+    tests = []
     if checked:
-        fresh = " WHERE c.evidence_id <> ALL (" + placer.part([list(checked)])("$1::text[]") + ")"
+        tests.append("c.evidence_id <> ALL (" + placer.part([list(checked)])("$1::text[]") + ")")
+    if vector_ranks:
+        # The bound is a rank with known IDs removed (fusion's); a list's own rank
+        # is that plus the known IDs above it, which every list leaves out already
+        # (search.py): counted anyway, all of the list's, so never too few.
+        bounds = placer.part(
+            [list(vector_ranks), list(vector_ranks.values()), list(candidates.exclude_ids)]
+        )(
+            "(SELECT x.r FROM unnest($1::text[], $2::integer[]) AS x (b, r) WHERE x.b = c.branch)"
+            " + (SELECT count(*) FROM cands k WHERE k.branch = c.branch"
+            " AND k.list_name = 'vector' AND k.evidence_id = ANY ($3::text[]))"
+        )
+        tests.append(f"(c.list_name <> 'vector' OR c.rank <= coalesce({bounds}, c.rank))")
+    fresh = " WHERE " + " AND ".join(tests) if tests else ""
     hyd_exprs = {2: f"ARRAY(SELECT DISTINCT c.evidence_id FROM cands c{fresh})"}
     if view.t_sys is not None:
         hyd_exprs[4] = view.t_sys
     if view.t_valid is not None:
         hyd_exprs[5] = view.t_valid
-    hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
-    ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
+    if vector_bound is not None and "vector" in wanted and len(wanted) > 1 and not tests:
+        # Every list in this statement: the other lists' candidates first, then
+        # the vector-only ones down to their branch's bound (see _VECTOR_BOUNDS).
+        early = placer.part(
+            [team, None, spaces, t_sys, t_valid],
+            {
+                **hyd_exprs,
+                2: "ARRAY(SELECT DISTINCT c.evidence_id FROM cands c WHERE c.list_name <> 'vector')",
+            },
+        )
+        ctes.append(f"hyd_early AS MATERIALIZED (\n{early(recall.ELIGIBLE_SQL)}\n)")
+        names = list(vector_bound.weights)
+        bounds_part = placer.part(
+            [
+                vector_bound.limit,
+                list(candidates.exclude_ids),
+                names,
+                [float(vector_bound.weights[n]) for n in names],
+                float(vector_bound.k),
+            ]
+        )
+        ctes.append(f"vector_bounds AS MATERIALIZED (\n{bounds_part(_VECTOR_BOUNDS)}\n)")
+        late = placer.part(
+            [team, None, spaces, t_sys, t_valid],
+            {
+                **hyd_exprs,
+                2: (
+                    "ARRAY(SELECT DISTINCT c.evidence_id FROM cands c WHERE c.list_name = 'vector'"
+                    " AND c.evidence_id NOT IN (SELECT o.evidence_id FROM cands o"
+                    " WHERE o.list_name <> 'vector')"
+                    " AND c.rank <= coalesce((SELECT b.r FROM vector_bounds b"
+                    " WHERE b.branch = c.branch), c.rank))"
+                ),
+            },
+        )
+        ctes.append(f"hyd_late AS MATERIALIZED (\n{late(recall.ELIGIBLE_SQL)}\n)")
+        ctes.append(
+            "hyd AS MATERIALIZED (\nSELECT * FROM hyd_early UNION ALL SELECT * FROM hyd_late\n)"
+        )
+    else:
+        hydrate = placer.part([team, None, spaces, t_sys, t_valid], hyd_exprs)
+        ctes.append(f"hyd AS MATERIALIZED (\n{hydrate(recall.ELIGIBLE_SQL)}\n)")
     ctes.append(_HYD_COLUMNS)
     selects = [search.LISTS_OF_CANDS, *_columns("hyd_columns", _HYD_NAMES)]
     disc_wanted: list[str] | None = None
@@ -282,16 +391,19 @@ async def first_round(
     discovery: related.DiscoveryQuery | None,
     *,
     checked: Sequence[str] = (),
+    vector_ranks: Mapping[str, int] | None = None,
 ) -> FirstRound | None:
     """Candidates, hydration and discovery in one statement; None when there is no
     candidate list to search (the caller's separate path answers that case).
     ``checked``: candidates already hydrated (by a scope round), not hydrated
-    again; ``eligible`` then holds only the others."""
+    again; ``eligible`` then holds only the others. ``vector_ranks``: per branch,
+    the last rank of its vector list whose candidates are hydrated (a branch left
+    out: all of them)."""
     if not search.wanted_lists(candidates) or not candidates.branches:
         return None
     placer = _Placer()
     ctes, selects, wanted, disc_wanted = _search_parts(
-        placer, candidates, t_valid, discovery, _ViewExprs(), checked
+        placer, candidates, t_valid, discovery, _ViewExprs(), checked, vector_ranks
     )
     sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
     row = await conn.fetchrow(sql, *placer.args)
@@ -327,6 +439,7 @@ async def scope_round(
     scope: ScopeQuery,
     candidates: search.CandidateQuery | None,
     discovery: related.DiscoveryQuery | None,
+    vector_bound: VectorBound | None = None,
 ) -> ScopeRound:
     """The view and, in the same statement, the lists of ``candidates`` with their
     hydration and ``discovery``, fed in SQL from the view's values.
@@ -338,7 +451,10 @@ async def scope_round(
     for them. A space with no generation at the view's instant gets NULL, which
     no row matches: its lists come back empty, and its branch is not searched.
     The statement reads what the view statement and :func:`first_round` would
-    read in one transaction (``now()`` is the transaction's instant)."""
+    read in one transaction (``now()`` is the transaction's instant), but that
+    with ``vector_bound``, when it holds the vector lists and others, it
+    hydrates a branch's vector-only candidates only down to the last rank that
+    can still reach the answer (``_VECTOR_BOUNDS``)."""
     placer = _Placer()
     view = placer.part([scope.team_id, list(scope.space_ids), scope.known_at])
     ctes = [
@@ -377,6 +493,8 @@ async def scope_round(
             discovery,
             exprs,
             (),
+            None,
+            vector_bound,
         )
         ctes += more_ctes
         selects += more
