@@ -28,7 +28,9 @@ EXAMPLE = REPO / "docs" / "examples" / "loading-example.jsonl"
 _TABLES = {
     "write_log": "kind, client_id",
     "memory_spaces": "kind, owner_principal_id",
-    "space_generations": "generation, reset_id",
+    # a team's spaces all start at generation 1: their (kind, owner) decides the order
+    "space_generations": "generation, reset_id, (SELECT m.kind || ':' || coalesce("
+    "m.owner_principal_id, '') FROM memory_spaces m WHERE m.id = space_id)",
     "sources": "id",
     "source_lifecycle_events": "source_id, seq",
     "entities": "id",
