@@ -56,6 +56,26 @@ def corpus(seed: int, n: int, prefix: str) -> dict[str, str]:
     return texts
 
 
+def cut_corpus() -> dict[str, str]:
+    """Texts that decide db/0204's cut for ``per_list`` 1 (CUT_QUERIES): many short
+    texts without a query word, and long ones (filler words) whose rare lexeme
+    gives the grouping a cut above the best score ("kafka broker": the best is
+    the short "broker", whose bound is below the cut, so the first try's
+    theta is below it and the second try decides), or whose many occurrences
+    put their bound above twice the cut while a short text below it is the best
+    ("offset leader")."""
+    filler = " ".join(["walrus", "yak", "ibis", "okapi", "tapir", "gecko", "heron", "lemur"] * 8)
+    texts = {f"f{i:02d}": "walrus yak ibis" for i in range(30)}
+    texts |= {f"a{i}": f"kafka {filler}" for i in (1, 2)}
+    texts |= {"a3": "broker"} | {f"a{i}": f"broker {filler}" for i in (4, 5, 6)}
+    texts |= {"b1": f"offset offset offset leader leader leader {filler}", "b2": "offset leader"}
+    texts |= {"b3": f"offset {filler}", "b4": f"leader {filler}", "b5": f"leader {filler}"}
+    return texts
+
+
+CUT_QUERIES = ["kafka broker", "offset leader"]
+
+
 def visible_order(ranked: Sequence[str], hidden: set[str], k: int) -> list[str]:
     return [d for d in ranked if d not in hidden][:k]
 
@@ -386,6 +406,18 @@ BREAKAGES = {
     "survivors' minor parts left out": [
         ("            WHERE r.minor\n        ) x", "            WHERE false\n        ) x"),
     ],
+    # 3. (db/0204) The grouping's cut not checked against theta: when theta is
+    # below the cut, the first try's grp lacks survivors, and its list is taken.
+    "cut unguarded": [
+        ("    WHERE (SELECT t.v FROM theta t) >= (SELECT c.v FROM cut c)\n", ""),
+    ],
+    # 3. (db/0204) The grouping keeps less than the guard assumes.
+    "grouping above the cut": [
+        (
+            "+ v_rest >= greatest(v_theta0, (SELECT c.v FROM cut c))",
+            "+ v_rest >= greatest(v_theta0, 2 * (SELECT c.v FROM cut c))",
+        ),
+    ],
     # 5. (evidence db/0175, relationships db/0197) Survivors taken for members of
     # best, whose scores the answer reuses, although they are not: they are
     # neither rescored nor reused.
@@ -406,6 +438,18 @@ MINOR_LEXEMES_ONLY = {
     "rest halved",
     "survivors' minor parts left out",
 }
+
+
+# db/0204's cut, checked on cut_corpus (the corpus above never puts theta below
+# the cut where it matters).
+CUT_BREAKAGES = {"cut unguarded", "grouping above the cut"}
+
+# With the first floor, cut_corpus's floor is already the best score (the rarest
+# lexeme's first hits hold it): a grouping above the cut decides nothing there.
+ESSENTIAL_ONLY = {"grouping above the cut"}
+
+# The limits the broken copies are asked for.
+LIMITS = (1, 3, 10, 30)
 
 
 async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: str) -> str:
@@ -440,8 +484,11 @@ async def test_a_broken_bound_changes_the_list(
     the real one on the same connection still gives the reference lists."""
     if breakage in MINOR_LEXEMES_ONLY and prune_from:
         pytest.skip("with every lexeme essential this step decides nothing")
+    if breakage in ESSENTIAL_ONLY and not prune_from:
+        pytest.skip("with the first floor this step decides nothing on its corpus")
     team = unique("topk-broken")
-    docs = corpus(11, 300, "b")
+    docs = cut_corpus() if breakage in CUT_BREAKAGES else corpus(11, 300, "b")
+    queries, limits = (CUT_QUERIES, (1, 2)) if breakage in CUT_BREAKAGES else (QUERIES, LIMITS)
     await load_jsonl(writes, jsonl(_team(team) + [_ev(team, d, t) for d, t in docs.items()]))
     branch = await _branch(admin_conn, team)
     name = await _broken_copy(admin_conn, "evidence_fulltext_top_k", breakage)
@@ -452,9 +499,9 @@ async def test_a_broken_bound_changes_the_list(
 
     differ = 0
     try:
-        for query in QUERIES:
+        for query in queries:
             ranked = bm25_order(docs, query)
-            for k in (1, 3, 10, 30):
+            for k in limits:
                 q = CandidateQuery(team, (branch,), query, None, (), (), k, None, None)
                 sql, args = build_statement(q, ["fulltext"])
                 assert await fulltext(sql, args) == ranked[:k], (query, k)
@@ -479,10 +526,13 @@ async def test_a_broken_relationship_bound_changes_the_list(
     ``per_list``, while the real function on the same connection matches it."""
     if breakage in MINOR_LEXEMES_ONLY and prune_from:
         pytest.skip("with every lexeme essential this step decides nothing")
+    if breakage in ESSENTIAL_ONLY and not prune_from:
+        pytest.skip("with the first floor this step decides nothing on its corpus")
     if breakage in EVIDENCE_ONLY:
         pytest.skip("a step of the evidence function only")
     team = unique("topk-rel-broken")
-    texts = corpus(12, 240, "r")
+    texts = cut_corpus() if breakage in CUT_BREAKAGES else corpus(12, 240, "r")
+    queries, limits = (CUT_QUERIES, (1, 2)) if breakage in CUT_BREAKAGES else (QUERIES, LIMITS)
     await load_jsonl(writes, jsonl(_team(team, "alice") + _relationships(team, texts)))
     branch = await _branch(admin_conn, team)
     now = await admin_conn.fetchval("SELECT now()")
@@ -495,9 +545,9 @@ async def test_a_broken_relationship_bound_changes_the_list(
 
     differ = 0
     try:
-        for query in QUERIES:
+        for query in queries:
             ranked = bm25_order(statements, query)
-            for k in (1, 3, 10, 30):
+            for k in limits:
                 q = _discovery_query(team, branch, query, k, now)
                 sql, args = related.build_discovery(q)
                 assert await fulltext(sql, args) == ranked[:k], (query, k)

@@ -274,7 +274,7 @@ async def _function_body_plan(
     it (its body prepared with the arguments as parameters; the function's plan is
     not in EXPLAIN of a call). ``args``: SQL literals, one per argument; ``which``:
     the function's ``which``-th ``RETURN QUERY`` (from 0), to the semicolon that
-    ends it (the one before ``END`` or ``RETURN``); or ``statement`` of the
+    ends it (the one before ``END``, ``RETURN`` or ``EXIT``); or ``statement`` of the
     function's source. The function's declared variables are parameters too, at
     their initial values."""
     src, names, types, settings = await conn.fetchrow(
@@ -290,7 +290,7 @@ async def _function_body_plan(
         body = statement(src)
     else:
         start = [m.end() for m in re.finditer("RETURN QUERY", src)][which]
-        end = re.compile(r";\s*(?:END|RETURN)\b").search(src, start)
+        end = re.compile(r";\s*(?:END|RETURN|EXIT)\b").search(src, start)
         assert end is not None, src
         body = src[start : end.start()]
     for i, (name, type_) in enumerate(zip(names[: len(types)], types, strict=True), 1):
@@ -465,3 +465,10 @@ async def test_fulltext_scores_each_document_once_from_its_lexemes(
     grp = _cte(plan, "grp")
     assert grp.splitlines()[1].strip().startswith("->  HashAggregate"), grp
     assert "Sort" not in grp, grp
+    # db/0204: grp keeps only the groups whose bound reaches the cut (read from the
+    # CTE cut by the grouping's filter), the answer is guarded by theta >= cut, and
+    # the query runs a second time, with no cut, when the guard fails.
+    assert "CTE cut" in plan, plan
+    assert "CTE Scan on cut" in grp, grp
+    assert plan.count("CTE Scan on cut") == 2, plan  # the grouping's filter, the guard
+    assert re.search(r"EXIT WHEN FOUND OR NOT v_cut;\s*v_cut := false;\s*END LOOP;", src), src
