@@ -393,7 +393,7 @@ BREAKAGES = {
     ],
     # 3. A document bound (essential lexemes' part) below its score.
     "document bound halved": [
-        ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
+        ("sum(r.w * h.tf", "0.5 * sum(r.w * h.tf"),
     ],
     # 4. The survivors' filters on a bound below the score: their bound with the
     # rest (the whole bound when no lexeme is minor), and their whole bound.
@@ -444,9 +444,8 @@ MINOR_LEXEMES_ONLY = {
 # the cut where it matters).
 CUT_BREAKAGES = {"cut unguarded", "grouping above the cut"}
 
-# With the first floor, cut_corpus's floor is already the best score (the rarest
-# lexeme's first hits hold it): a grouping above the cut decides nothing there.
-ESSENTIAL_ONLY = {"grouping above the cut"}
+# The cut applies below PRUNE_FROM_POSTINGS only (db/0204).
+ESSENTIAL_ONLY = {"cut unguarded", "grouping above the cut"}
 
 # The limits the broken copies are asked for.
 LIMITS = (1, 3, 10, 30)
@@ -485,7 +484,7 @@ async def test_a_broken_bound_changes_the_list(
     if breakage in MINOR_LEXEMES_ONLY and prune_from:
         pytest.skip("with every lexeme essential this step decides nothing")
     if breakage in ESSENTIAL_ONLY and not prune_from:
-        pytest.skip("with the first floor this step decides nothing on its corpus")
+        pytest.skip("the cut is not applied from PRUNE_FROM_POSTINGS on")
     team = unique("topk-broken")
     docs = cut_corpus() if breakage in CUT_BREAKAGES else corpus(11, 300, "b")
     queries, limits = (CUT_QUERIES, (1, 2)) if breakage in CUT_BREAKAGES else (QUERIES, LIMITS)
@@ -527,7 +526,7 @@ async def test_a_broken_relationship_bound_changes_the_list(
     if breakage in MINOR_LEXEMES_ONLY and prune_from:
         pytest.skip("with every lexeme essential this step decides nothing")
     if breakage in ESSENTIAL_ONLY and not prune_from:
-        pytest.skip("with the first floor this step decides nothing on its corpus")
+        pytest.skip("the cut is not applied from PRUNE_FROM_POSTINGS on")
     if breakage in EVIDENCE_ONLY:
         pytest.skip("a step of the evidence function only")
     team = unique("topk-rel-broken")
