@@ -393,7 +393,7 @@ BREAKAGES = {
     ],
     # 3. A document bound (essential lexemes' part) below its score.
     "document bound halved": [
-        ("sum(r.w * h.tf", "0.5 * sum(r.w * h.tf"),
+        ("sum(greatest(r.idf, 0) * h.tf", "0.5 * sum(greatest(r.idf, 0) * h.tf"),
     ],
     # 4. The survivors' filters on a bound below the score: their bound with the
     # rest (the whole bound when no lexeme is minor), and their whole bound.
@@ -406,12 +406,12 @@ BREAKAGES = {
     "survivors' minor parts left out": [
         ("            WHERE r.minor\n        ) x", "            WHERE false\n        ) x"),
     ],
-    # 3. (db/0204) The grouping's cut not checked against theta: when theta is
+    # 3. (evidence, db/0204) The grouping's cut not checked against theta: when theta is
     # below the cut, the first try's grp lacks survivors, and its list is taken.
     "cut unguarded": [
         ("    WHERE (SELECT t.v FROM theta t) >= (SELECT c.v FROM cut c)\n", ""),
     ],
-    # 3. (db/0204) The grouping keeps less than the guard assumes.
+    # 3. (evidence, db/0204) The grouping keeps less than the guard assumes.
     "grouping above the cut": [
         (
             "+ v_rest >= greatest(v_theta0, (SELECT c.v FROM cut c))",
@@ -426,8 +426,8 @@ BREAKAGES = {
     ],
 }
 
-# Steps that only the evidence function has (none since db/0197).
-EVIDENCE_ONLY: set[str] = set()
+# Steps that only the evidence function has: db/0204's cut.
+EVIDENCE_ONLY = {"cut unguarded", "grouping above the cut"}
 
 # Steps that exist only on the path of large spaces (a finite first floor): with
 # every lexeme essential there are no minor lexemes, and the lexeme bounds and the
@@ -444,7 +444,7 @@ MINOR_LEXEMES_ONLY = {
 # the cut where it matters).
 CUT_BREAKAGES = {"cut unguarded", "grouping above the cut"}
 
-# The cut applies below PRUNE_FROM_POSTINGS only (db/0204).
+# The evidence function's cut applies below PRUNE_FROM_POSTINGS only (db/0204).
 ESSENTIAL_ONLY = {"cut unguarded", "grouping above the cut"}
 
 # The limits the broken copies are asked for.

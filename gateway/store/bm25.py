@@ -42,13 +42,14 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    per space), kept when ``part + rest`` reaches ``theta0``; the ``2 k`` of
    highest ``part`` (or, when the view hides most of those, the first ``2 k``
    visible ones in ``part`` order) are scored exactly, and their ``k``-th
-   best is ``theta``. Below :data:`PRUNE_FROM_POSTINGS` the grouping also
-   keeps only the documents whose ``part`` reaches a *cut* (db/0204): the
-   term part at ``tf`` = 1 of the rarest lexeme that at least ``2 k``
-   documents hold, so usually more than the ``2 k`` are kept, while most
-   groups are neither stored nor sorted. That is exact when ``theta`` is not
-   below the cut (every document whose bound reaches ``theta`` is kept); when
-   it is, the query returns nothing and runs again without the cut;
+   best is ``theta``. Below :data:`PRUNE_FROM_POSTINGS` the evidence
+   function's grouping also keeps only the documents whose ``part`` reaches
+   a *cut* (db/0204): the term part at ``tf`` = 1 of the rarest lexeme that
+   at least ``2 k`` documents hold, so usually more than the ``2 k`` are
+   kept, while most groups are neither stored nor sorted. That is exact when
+   ``theta`` is not below the cut (every document whose bound reaches
+   ``theta`` is kept); when it is, the query returns nothing and runs again
+   without the cut;
 4. **the survivors**: the documents whose ``part + rest`` reaches ``theta``
    get their minor lexemes' term frequencies from the postings' key (read for
    them only), those whose whole bound reaches ``theta`` are looked up and
