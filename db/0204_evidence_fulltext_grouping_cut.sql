@@ -37,8 +37,8 @@
 -- Below PRUNE_FROM_POSTINGS only. From it on the survivors' bound adds the
 -- minor lexemes' rest (4 and more on the benchmark's questions), so the cut
 -- kept most groups while 7 questions in 100 needed the second try (with
--- PRUNE_FROM_POSTINGS 0): x1.01 to x1.03 of db/0198 there, interleaved. The
--- cut is minus infinity on that path, whose query is db/0198's.
+-- PRUNE_FROM_POSTINGS 0): x1.03 of db/0198 there in two interleaved runs.
+-- The cut is minus infinity on that path, whose query is db/0198's.
 --
 -- Not for the relationship function (db/0197 stays): its lexemes have fewer
 -- postings, a lexeme held by 2 k relationships is rare, and its part is often
