@@ -44,9 +44,11 @@ is never below it. The functions ``evidence_fulltext_top_k`` and
    visible ones in ``part`` order) are scored exactly, and their ``k``-th
    best is ``theta``. Below :data:`PRUNE_FROM_POSTINGS` the evidence
    function's grouping also keeps only the documents whose ``part`` reaches
-   a *cut* (db/0204): the term part at ``tf`` = 1 of the rarest lexeme that
-   at least ``2 k`` documents hold, so usually more than the ``2 k`` are
-   kept, while most groups are neither stored nor sorted. That is exact when
+   a *cut* (db/0204): the term part at ``tf`` = 1 and dl = 0 of the
+   rarest essential lexeme whose ``df`` (the statistics' count of its
+   postings in the space, every generation) is at least ``2 k``, so usually
+   more than the ``2 k`` are kept, while most groups are neither stored nor
+   sorted. The cut only filters (whatever its value); that is exact when
    ``theta`` is not below the cut (every document whose bound reaches
    ``theta`` is kept); when it is, the query returns nothing and runs again
    without the cut;
