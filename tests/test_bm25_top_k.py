@@ -569,3 +569,124 @@ async def test_the_functions_use_the_modules_bm25_parameters(
         assert body.count("CAST(") == body.count(
             f"CAST({bm25.BM25_K1!r} AS double precision)"
         ) + body.count(f"CAST({bm25.BM25_B!r} AS double precision)")
+
+
+# --- db/0204's cut on adversarial corpora (review s22's harness) --------------------
+
+FILLER = ["walrus", "yak", "ibis", "okapi", "tapir", "gecko", "heron", "lemur"]
+ADVERSARIAL_QUERIES = [
+    "kafka broker",
+    "kafka kafka broker broker",  # repeated words
+    "replica",
+    "leader replica",
+    " ".join(WORDS),  # every query lexeme
+    "walrus yak kafka",
+    "walrus yak ibis okapi",  # common words only
+    "offset leader",
+]
+
+
+def adversarial_corpus(seed: int, n: int, prefix: str) -> dict[str, str]:
+    """Texts that put theta below db/0204's cut: very short ones, long ones (one to
+    three query words among 30 to 200 filler words), one query word repeated 2 to
+    25 times, mixed ones, and a copy of every fifth (ties at every depth)."""
+    rng = random.Random(seed)
+    weights = [8, 6, 5, 4, 3, 2, 1, 1]
+    texts: dict[str, str] = {}
+    for i in range(n):
+        shape = rng.random()
+        if shape < 0.25:
+            words = rng.choices(WORDS, weights, k=rng.randint(1, 2))
+        elif shape < 0.5:
+            words = rng.choices(WORDS, weights, k=rng.randint(1, 3))
+            words += rng.choices(FILLER, k=rng.randint(30, 200))
+        elif shape < 0.7:
+            words = [rng.choice(WORDS)] * rng.randint(2, 25)
+            words += rng.choices(FILLER, k=rng.randint(0, 40))
+        else:
+            words = rng.choices(WORDS + FILLER, k=rng.randint(1, 15))
+        rng.shuffle(words)
+        texts[f"{prefix}{i:03d}"] = " ".join(words)
+    for i in range(0, n, 5):
+        texts[f"{prefix}{i:03d}-copy"] = texts[f"{prefix}{i:03d}"]
+    return texts
+
+
+async def test_evidence_top_k_on_adversarial_texts_and_views(
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, prune_from: int
+) -> None:
+    """The evidence list equals BM25 over every document on texts and views that
+    make db/0204's first try fail (a short best text against a rare lexeme held
+    mostly by long ones, repeated words, ties, exclusions of the best, knownAt
+    views, ``per_list`` above the number of hits), on both paths. Below
+    PRUNE_FROM_POSTINGS an instrumented copy shows that the second try ran for
+    some of these calls and a copy without the guard gives some wrong list, so
+    the comparison can fail."""
+    team = unique("topk-adversarial")
+    early = adversarial_corpus(1, 160, "e")
+    await load_jsonl(writes, jsonl(_team(team) + [_ev(team, d, t) for d, t in early.items()]))
+    t_early = await admin_conn.fetchval(
+        "SELECT max(recorded_at) FROM evidence WHERE team_id = $1", team
+    )
+    late = adversarial_corpus(101, 60, "l")
+    await load_jsonl(writes, jsonl([_ev(team, d, t) for d, t in late.items()]))
+    docs = {**early, **late}
+    branch = await _branch(admin_conn, team)
+    definition = await admin_conn.fetchval(
+        "SELECT pg_get_functiondef('evidence_fulltext_top_k'::regproc)"
+    )
+    copies = {}
+    for kind, old, new in (
+        (
+            "counted",
+            "    v_cut := false;\n",
+            "    RAISE NOTICE 'second try';\n    v_cut := false;\n",
+        ),
+        ("unguarded", "    WHERE (SELECT t.v FROM theta t) >= (SELECT c.v FROM cut c)\n", ""),
+    ):
+        name = f"{kind}_{unique('f').replace('-', '_')}"
+        assert old in definition, kind
+        copy = definition.replace(
+            "CREATE OR REPLACE FUNCTION public.evidence_fulltext_top_k",
+            f"CREATE FUNCTION pg_temp.{name}",
+        ).replace(old, new)
+        await admin_conn.execute(copy)
+        copies[kind] = name
+    notices: list[str] = []
+    admin_conn.add_log_listener(lambda _conn, message: notices.append(message.message))
+
+    async def fulltext(sql: str, args: Sequence[Any], copy: str | None = None) -> list[str]:
+        if copy is not None:
+            sql = sql.replace("evidence_fulltext_top_k(", f"pg_temp.{copies[copy]}(")
+        rows = await admin_conn.fetch(sql, *args)
+        return [r["evidence_id"] for r in sorted(rows, key=lambda r: r["rank"])]
+
+    rng = random.Random(7)
+    unguarded_wrong = 0
+    try:
+        for query in ADVERSARIAL_QUERIES:
+            ranked = bm25_order(docs, query)
+            for k in (1, 2, 3, 5, 8, 13, 40, 150, 1000):
+                for view in ("present", "knownAt", "exclude", "asOf"):
+                    known = t_early if view in ("knownAt", "asOf") else None
+                    as_of = t_early if view == "asOf" else None
+                    exclude = tuple(ranked[: rng.randint(1, 3 * k)]) if view == "exclude" else ()
+                    if view == "present":
+                        expected = ranked[:k]
+                    elif view == "exclude":
+                        expected = visible_order(ranked, set(exclude), k)
+                    elif view == "knownAt":
+                        expected = visible_order(ranked, set(late), k)
+                    else:
+                        expected = bm25_order(early, query)[:k]
+                    q = CandidateQuery(team, (branch,), query, None, (), exclude, k, known, as_of)
+                    sql, args = build_statement(q, ["fulltext"])
+                    assert await fulltext(sql, args) == expected, (query, k, view)
+                    assert await fulltext(sql, args, "counted") == expected, (query, k, view)
+                    unguarded_wrong += await fulltext(sql, args, "unguarded") != expected
+    finally:
+        for name in copies.values():
+            await admin_conn.execute(f"DROP FUNCTION pg_temp.{name}")
+    if prune_from:  # below the threshold: the cut and both tries decided
+        assert "second try" in notices
+        assert unguarded_wrong
