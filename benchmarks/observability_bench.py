@@ -60,11 +60,11 @@ def serve(dsn: str, port: int, traced: bool) -> tuple[Any, Any]:
 
     if not traced:  # what a process without an exporter gets (the variables are set here)
         uninstrument_asyncpg()
-        return rb.serve(dsn, port, Observability(metrics_enabled=True))  # type: ignore[no-any-return]
+        return rb.serve(dsn, port, Observability(metrics_enabled=True))
     observability = Observability.from_environment(metrics_enabled=True)
     if observability.provider is None:
         raise SystemExit("tracing did not turn on")
-    return rb.serve(dsn, port, observability)  # type: ignore[no-any-return]
+    return rb.serve(dsn, port, observability)
 
 
 def main() -> None:

@@ -292,10 +292,12 @@ async def open_gateway(
     team: str,
     space: UUID,
     settings: tuple[int, str | None] | None = None,
+    counter: type[database_module.StatementCounter] = RecordingCounter,
 ) -> Gateway:
     """A gateway app on ``dsn`` with its pool open, and an HTTP client to it;
     ``settings``: an arm's statement cache limit and plan mode (None: the
-    shipped ones)."""
+    shipped ones); ``counter``: the pool's statement counter (the default keeps
+    each statement's text and time for :func:`step_times`)."""
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -309,7 +311,7 @@ async def open_gateway(
     finally:
         await conn.close()
     # Both read by Database.open when the app's lifespan opens its pool.
-    database_module.StatementCounter = RecordingCounter  # type: ignore[misc]
+    database_module.StatementCounter = counter  # type: ignore[misc]
     database_module.STATEMENT_CACHE_MAX_BYTES = SHIPPED_CACHE_BYTES
     if settings is not None:
         database_module.STATEMENT_CACHE_MAX_BYTES = settings[0]

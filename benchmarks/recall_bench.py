@@ -145,7 +145,8 @@ class Zipf:
         from_topic = rng.random(n) < TOPIC_SHARE
         local = self.topic_words[topic][np.searchsorted(self.topic_cdf, rng.random(n))]
         general = np.searchsorted(self.global_cdf, rng.random(n))
-        return self.words[np.where(from_topic, local, general)].tolist()
+        drawn: list[str] = self.words[np.where(from_topic, local, general)].tolist()
+        return drawn
 
     def sample(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
         return self._draw(rng, topic, n)
@@ -174,7 +175,8 @@ class Tiny:
 
 
 def unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+    scaled: np.ndarray = v / np.linalg.norm(v, axis=-1, keepdims=True)  # numpy says Any
+    return scaled.astype(np.float32)
 
 
 async def generate(
@@ -552,7 +554,8 @@ async def add_frontier_material(
         hyp_rels.append((team, space, f"hyp-{i:06d}", f"rel-{i:06d}"))
         hyp_evs.append((team, space, f"hyp-{i:06d}", f"ev-{i:06d}"))
         hyp_events.append((team, space, f"hyp-{i:06d}", "propose", "proposed"))
-    cases, positions, members, case_events = [], [], [], []
+    cases, positions, members = [], [], []
+    case_events: list[tuple[str, UUID, str, str, str | None]] = []  # resolved: the winner
     for n, i in enumerate(range(0, per_team - 1, CASE_EVERY)):
         case = f"case-{i:06d}"
         cases.append((team, case, space, 1, f"Which of rel-{i:06d} and its neighbour holds?"))
@@ -1068,7 +1071,9 @@ def throughput(
         load_before = os.getloadavg()[0]
         runs = _model_runs(port)
         gw_cpu, pg_cpu = _tree_cpu([proc.pid]), _tree_cpu(server)
-        result = asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        result: dict[str, Any] = dict(
+            asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        )
         gw_cpu, pg_cpu = _tree_cpu([proc.pid]) - gw_cpu, _tree_cpu(server) - pg_cpu
         after = _model_runs(port)
         result["model_runs"] = None if runs is None or after is None else round(after - runs)
@@ -1343,6 +1348,7 @@ async def query_lexeme_spread(
             space,
             queries,
         )
+        assert row is not None  # an aggregate: one row
         top = await conn.fetchval(
             "SELECT max(c) FROM (SELECT count(*) AS c FROM evidence_terms "
             "WHERE team_id = $1 AND space_id = $2 AND lexeme !~ '[0-9]' "

@@ -256,7 +256,14 @@ async def run(dsn: str, n: int, contend: bool) -> None:
     at = await rb.known_instant(dsn, "bench-00")
     async with contextlib.AsyncExitStack() as stack:
         gw = await ab.open_gateway(
-            stack, "gw", dsn, data["token"], at, "bench-00", data["teams"]["bench-00"]
+            stack,
+            "gw",
+            dsn,
+            data["token"],
+            at,
+            "bench-00",
+            data["teams"]["bench-00"],
+            counter=TimedStatements,
         )
         # Fresh questions: none in the LRU, so every recall runs the model.
         rng = np.random.default_rng(33)
@@ -283,8 +290,6 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=60)
     parser.add_argument("--contention", action="store_true")
     args = parser.parse_args()
-    # open_gateway puts it in place of the store's counter before the pool opens.
-    ab.RecordingCounter = TimedStatements  # type: ignore[misc]
     with rb.database(args.data_dir) as dsn:
         asyncio.run(run(dsn, args.queries, args.contention))
 

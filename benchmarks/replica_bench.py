@@ -88,7 +88,7 @@ async def seed(dsn: str) -> str:
             principal="ines",
             binding="private",
             secret=secret,
-        )  # type: ignore[call-arg]
+        )
         await writes.apply([record], Actor.operator())
         return tokens.format_token(token_id, secret)
     finally:
@@ -180,6 +180,7 @@ async def check_costs(primary: str, replica: str, samples: int) -> None:
             "SELECT pg_last_wal_replay_lsn()::text AS replay, "
             "extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000 AS age_ms"
         )
+        assert row is not None  # a SELECT without FROM: one row
         current = await p.fetchval("SELECT pg_current_wal_lsn()::text")
         print(
             f"  after 2 s without writes: primary at {current}, replica replayed {row['replay']}; "

@@ -118,7 +118,7 @@ async def _load_and_look(
     )
     await asyncio.sleep(0.5)
     held = await asyncio.to_thread(worker_connections, workers, args.port)
-    result = await load
+    result: dict[str, Any] = dict(await load)
     result["connections"] = held
     return result
 
