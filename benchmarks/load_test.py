@@ -31,7 +31,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import TypedDict
 
 import psutil
+from bench_common import free_port, rank_below, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERIES = [
@@ -59,12 +59,6 @@ DOCUMENTS = {
     # authentication and one small statement: the gateway's own overhead
     "viewer": "query V { viewer { principalId readableSpaces } }",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_kib(pid: int) -> int:
@@ -193,7 +187,7 @@ async def run_load(
         "failures": failures,
         "elapsed_s": elapsed,
         "p50_ms": statistics.median(ordered) * 1000,
-        "p95_ms": ordered[int(0.95 * (len(ordered) - 1))] * 1000,
+        "p95_ms": rank_below(ordered, 0.95) * 1000,
         "max_ms": ordered[-1] * 1000,
     }
 
@@ -239,18 +233,6 @@ def start_gateway(folder: Path, port: int, serve: bool) -> tuple[subprocess.Pope
         time.sleep(0.5)
     proc.terminate()
     raise SystemExit("the gateway printed no token within 300 s")
-
-
-def wait_ready(port: int) -> None:
-    import urllib.request
-
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit("the gateway never said ready")
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import recall_bench as rb
+from bench_common import rank_below
 
 from gateway.store.database import prepare
 
@@ -112,7 +113,7 @@ def main() -> None:
         values.sort()
         print(
             f"  tracing {arm:3}: p50 {statistics.median(values):6.1f} ms   "
-            f"p95 {values[int(0.95 * (len(values) - 1))]:6.1f} ms"
+            f"p95 {rank_below(values, 0.95):6.1f} ms"
         )
     ratio = statistics.median(arms["on"]) / statistics.median(arms["off"])
     print(f"  on/off ratio of medians: {ratio:.3f}; OTLP exports received: {Sink.received}")

@@ -1043,28 +1043,14 @@ def throughput(
     """Full recalls per second over HTTP: ``recall-gateway serve --workers N`` as a
     child process, ``clients`` keep-alive connections of the light asyncio client
     (benchmarks/load_test.py; httpx would measure itself), ``n`` requests."""
-    import subprocess
-
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import load_test
+    from bench_common import free_port, start_gateway, stop, wait_ready
 
-    port = port or load_test.free_port()
-
-    env = {**os.environ, "DATABASE_URL": dsn, "RECALL_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen(  # noqa: S603 - our own console script
-        [
-            str(Path(sys.executable).parent / "recall-gateway"),
-            "serve",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=env,
-        cwd=ROOT,
-    )
+    port = port or free_port()
+    proc = start_gateway(dsn, port, workers)
     try:
-        load_test.wait_ready(port)
+        wait_ready(port)
         load_test.QUERIES[:] = queries
         asyncio.run(load_test.run_load(port, token, 4 * clients, clients, FULL))  # warm-up
         server = _server_processes(dsn)
@@ -1079,11 +1065,7 @@ def throughput(
         result["model_runs"] = None if runs is None or after is None else round(after - runs)
         load_after = os.getloadavg()[0]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     result["per_s"] = result["requests"] / result["elapsed_s"]
     result["load"] = (load_before, load_after)
     count = max(int(result["requests"]), 1)

@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recall_ab as ab
 import recall_bench as rb
+from bench_common import p50_p95
 
 import gateway.store.database as database_module
 from gateway.stages import stage_tracer
@@ -239,7 +240,7 @@ async def contention(gw: ab.Gateway, questions: list[str]) -> None:
     for name, got in results.items():
         print(f"  query embedding with {name}:")
         for key, values in got.items():
-            p50, p95 = ab.p50_p95(values)
+            p50, p95 = p50_p95(values)
             print(f"    {key:26} p50 {p50:6.2f} ms   p95 {p95:6.2f} ms")
 
 
