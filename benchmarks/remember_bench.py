@@ -35,7 +35,8 @@ its send to its answer, the embedding calls, the response's messages) and the
 CPU each call took per thread (the event loop, the model's threads, the
 client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
 writes each call's timeline and CPU as JSON lines. The default call and the
-same call with two embedding calls in flight are compared pair by pair (the
+same call with the embedding lane's other rule (one call in flight where the
+default is two, and two where it is one) are compared pair by pair (the
 median of the differences with a bootstrap interval).
 """
 
@@ -542,9 +543,10 @@ def measure(
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
-    write's embedding lane holding two calls in flight instead of one (a text
-    added while a call runs queues behind it in the provider at once instead of
-    waiting for its end): an A/B of the lane's rule in one run."""
+    write's embedding lane's other rule: one call in flight where the default
+    is two (a text added while a call runs waits for its end instead of
+    queueing behind it in the provider at once), two where it is one: an A/B
+    of the lane's rule in one run."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
@@ -557,7 +559,7 @@ def measure(
                 n = len(kinds) * i + k
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
-                _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
+                _Lane.OUTSTANDING = other_rule(outstanding) if name == "serial" else outstanding
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -574,6 +576,11 @@ def measure(
                 if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
                     raise SystemExit("remember did not write")
     return latencies, statements
+
+
+def other_rule(outstanding: int) -> int:
+    """The lane's other rule: one call in flight against two, whichever is the default."""
+    return 1 if outstanding > 1 else 2
 
 
 # The text the gateway renders for the benchmark's relationship (its entities' names
@@ -729,7 +736,11 @@ def main() -> None:
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
-        ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
+        (
+            f"  same, {other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight",
+            runs["serial"],
+            statements["serial"],
+        ),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
@@ -738,7 +749,10 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
-    print(f"  two in flight against the default, paired: {paired(runs['full'], runs['serial'])}")
+    print(
+        f"  {other_rule(_Lane.OUTSTANDING)} in flight against the default "
+        f"({_Lane.OUTSTANDING}), paired: {paired(runs['full'], runs['serial'])}"
+    )
     if phases is not None:
         phases.report()
     if isinstance(phases, Timeline) and args.timeline_out is not None:
