@@ -71,7 +71,7 @@ from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
+from gateway.services.writes import Actor, WriteService, _Batch, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.database import Database, prepare  # noqa: E402
 
@@ -162,7 +162,7 @@ class Phases:
 
         phases = self
         apply, pending = service.WriteService._apply, service._Batch.embed_pending
-        store = service._Batch._store_vectors
+        store = service.store.insert_embeddings
         embedder = app.state.services.embedder
         embed = embedder.embed
 
@@ -199,9 +199,11 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
-        async def timed_store(self: Any, *args: Any) -> None:
+        async def timed_store(*args: Any) -> None:
+            # the vectors' last statement (with the evidence's stored first, the
+            # relationships'), the one after the last embedding
             phases.marks["storing"] = time.perf_counter()
-            await store(self, *args)
+            await store(*args)
 
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
@@ -212,7 +214,7 @@ class Phases:
 
         service.WriteService._apply = timed_apply  # type: ignore[method-assign]
         service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
-        service._Batch._store_vectors = timed_store  # type: ignore[method-assign]
+        service.store.insert_embeddings = timed_store  # type: ignore[assignment]
         embedder.embed = timed_embed
 
     def start(self) -> None:
@@ -229,7 +231,7 @@ class Phases:
             "  of which the resolver to the write service": m["apply"] - m["resolver"],
             "records' checks and inserts": m["records"] - m["apply"],
             "vectors (await, embed, store)": m["vectors"] - m["records"],
-            "  of which storing them (one statement)": m["vectors"] - m["storing"],
+            "  of which storing them (the last statement)": m["vectors"] - m["storing"],
             "commit": m["committed"] - m["vectors"],
             "answer back": m["received"] - m["committed"],
             "  of which to the resolver's return": m["resolved"] - m["committed"],
@@ -540,26 +542,38 @@ def measure(
     first: int,
     app: Any,
     phases: Phases | None = None,
+    ab: str = "lane",
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
     write's embedding lane's other rule: one call in flight where the default
     is two (a text added while a call runs waits for its end instead of
     queueing behind it in the provider at once), two where it is one: an A/B
-    of the lane's rule in one run."""
+    of the lane's rule in one run. With ``ab="vectors"`` it is ``full`` with the
+    other way of storing the vectors (the evidence's once its embedding ends,
+    then the relationship's; or both in one statement after the last
+    embedding)."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
-    outstanding = _Lane.OUTSTANDING
+    outstanding, evidence_first = _Lane.OUTSTANDING, _Batch.EVIDENCE_FIRST
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
-            for k, name in enumerate(kinds):
+            # the two kinds of the A/B take turns at going first: the second
+            # of two such calls sent back to back was the faster by 0.3-0.8 ms
+            # whichever rule it had (2026-12-05), which a fixed order adds to
+            # one side
+            order = kinds if i % 2 == 0 else ("serial", "full", "bare")
+            for k, name in enumerate(order):
                 n = len(kinds) * i + k
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
-                _Lane.OUTSTANDING = other_rule(outstanding) if name == "serial" else outstanding
+                if name == "serial" and ab == "lane":
+                    _Lane.OUTSTANDING = other_rule(outstanding)
+                if name == "serial" and ab == "vectors":
+                    _Batch.EVIDENCE_FIRST = not evidence_first
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -568,6 +582,7 @@ def measure(
                 if phases is not None and name != "bare":
                     phases.finish(counter.seconds - seconds, name)
                 _Lane.OUTSTANDING = outstanding
+                _Batch.EVIDENCE_FIRST = evidence_first
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -695,6 +710,14 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
     )
+    parser.add_argument(
+        "--ab",
+        choices=("lane", "vectors"),
+        default="lane",
+        help="what the second evidence + relationship kind switches: the lane's rule "
+        "(one call in flight or two), or how the vectors are stored (the evidence's "
+        "first, or both after the last embedding)",
+    )
     parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.port is None:
@@ -725,7 +748,7 @@ def main() -> None:
                 if isinstance(phases, Timeline):
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
-            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases, args.ab)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -734,13 +757,16 @@ def main() -> None:
                     thread.join(timeout=10)
     floor, apart = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
+    other = (
+        f"{other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight"
+        if args.ab == "lane"
+        else "the vectors in one statement"
+        if _Batch.EVIDENCE_FIRST
+        else "the evidence's vectors stored first"
+    )
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
-        (
-            f"  same, {other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight",
-            runs["serial"],
-            statements["serial"],
-        ),
+        (f"  same, {other}", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
@@ -749,10 +775,7 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
-    print(
-        f"  {other_rule(_Lane.OUTSTANDING)} in flight against the default "
-        f"({_Lane.OUTSTANDING}), paired: {paired(runs['full'], runs['serial'])}"
-    )
+    print(f"  {other} against the default, paired: {paired(runs['full'], runs['serial'])}")
     if phases is not None:
         phases.report()
     if isinstance(phases, Timeline) and args.timeline_out is not None:
