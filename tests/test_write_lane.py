@@ -6,9 +6,8 @@ loader's with ``embed_ahead``), a principal's relationship texts once known.
 What these tests hold it to, against the real PostgreSQL and the real model
 (wrapped to watch and hold its calls): each text goes to the provider once per
 batch, a call holding none of the texts the batch needs is not awaited, a
-refused batch leaves no call running, at most two calls are in flight (the
-second queued behind the first), and the stored vectors are the provider's for
-each text alone, bit for bit.
+refused batch leaves no call running, one call is in flight at a time, and the
+stored vectors are the provider's for each text alone, bit for bit.
 """
 
 from __future__ import annotations
@@ -218,19 +217,15 @@ async def test_a_refused_batch_leaves_no_call_running(
         )
 
 
-async def test_the_lane_holds_two_calls_in_flight_and_sends_later_texts_together(
+async def test_the_lane_holds_one_call_in_flight_and_sends_later_texts_together(
     embedder: EmbeddingProvider,
 ) -> None:
     """The lane's rule itself, on the real model: a text starts a call at once
-    while fewer than two are in flight (the second queues behind the first in
-    the provider, so the model starts it as soon as the first ends: measured
-    faster than waiting for the first's end, docs/benchmarks.md); texts added
-    while two are in flight wait, and go together in one call when one of them
-    ends; a text is sent once however often it is added; a call holding none
-    of the needed texts is never awaited, and never more than two run; the
-    vectors are the provider's for each text alone. (With one call in flight,
-    "second" waited for "first", which nothing needs: it went with "third"
-    and "fourth" once "first" was stopped.)"""
+    when none is in flight; texts added while one is in flight wait, and go
+    together in one call; a text is sent once however often it is added; a call
+    holding none of the needed texts is stopped when they wait behind it, never
+    awaited, and no second call runs beside it (review L4: the old lane started
+    one beside it); the vectors are the provider's for each text alone."""
     from gateway.services.writes import _Lane
 
     watched = _Watched(embedder, hold=["first"])
@@ -239,46 +234,20 @@ async def test_the_lane_holds_two_calls_in_flight_and_sends_later_texts_together
         lane.add("first")
         lane.add("second", "first")
         lane.add("third")
-        lane.add("fourth", "third")
-        needed = ["second", "third", "fourth"]
+        await asyncio.sleep(0.2)
+        assert watched.calls == [["first"]] and watched.in_flight == 1
+        needed = ["second", "third"]
         got = await asyncio.wait_for(lane.vectors(needed), timeout=30)
-        assert watched.calls == [["first"], ["second"], ["third", "fourth"]]
-        assert watched.most_in_flight == 2 and watched.stopped == 0
-    finally:
-        lane.close()
         await _settle(watched)
+    finally:
         watched.release.set()
-    assert watched.stopped == 1  # "first", needed by nothing, stopped by close()
+        lane.close()
+    assert watched.calls == [["first"], ["second", "third"]]
+    assert watched.stopped == 1  # "first", needed by nothing, stopped
+    assert watched.most_in_flight == 1
     assert sorted(got) == sorted(needed)
     for text in needed:
         assert np.array_equal(got[text], (await embedder.embed([text]))[0]), text
-
-
-async def test_a_needed_text_behind_two_unneeded_calls_stops_them_and_starts_at_once(
-    embedder: EmbeddingProvider,
-) -> None:
-    """Two calls in flight that hold none of the needed texts (both held, as a
-    provider that takes long): a needed text waiting behind them stops both and
-    starts at once, alone (review L4: no call is started beside calls nothing
-    needs, and they are not awaited); its vector is the provider's for it
-    alone."""
-    from gateway.services.writes import _Lane
-
-    watched = _Watched(embedder, hold=["first", "second"])
-    lane = _Lane(watched)  # type: ignore[arg-type]
-    try:
-        lane.add("first")
-        lane.add("second")
-        lane.add("third")
-        got = await asyncio.wait_for(lane.vectors(["third"]), timeout=10)
-        await _settle(watched)
-        assert watched.calls == [["first"], ["second"], ["third"]]
-        assert watched.stopped == 2 and watched.in_flight == 0
-        assert watched.most_in_flight == 2
-    finally:
-        watched.release.set()
-        lane.close()
-    assert np.array_equal(got["third"], (await embedder.embed(["third"]))[0])
 
 
 @pytest.mark.parametrize("projection", ["the team's", "none yet"])

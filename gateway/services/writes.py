@@ -184,38 +184,34 @@ class _Lane:
     claim (:meth:`_Batch.foresee`) and rendered by the record's own checks.
     The rest, when the vectors are stored (:meth:`_Batch._vectors`).
 
-    How they go: two calls in flight at most (:data:`OUTSTANDING`). A text
-    added while fewer are in flight starts a call at once: the relationship's
-    text, added while the evidence's call runs, queues behind it in the
-    provider (the local model's request thread runs one call at a time, so the
-    two never run together), and the model starts it as soon as the evidence's
-    ends, without waiting for the event loop to hand it over. Texts added while
-    two are in flight wait, and go together in one call when one of them ends,
-    so that 20 relationships still make a few calls, not 20. Each text is sent
-    once per attempt of the batch (an evidence text that is also a
-    relationship's statement too; a batch applied again, after the set-based
-    path's fallback or a lock's retry, has a lane of its own). Each text's
-    vector is the provider's for that text: the local model's vector of a text
-    does not depend on the other texts of its call (checked bit for bit on 150
-    pairs, docs/benchmarks.md), so the stored rows are those of a single call
-    at the end.
+    How they go: one call in flight at a time. A text added while no call is in
+    flight starts one at once; texts added while one is in flight wait, and go
+    together in one call when it ends, so that 20 relationships still make a
+    few calls, not 20. Each text is sent once per attempt of the batch (an
+    evidence text that is also a relationship's statement too; a batch applied
+    again, after the set-based path's fallback or a lock's retry, has a lane of
+    its own). Each text's vector is the provider's for that text: the local
+    model's vector of a text does not depend on the other texts of its call
+    (checked bit for bit on 150 pairs, docs/benchmarks.md), so the stored rows
+    are those of a single call at the end.
 
     A call holding none of the texts the batch needs (an evidence or a
     relationship written before: a partial re-run) is not awaited: when a
-    needed text waits behind it, it is stopped and the needed one starts; no
-    call is started beside a call nothing needs. (A remote provider's request
-    is then cut short; the local model's request thread finishes a run it has
-    begun, and skips a call stopped while still queued.) A refused batch
-    (:meth:`close`) stops its calls, and no call's failure is left
-    unretrieved."""
+    needed text waits behind it, it is stopped and the needed one starts. (A
+    remote provider's request is then cut short; the local model's request
+    thread finishes a run it has begun, so there the needed call still starts
+    after it.) A refused batch (:meth:`close`) stops its calls, and no call's
+    failure is left unretrieved."""
 
-    OUTSTANDING = 2
-    """Calls in flight at most (see the class). 2 against 1, paired in the same
-    runs on a quiet machine: 2 faster by 0.36-0.79 ms per ``remember`` in every
-    run, each run's 95 % interval below 0 (docs/benchmarks.md, "The read path
-    and remember at the start and the end of the session", 10:47-11:04, and
-    the 2026-12-05 11:50 section); at load 7-14 the two did not differ
-    measurably ("The write's one embedding lane", where 1 was chosen)."""
+    OUTSTANDING = 1
+    """Calls in flight at most (see the class). 2 (a second call queued in the
+    provider behind the first) was measured against 1, interleaved, with no
+    consistent difference at load 7-14 (docs/benchmarks.md, "The write's one
+    embedding lane"), nor on a quieter machine once the two kinds took turns
+    at going first (the 0.4-0.8 ms once seen for 2 was the benchmark's order:
+    "Remember: the lane's A/B was the benchmark's order"): the simpler rule is
+    kept. What 2 would spare is the event loop's hand-over between the two
+    calls, 0.04-0.05 ms idle in the lane."""
 
     def __init__(self, embedder: EmbeddingProvider) -> None:
         self.embedder = embedder
@@ -262,8 +258,7 @@ class _Lane:
     async def vectors(self, needed: Collection[str]) -> dict[str, np.ndarray]:
         """The ``needed`` texts (each added before), with their vectors (a
         provider's error on one of them is raised). Calls holding none of them
-        are not awaited: when a needed text waits behind them (the calls
-        holding needed texts have all been awaited by then), they are stopped
+        are not awaited: when a needed text waits behind them, they are stopped
         and it starts at once."""
         wanted = set(needed)
         out: dict[str, np.ndarray] = {}
