@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -294,6 +295,26 @@ def _schedstat_ns(path: str) -> int:
         return 0
 
 
+class _Marks(dict[str, float]):
+    """A call's marks, each also noting the event loop thread's CPU time when it is
+    taken in that thread (``time.thread_time``): the loop's CPU between two marks."""
+
+    def __init__(self, loop_tid: int, sent: float) -> None:
+        super().__init__(sent=sent)
+        self.loop_tid = loop_tid
+        self.cpu: dict[str, float] = {}
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        if threading.get_native_id() == self.loop_tid:
+            self.cpu[key] = time.thread_time()
+
+    def setdefault(self, key: str, default: float) -> float:  # type: ignore[override]
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+
 class Timeline(Phases):
     """``--timeline``: :class:`Phases`, and every step of one call on one clock
     (the HTTP view, the token lookup, the GraphQL execution, each SQL statement
@@ -311,6 +332,8 @@ class Timeline(Phases):
         self.loop_tid = 0
         self.pg_pids: list[int] = []
         self.cpu_before: dict[str, int] = {}
+        # (from mark -> to mark, the loop's CPU seconds between them), every call
+        self.loop_cpu: list[tuple[str, float]] = []
 
     def install(self, app: Any) -> None:
         super().install(app)
@@ -434,6 +457,7 @@ class Timeline(Phases):
         self.cpu_before = self._cpu()
         self.statements = []
         super().start()
+        self.marks = _Marks(self.loop_tid, self.marks["sent"])
 
     def finish(self, sql_seconds: float, kind: str = "full") -> None:
         received = time.perf_counter()
@@ -447,6 +471,11 @@ class Timeline(Phases):
         sent = self.marks["sent"]
         line = {f"mark: {k}": v - sent for k, v in self.marks.items() if k != "sent"}
         line["mark: received"] = received - sent
+        if isinstance(self.marks, _Marks):
+            # the loop's CPU from each of its marks to the next (in time order)
+            ordered = sorted(self.marks.cpu, key=lambda k: self.marks[k])
+            for a, b in itertools.pairwise(ordered):
+                self.loop_cpu.append((f"{a} -> {b}", self.marks.cpu[b] - self.marks.cpu[a]))
         for k, (a, b, n) in enumerate(sorted(self.embeds)):
             line[f"embedding call {k + 1} ({n}): start"] = a - sent
             line[f"embedding call {k + 1} ({n}): end"] = b - sent
@@ -467,6 +496,13 @@ class Timeline(Phases):
             print(
                 f"  {name:44} {statistics.median(values):7.2f}   mean {statistics.mean(values):7.2f}"
             )
+        print("the event loop's CPU between its marks (medians over the calls, ms):")
+        segments: dict[str, list[float]] = {}
+        for name, seconds in self.loop_cpu:
+            segments.setdefault(name, []).append(seconds * 1000)
+        for name, values in segments.items():
+            if len(values) * 2 >= len(self.cpu_rows):
+                print(f"  {statistics.median(values):7.3f}  {name}")
         print("timeline of a call (ms after the client's send, medians over the calls):")
         shape = Counter(tuple(line) for line in self.timelines)
         keys, count = shape.most_common(1)[0]
@@ -748,6 +784,7 @@ def main() -> None:
                 if isinstance(phases, Timeline):
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
+                    phases.loop_cpu.clear()
             runs, statements = measure(args.port, token, args.calls, 100_000, app, phases, args.ab)
         finally:
             server.should_exit = True
