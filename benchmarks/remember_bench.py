@@ -72,7 +72,7 @@ from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService, _Batch, _Lane  # noqa: E402
+from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.database import Database, prepare  # noqa: E402
 
@@ -200,11 +200,11 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
-        async def timed_store(*args: Any) -> None:
+        async def timed_store(*args: Any, **kwargs: Any) -> None:
             # the vectors' last statement (with the evidence's stored first, the
             # relationships'), the one after the last embedding
             phases.marks["storing"] = time.perf_counter()
-            await store(*args)
+            await store(*args, **kwargs)
 
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
@@ -578,23 +578,19 @@ def measure(
     first: int,
     app: Any,
     phases: Phases | None = None,
-    ab: str = "lane",
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
     write's embedding lane's other rule: one call in flight where the default
     is two (a text added while a call runs waits for its end instead of
     queueing behind it in the provider at once), two where it is one: an A/B
-    of the lane's rule in one run. With ``ab="vectors"`` it is ``full`` with the
-    other way of storing the vectors (the evidence's once its embedding ends,
-    then the relationship's; or both in one statement after the last
-    embedding)."""
+    of the lane's rule in one run."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
-    outstanding, evidence_first = _Lane.OUTSTANDING, _Batch.EVIDENCE_FIRST
+    outstanding = _Lane.OUTSTANDING
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
             # the two kinds of the A/B take turns at going first: the second
@@ -606,10 +602,8 @@ def measure(
                 n = len(kinds) * i + k
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
-                if name == "serial" and ab == "lane":
+                if name == "serial":
                     _Lane.OUTSTANDING = other_rule(outstanding)
-                if name == "serial" and ab == "vectors":
-                    _Batch.EVIDENCE_FIRST = not evidence_first
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -618,7 +612,6 @@ def measure(
                 if phases is not None and name != "bare":
                     phases.finish(counter.seconds - seconds, name)
                 _Lane.OUTSTANDING = outstanding
-                _Batch.EVIDENCE_FIRST = evidence_first
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -746,14 +739,6 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
     )
-    parser.add_argument(
-        "--ab",
-        choices=("lane", "vectors"),
-        default="lane",
-        help="what the second evidence + relationship kind switches: the lane's rule "
-        "(one call in flight or two), or how the vectors are stored (the evidence's "
-        "first, or both after the last embedding)",
-    )
     parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.port is None:
@@ -785,7 +770,7 @@ def main() -> None:
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
                     phases.loop_cpu.clear()
-            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases, args.ab)
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -794,13 +779,7 @@ def main() -> None:
                     thread.join(timeout=10)
     floor, apart = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
-    other = (
-        f"{other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight"
-        if args.ab == "lane"
-        else "the vectors in one statement"
-        if _Batch.EVIDENCE_FIRST
-        else "the evidence's vectors stored first"
-    )
+    other = f"{other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight"
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         (f"  same, {other}", runs["serial"], statements["serial"]),
