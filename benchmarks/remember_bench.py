@@ -34,10 +34,13 @@ token lookup, graphql-core's execution, the resolver, each SQL statement from
 its send to its answer, the embedding calls, the response's messages) and the
 CPU each call took per thread (the event loop, the model's threads, the
 client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
-writes each call's timeline and CPU as JSON lines. The default call and the
-same call with the embedding lane's other rule (one call in flight where the
-default is two, and two where it is one) are compared pair by pair (the
-median of the differences with a bootstrap interval).
+writes each call's timeline and CPU as JSON lines, and ``--timeline`` prints
+the event loop's CPU between its marks. The default call and the same call
+with the embedding lane's other rule (one call in flight where the default
+is two, and two where it is one) are compared pair by pair (the median of
+the differences with a bootstrap interval), the two taking turns at going
+first: the second of two calls sent back to back was the faster by 0.3-0.6
+ms whatever its rule (docs/benchmarks.md).
 """
 
 from __future__ import annotations
