@@ -166,7 +166,7 @@ class Phases:
 
         phases = self
         apply, pending = service.WriteService._apply, service._Batch.embed_pending
-        store = service.store.insert_embeddings
+        store = service._Batch._store_vectors
         embedder = app.state.services.embedder
         embed = embedder.embed
 
@@ -203,11 +203,9 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
-        async def timed_store(*args: Any, **kwargs: Any) -> None:
-            # the vectors' last statement (with the evidence's stored first, the
-            # relationships'), the one after the last embedding
+        async def timed_store(self: Any, *args: Any) -> None:
             phases.marks["storing"] = time.perf_counter()
-            await store(*args, **kwargs)
+            await store(self, *args)
 
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
@@ -218,7 +216,7 @@ class Phases:
 
         service.WriteService._apply = timed_apply  # type: ignore[method-assign]
         service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
-        service.store.insert_embeddings = timed_store  # type: ignore[assignment]
+        service._Batch._store_vectors = timed_store  # type: ignore[method-assign]
         embedder.embed = timed_embed
 
     def start(self) -> None:
@@ -235,7 +233,7 @@ class Phases:
             "  of which the resolver to the write service": m["apply"] - m["resolver"],
             "records' checks and inserts": m["records"] - m["apply"],
             "vectors (await, embed, store)": m["vectors"] - m["records"],
-            "  of which storing them (the last statement)": m["vectors"] - m["storing"],
+            "  of which storing them (one statement)": m["vectors"] - m["storing"],
             "commit": m["committed"] - m["vectors"],
             "answer back": m["received"] - m["committed"],
             "  of which to the resolver's return": m["resolved"] - m["committed"],
@@ -312,7 +310,7 @@ class _Marks(dict[str, float]):
         if threading.get_native_id() == self.loop_tid:
             self.cpu[key] = time.thread_time()
 
-    def setdefault(self, key: str, default: float) -> float:  # type: ignore[override]
+    def setdefault(self, key: str, default: float) -> float:
         if key not in self:
             self[key] = default
         return self[key]
@@ -477,8 +475,9 @@ class Timeline(Phases):
         if isinstance(self.marks, _Marks):
             # the loop's CPU from each of its marks to the next (in time order)
             ordered = sorted(self.marks.cpu, key=lambda k: self.marks[k])
-            for a, b in itertools.pairwise(ordered):
-                self.loop_cpu.append((f"{a} -> {b}", self.marks.cpu[b] - self.marks.cpu[a]))
+            for start, end in itertools.pairwise(ordered):
+                seconds = self.marks.cpu[end] - self.marks.cpu[start]
+                self.loop_cpu.append((f"{start} -> {end}", seconds))
         for k, (a, b, n) in enumerate(sorted(self.embeds)):
             line[f"embedding call {k + 1} ({n}): start"] = a - sent
             line[f"embedding call {k + 1} ({n}): end"] = b - sent
