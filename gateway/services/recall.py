@@ -564,7 +564,7 @@ class RecallService:
                     # With the vector lists (the embedding known): vector candidates
                     # that cannot reach the answer are not hydrated.
                     round_trips.VectorBound(request.limit, EVIDENCE_WEIGHTS, RRF_K),
-                    groups,
+                    groups=groups,
                 )
         except STORE_FAILURES as exc:
             log.warning("view with the first lists failed (%s); the view alone", exc)

@@ -309,10 +309,13 @@ class Database:
         settings: dict[str, str] | None = None,
         side_connections: int = 0,
         side_plan_cache_mode: str | None = None,
+        lock_timeout: str = _LOCK_TIMEOUT,
     ) -> Database:
         """``side_connections``: how many connections to reserve for statements a
         recall sends beside its unit (:class:`SideConnections`; 0: none), planned
-        with ``side_plan_cache_mode`` (None: the server's)."""
+        with ``side_plan_cache_mode`` (None: the server's). ``lock_timeout``: how
+        long a read waits for a lock (tenant transactions, and side connections'
+        logins)."""
         counter = StatementCounter()
 
         async def init(conn: asyncpg.Connection) -> None:
@@ -347,11 +350,13 @@ class Database:
                 # opens its side connections on demand too.
                 opened=side_connections if min_size > 0 else 0,
                 statement_timeout_ms=statement_timeout_ms,
-                lock_timeout=_LOCK_TIMEOUT,
+                lock_timeout=lock_timeout,
                 plan_cache_mode=side_plan_cache_mode,
                 settings=settings,
             )
-        return cls(pool, counter, statement_timeout_ms, side)
+        db = cls(pool, counter, statement_timeout_ms, side)
+        db.lock_timeout = lock_timeout
+        return db
 
     async def close(self, wait_s: float | None = None) -> None:
         """Close the pool, waiting at most ``wait_s`` seconds for connections in
@@ -538,6 +543,9 @@ class SideConnections:
         self.pool = pool
         self.size = size
         self.busy = 0
+        # Recalls that took a side connection, and those that found none free.
+        self.taken = 0
+        self.refused = 0
 
     @classmethod
     async def open(
@@ -590,8 +598,10 @@ class SideConnections:
     def take(self) -> SideTicket | None:
         """A side connection if one is free now, else None (never waits)."""
         if self.busy >= self.size:
+            self.refused += 1
             return None
         self.busy += 1
+        self.taken += 1
         return SideTicket(self)
 
     async def close(self, wait_s: float | None = None) -> None:

@@ -460,6 +460,7 @@ async def scope_round(
     candidates: search.CandidateQuery | None,
     discovery: related.DiscoveryQuery | None,
     vector_bound: VectorBound | None = None,
+    *,
     groups: PathGroups | None = None,
 ) -> ScopeRound:
     """The view and, in the same statement, the lists of ``candidates`` with their
