@@ -28,15 +28,14 @@ the store; this module is the only one that knows all of them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
@@ -839,11 +838,17 @@ class _DiscoveryBeside:
         try:
             yield beside
         finally:
-            if not beside.task.done():
-                beside.task.cancel()
-            with contextlib.suppress(BaseException):
-                await beside.task
-            ticket.release()
+            task = beside.task
+            if not task.done():
+                # Cancelled: its statement is cancelled on the server, and its
+                # connection given back by the ticket (also when the task never
+                # reached it). Waited for without taking its outcome, so that a
+                # cancellation of this recall still propagates from here.
+                task.cancel()
+                task.add_done_callback(_release_after(ticket))
+                await asyncio.wait([task])
+            else:
+                _release_after(ticket)(task)
 
     def start(self, embedding: asyncio.Future[np.ndarray | None]) -> None:
         self.task = asyncio.ensure_future(self._run(embedding))
@@ -895,6 +900,18 @@ class _DiscoveryBeside:
             log.info("relationship discovery beside the recall read another view; on the unit")
             return None
         return got.discovery
+
+
+def _release_after(ticket: SideTicket) -> Callable[[asyncio.Future[Any]], None]:
+    """A done callback: the side task's outcome is read (a failure the recall did
+    not wait for is not reported as never retrieved) and its ticket released."""
+
+    def done(task: asyncio.Future[Any]) -> None:
+        if not task.cancelled():
+            task.exception()
+        ticket.release()
+
+    return done
 
 
 _BESIDE_FAILURES: Final[tuple[type[BaseException], ...]] = (*STORE_FAILURES, GatewayError)
