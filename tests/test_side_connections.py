@@ -219,8 +219,10 @@ async def test_discovery_beside_answers_like_discovery_on_the_unit(
                     got.append(await ask(client, tok, **shape))
             if side:
                 side_db = services.db.side
-                # every full recall here took a side connection (one at a time)
-                assert side_db.taken == len(shapes) * 2 and side_db.refused == 0
+                # every full recall here took a side connection (one at a time),
+                # and its answer was used
+                assert side_db.taken == side_db.used == len(shapes) * 2
+                assert side_db.refused == 0
                 assert side_db.busy == 0
                 assert await side_session(services.db) == [CLEAN, CLEAN]
             else:
@@ -270,6 +272,7 @@ async def test_recalls_at_the_pool_limit_complete(
         )
         side = services.db.side
         assert side.taken >= 1 and side.refused >= 1, (side.taken, side.refused)
+        assert side.used == side.taken
         assert side.taken + side.refused == 2 * len(questions)
         assert side.busy == 0
         assert services.db.pool.get_max_size() == 2
@@ -295,6 +298,7 @@ async def test_evidence_only_recalls_take_no_side_connection(
             await ask(client, tok_a, **shape)
             counts[name] = (counter.count - before, side.taken - taken)
         assert counts == {"full": (10, 1), "evidence-only": (8, 0)}, counts
+        assert side.used == 1
 
 
 async def _held(dsn: str, table: str) -> tuple[asyncpg.Connection, Any]:
@@ -433,6 +437,7 @@ async def test_a_failed_side_statement_degrades_like_discovery_on_the_unit(
             )
             if side:
                 assert own.side is not None and own.side.taken == 2 and own.side.busy == 0
+                assert own.side.used == 1  # the warm-up's; the failed one's was not
                 assert await side_session(own) == [CLEAN]
         finally:
             await own.close()

@@ -899,6 +899,7 @@ class _DiscoveryBeside:
         if not _same_discovery(replace(query, generation=got.generation), expected):
             log.info("relationship discovery beside the recall read another view; on the unit")
             return None
+        self.ticket.used()
         return got.discovery
 
 

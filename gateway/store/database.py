@@ -543,9 +543,11 @@ class SideConnections:
         self.pool = pool
         self.size = size
         self.busy = 0
-        # Recalls that took a side connection, and those that found none free.
+        # Recalls that took a side connection, those that found none free, and
+        # those whose side statement's answer was used (SideTicket.used).
         self.taken = 0
         self.refused = 0
+        self.used = 0
 
     @classmethod
     async def open(
@@ -623,6 +625,11 @@ class SideTicket:
         if self._held:
             self._held = False
             self._side.busy -= 1
+
+    def used(self) -> None:
+        """The side statement's answer went into the recall's (counted: tests and
+        benchmarks tell a side use from a fallback to the unit by it)."""
+        self._side.used += 1
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Conn]:
