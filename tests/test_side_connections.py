@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,16 +120,8 @@ CLEAN = {
     "listening": 0,
     "cursors": 0,
     "standby": False,
-    "read_only": "off",
+    "read_only": "on",  # the login's default_transaction_read_only
 }
-
-
-async def side_activity(conn: asyncpg.Connection) -> list[dict[str, Any]]:
-    rows = await conn.fetch(
-        "SELECT pid, state, wait_event_type FROM pg_stat_activity WHERE application_name = $1",
-        SIDE,
-    )
-    return [dict(r) for r in rows]
 
 
 async def until(check: Any, what: str, seconds: float = 10.0) -> None:
@@ -310,80 +303,214 @@ async def _held(dsn: str, table: str) -> tuple[asyncpg.Connection, Any]:
     return blocker, tx
 
 
-async def test_a_cancelled_recall_cancels_its_side_statement_and_returns_it_clean(
-    dsn: str, writes: WriteService, db: Database
+def _request(query: str, **kw: Any) -> RecallRequest:
+    """A full recall at the default limits."""
+    fields: dict[str, Any] = {
+        "query": query,
+        "limit": 10,
+        "relationship_limit": 5,
+        "community_limit": 3,
+        "community_relationship_limit": 5,
+        "hypothesis_limit": 5,
+        "valid_at": None,
+        "known_at": None,
+        "known_evidence_ids": (),
+        "known_relationship_ids": (),
+        "expand_from_entity_ids": (),
+    }
+    return RecallRequest(**{**fields, **kw})
+
+
+@asynccontextmanager
+async def patient(dsn: str, embedder: Any) -> AsyncIterator[tuple[Database, RecallService]]:
+    """A pool with one side connection whose statements wait a minute for a lock
+    and run a minute at most: in the tests below only a cancellation ends a
+    blocked statement in time."""
+    own = await Database.open(
+        dsn,
+        min_size=1,
+        max_size=2,
+        side_connections=1,
+        lock_timeout="60s",
+        statement_timeout_ms=60_000,
+    )
+    try:
+        yield own, RecallService(own, embedder)
+    finally:
+        await own.close()
+
+
+async def busy(monitor: asyncpg.Connection, application: str) -> list[str]:
+    """``wait_event_type`` (or 'running') of this database's backends of
+    ``application`` running a statement. ``monitor`` is outside any transaction, so
+    each call reads the activity anew (inside one, it is read once)."""
+    rows = await monitor.fetch(
+        "SELECT coalesce(wait_event_type, 'running') AS w FROM pg_stat_activity "
+        "WHERE application_name = $1 AND datname = current_database() AND state = 'active'",
+        application,
+    )
+    return [r["w"] for r in rows]
+
+
+async def _cancelled_while_blocked(
+    dsn: str, writes: WriteService, db: Database, embedder: Any, tables: list[str], unit: bool
 ) -> None:
-    """Discovery's lexical statistics locked: the side statement waits for the lock
-    while the unit reads the evidence; the request is cancelled (the client went
-    away). The side statement stops on the server, and its connection goes back
-    to the pool with nothing of the recall's session state."""
+    """Lock ``tables``; wait until the side statement (and, with ``unit``, the
+    unit's statement too) waits for a lock; cancel the recall: both statements
+    end on the server within seconds (their lock and statement timeouts are a
+    minute), the ticket is given back and the side session is clean."""
+    from gateway.services.auth import authenticate
+
     _, tok_a, _, _ = await two_teams(writes, db)
-    question = {"q": "billing payments ledger", "limit": 1}
-    async with gateway(dsn, side_connections=1) as (app, client):
-        services = app.state.services
-        before = await ask(client, tok_a, **question)
+    principal = await authenticate(db, tok_a)
+    monitor = await asyncpg.connect(dsn)
+    async with patient(dsn, embedder) as (own, service):
+        assert own.side is not None
+        await service.recall(principal, _request("billing ledger"))  # warm: plans
+        held = [await _held(dsn, t) for t in tables]
+        try:
+            task = asyncio.create_task(service.recall(principal, _request("billing payments")))
+
+            async def blocked() -> bool:
+                side = await busy(monitor, SIDE)
+                mine = await busy(monitor, "recall-gateway")
+                return side == ["Lock"] and (not unit or mine == ["Lock"])
+
+            await until(blocked, "the side statement (and the unit's) wait for the lock")
+            task.cancel()
+            done, _ = await asyncio.wait([task], timeout=15)
+            assert task in done and task.cancelled()
+
+            async def stopped() -> bool:
+                return await busy(monitor, SIDE) == [] == await busy(monitor, "recall-gateway")
+
+            # cancelled on the server while the locks are still held
+            await until(stopped, "the statements were cancelled")
+            assert own.side.busy == 0
+        finally:
+            for blocker, tx in held:
+                await tx.rollback()
+                await blocker.close()
+            await monitor.close()
+        assert await side_session(own) == [CLEAN]
+        # the connection serves the next recall's discovery
+        used = own.side.used
+        await service.recall(principal, _request("billing payments"))
+        assert own.side.used == used + 1
+
+
+async def test_a_recall_cancelled_in_its_scope_round_cancels_the_side_statement(
+    dsn: str, writes: WriteService, db: Database, embedder: Any
+) -> None:
+    """The unit blocked in its scope round (the evidence lists' statistics locked)
+    and the side statement blocked on discovery's: only the recall's exit cancels
+    the side task (_DiscoveryBeside.taken)."""
+    await _cancelled_while_blocked(
+        dsn,
+        writes,
+        db,
+        embedder,
+        ["evidence_lexeme_stats", "relationship_lexeme_stats"],
+        unit=True,
+    )
+
+
+async def test_a_recall_cancelled_while_it_waits_for_discovery_cancels_the_side_statement(
+    dsn: str, writes: WriteService, db: Database, embedder: Any
+) -> None:
+    """The unit has read the evidence and waits for the side's discovery, blocked on
+    its statistics' lock: the cancellation reaches the side task through that wait."""
+    await _cancelled_while_blocked(
+        dsn, writes, db, embedder, ["relationship_lexeme_stats"], unit=False
+    )
+
+
+async def test_the_request_deadline_bounds_the_side_statement(
+    dsn: str, writes: WriteService, db: Database, embedder: Any
+) -> None:
+    """Discovery's statistics locked (a minute of lock timeout), a request deadline
+    of 0.8 s and nobody cancelling: the side statement's own budget (what is left of
+    the deadline) cancels it on the server, discovery falls back to the unit, whose
+    statement budget is spent too, and the recall fails promptly instead of waiting
+    a minute; the side connection is clean."""
+    from gateway.deadline import deadline
+    from gateway.errors import GatewayError
+    from gateway.services.auth import authenticate
+
+    _, tok_a, _, _ = await two_teams(writes, db)
+    principal = await authenticate(db, tok_a)
+    monitor = await asyncpg.connect(dsn)
+    async with patient(dsn, embedder) as (own, service):
+        assert own.side is not None
+        await service.recall(principal, _request("billing ledger"))  # warm: plans
         blocker, tx = await _held(dsn, "relationship_lexeme_stats")
         try:
-            request = asyncio.create_task(ask(client, tok_a, q="billing payments owner"))
 
-            async def waiting() -> bool:
-                return any(r["wait_event_type"] == "Lock" for r in await side_activity(blocker))
+            async def recall() -> Any:
+                with deadline(0.8):
+                    return await service.recall(principal, _request("billing payments"))
 
-            await until(waiting, "the side statement waits for the lock")
-            request.cancel()
+            task = asyncio.create_task(recall())
+            done, _ = await asyncio.wait([task], timeout=15)
+            assert task in done, "the side statement outlived the request's deadline"
+            assert isinstance(task.exception(), GatewayError), task.exception()
+            assert await busy(monitor, SIDE) == []
+            assert own.side.busy == 0 and own.side.used == 1  # the warm-up's only
+        finally:
+            await tx.rollback()
+            await blocker.close()
+            await monitor.close()
+        assert await side_session(own) == [CLEAN]
+
+
+async def test_a_side_connection_is_read_only(dsn: str) -> None:
+    own = await Database.open(dsn, min_size=1, max_size=1, side_connections=1)
+    try:
+        assert own.side is not None
+        async with own.side.pool.acquire() as conn:
+            assert await conn.fetchval("SELECT current_setting('transaction_read_only')") == "on"
             try:
-                await request
-            except asyncio.CancelledError:
+                await conn.execute("INSERT INTO teams (id, name) VALUES ('ro', 'ro')")
+            except asyncpg.ReadOnlySQLTransactionError:
                 pass
-
-            async def stopped() -> bool:
-                return all(r["state"] == "idle" for r in await side_activity(blocker))
-
-            # cancelled on the server while the lock is still held
-            await until(stopped, "the side statement was cancelled")
-
-            async def given_back() -> bool:
-                return bool(services.db.side.busy == 0)
-
-            await until(given_back, "the side connection was given back")
-        finally:
-            await tx.rollback()
-            await blocker.close()
-        assert await side_session(services.db) == [CLEAN]
-        # and the connection serves the next recall's discovery
-        taken = services.db.side.taken
-        assert await ask(client, tok_a, **question) == before
-        assert related_ids(before) and services.db.side.taken == taken + 1
+            else:
+                raise AssertionError("a side connection wrote")
+    finally:
+        await own.close()
 
 
-async def test_a_deadline_cancels_the_side_statement_and_returns_it_clean(
-    dsn: str, writes: WriteService, db: Database
+async def test_a_side_answer_of_another_view_is_not_used(
+    dsn: str, writes: WriteService, db: Database, monkeypatch: Any
 ) -> None:
-    """The same lock with a request deadline shorter than the lock timeout: the
-    request times out, the side statement is cancelled with it, and its connection
-    is clean."""
+    """The guard of _DiscoveryBeside.result: a side statement that read another
+    generation of the shared space, or read as another role, is not used (here it
+    also claims to have found nothing): discovery falls back to the unit, and the
+    answer is the unit's."""
+    from gateway.store import related as related_store
+    from gateway.store import round_trips
+
     _, tok_a, _, _ = await two_teams(writes, db)
-    async with gateway(dsn, side_connections=1, request_timeout_ms=600) as (app, client):
-        services = app.state.services
-        await ask(client, tok_a, q="warm up the connections")  # prepared, planned
-        blocker, tx = await _held(dsn, "relationship_lexeme_stats")
-        try:
-            r = await client.post(
-                "/graphql",
-                json={"query": RELATED, "variables": {"q": "billing payments owner"}},
-                headers={"Authorization": f"Bearer {tok_a}"},
-            )
-            assert r.json()["errors"][0]["extensions"]["code"] == "REQUEST_TIMEOUT", r.text
+    shape = {"q": "billing payments ledger", "limit": 1}
+    async with gateway(dsn, side_connections=0) as (_, client):
+        expected = await ask(client, tok_a, **shape)
+    assert related_ids(expected)
+    real = round_trips.side_discovery
+    for name, lie in (
+        ("generation", lambda got: {"generation": (got.generation or 0) + 1}),
+        ("role", lambda got: {"role": "postgres"}),
+    ):
 
-            async def stopped() -> bool:
-                return all(r["state"] == "idle" for r in await side_activity(blocker))
+        async def lying(*args: Any, _lie: Any = lie, **kw: Any) -> Any:
+            got = await real(*args, **kw)
+            empty = related_store.Discovery({n: [] for n in got.discovery.lists}, frozenset(), None)
+            return replace(got, discovery=empty, **_lie(got))
 
-            await until(stopped, "the side statement was cancelled")
-            assert services.db.side.busy == 0
-        finally:
-            await tx.rollback()
-            await blocker.close()
-        assert await side_session(services.db) == [CLEAN]
+        monkeypatch.setattr(round_trips, "side_discovery", lying)
+        async with gateway(dsn, side_connections=1) as (app, client):
+            got = await ask(client, tok_a, **shape)
+            side = app.state.services.db.side
+            assert (side.taken, side.used) == (1, 0), name
+        assert got == expected, name
 
 
 async def test_a_failed_side_statement_degrades_like_discovery_on_the_unit(

@@ -806,8 +806,14 @@ class _DiscoveryBeside:
     relationships take no side connection."""
 
     def __init__(
-        self, ticket: SideTicket, unit: Unit, principal: Principal, request: RecallRequest
+        self,
+        db: Database,
+        ticket: SideTicket,
+        unit: Unit,
+        principal: Principal,
+        request: RecallRequest,
     ) -> None:
+        self.db = db
         self.ticket = ticket
         self.unit = unit
         self.principal = principal
@@ -834,7 +840,7 @@ class _DiscoveryBeside:
         if ticket is None:
             yield None
             return
-        beside = cls(ticket, unit, principal, request)
+        beside = cls(db, ticket, unit, principal, request)
         try:
             yield beside
         finally:
@@ -891,6 +897,8 @@ class _DiscoveryBeside:
         try:
             query, got = await self.task
         except _BESIDE_FAILURES as exc:
+            # Counted for the read router, as a failed step of the unit is.
+            self.db.note(exc)
             log.warning("relationship discovery beside the recall failed (%s); on the unit", exc)
             return None
         expected = discovery_query(view, shared, request, vector)

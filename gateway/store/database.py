@@ -522,16 +522,23 @@ class SideConnections:
     **One statement, as the tenant.** A side connection logs in as ``recall_app``
     (the ``role`` startup setting, which also survives ``RESET ALL``), so every
     statement it plans is planned with row-level security, and the login is
-    checked (:meth:`open` refuses a connection that is anyone else). Its
-    statement runs in an implicit transaction and begins with
-    :data:`SIDE_TENANT_SQL`, its first selection: PostgreSQL evaluates a
-    statement's selections in order, and the ones after it read through the
-    policies only then, so they see the team and the spaces; the settings are
-    transaction-local and end with the statement. (Placed after a read, that read
-    sees no team and no space: the policies show nothing, they never show more.)
-    The statement reports ``current_user``, which its caller checks. So one
-    statement is all a side use costs: no ``BEGIN``, settings or ``COMMIT`` of
-    its own. The plan mode and the lock and statement timeouts are the login's.
+    checked (:meth:`open` refuses a connection that is anyone else), and
+    read-only (``default_transaction_read_only``). Its statement runs in an
+    implicit transaction and begins with :data:`SIDE_TENANT_SQL`, its first
+    selection. That the reads after it see the team and the spaces is a
+    property of PostgreSQL's executor, not a rule of SQL: it evaluates a
+    statement's uncorrelated scalar subqueries (InitPlans) lazily, when their
+    selection is evaluated, in the selections' order, and each MATERIALIZED CTE
+    when it is first read; the space wall's spaces are an InitPlan themselves
+    (db/0121), the partitioned tables are read only inside the search
+    functions, which plan their queries when called, so nothing reads a row at
+    executor start. ``tests/test_side_connections.py`` shows the order (and
+    that it fails closed: a read placed before the settings sees nothing, never
+    more), and every recall's answer is checked against the unit's view. The
+    settings are transaction-local and end with the statement. The statement
+    reports ``current_user``, which its caller checks. So one statement is all
+    a side use costs: no ``BEGIN``, settings or ``COMMIT`` of its own. The plan
+    mode and the lock and statement timeouts are the login's.
 
     **Clean when returned.** The statement sets nothing beyond its implicit
     transaction, so a use that returned normally skips the reset statement; a
@@ -579,6 +586,8 @@ class SideConnections:
             "role": APP_ROLE,
             "statement_timeout": str(statement_timeout_ms),
             "lock_timeout": lock_timeout,
+            # Discovery only reads: a write on a side connection fails.
+            "default_transaction_read_only": "on",
         }
         if plan_cache_mode is not None:
             server_settings["plan_cache_mode"] = plan_cache_mode
