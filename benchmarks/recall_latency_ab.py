@@ -147,6 +147,7 @@ def main() -> None:
                     differ += len(answers) > 1
             for c in clients:
                 c.close()
+            side = [rb.side_discoveries(args.port + k) for k in range(len(procs))]
         finally:
             for proc in procs:
                 proc.terminate()
@@ -158,6 +159,8 @@ def main() -> None:
         f"-> {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}); answers that differ "
         f"between arms: {differ}"
     )
+    for name, got in zip(names, side, strict=True):
+        print(f"  {name}: relationship discovery on a side connection: {rb._side_text(got)}")
     for kind in dict.fromkeys(k for k, _ in times):
         first = times[(kind, names[0])]
         base = p50_p95(first)[0]

@@ -266,6 +266,14 @@ async def test_recalls_at_the_pool_limit_complete(
         side = services.db.side
         assert side.taken >= 1 and side.refused >= 1, (side.taken, side.refused)
         assert side.used == side.taken
+        # and /metrics says so (recall_gateway_side_discoveries_total, per outcome)
+        metrics = (await client.get("/metrics")).text
+        seen = {
+            line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in metrics.splitlines()
+            if line.startswith("recall_gateway_side_discoveries_total{")
+        }
+        assert seen["refused"] >= side.refused and seen["used"] >= side.used, seen
         assert side.taken + side.refused == 2 * len(questions)
         assert side.busy == 0
         assert services.db.pool.get_max_size() == 2
