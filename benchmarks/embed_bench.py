@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
+from bench_common import rank_of_count as percentile  # noqa: E402
 
 from gateway.embeddings.local import LocalEmbeddingProvider  # noqa: E402
 from gateway.embeddings.local_int8 import LocalInt8EmbeddingProvider  # noqa: E402
@@ -87,11 +88,6 @@ def parse_config(text: str) -> tuple[int, int, int, int]:
         int(workers),
         int(threads[0]) if threads else 2,
     )
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
 async def query_latencies(provider: LocalEmbeddingProvider, queries: list[str]) -> list[float]:

@@ -101,7 +101,9 @@ def package_mib(distribution: str) -> float:
         files = metadata.files(distribution) or []
     except metadata.PackageNotFoundError:
         return float("nan")
-    return sum(f.locate().stat().st_size for f in files if f.locate().is_file()) / 2**20
+    # locate() is typed as a bare os.PathLike; on a file system it is a Path already
+    paths = [Path(f.locate()) for f in files]
+    return sum(p.stat().st_size for p in paths if p.is_file()) / 2**20
 
 
 # --- the child: one model ------------------------------------------------------------

@@ -121,6 +121,7 @@ async def _calls(dsn: str, args: argparse.Namespace) -> list[tuple[str, str, tup
             async with conn.transaction():
                 await conn.execute(TENANT, team, "{" + str(space) + "}")
                 row = await conn.fetchrow(ARGUMENTS.format(kind=args.kind), team, space, question)
+            assert row is not None  # a SELECT without FROM: one row
             lexemes, idfs, dfs, max_tfs, avgdl, generation = row
             if lexemes:
                 limit = args.limit

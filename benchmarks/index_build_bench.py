@@ -52,7 +52,8 @@ def _vectors(n: int, kind: str, seed: int) -> np.ndarray:
         rng = np.random.default_rng(seed)
         return np.stack([clustered(int(rng.integers(2**62))) for _ in range(n)])
     rows = np.random.default_rng(seed).standard_normal((n, 384)).astype(np.float32)
-    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    unit: np.ndarray = rows / np.linalg.norm(rows, axis=1, keepdims=True)  # numpy says Any
+    return unit
 
 
 async def _wal_bytes(conn: asyncpg.Connection) -> int:

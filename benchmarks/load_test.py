@@ -31,7 +31,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,8 +38,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TypedDict
 
 import psutil
+from bench_common import free_port, rank_below, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERIES = [
@@ -58,12 +59,6 @@ DOCUMENTS = {
     # authentication and one small statement: the gateway's own overhead
     "viewer": "query V { viewer { principalId readableSpaces } }",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_kib(pid: int) -> int:
@@ -151,9 +146,21 @@ class Connection:
             await self.writer.wait_closed()
 
 
+class LoadResult(TypedDict):
+    """What :func:`run_load` measured: answered requests, the failed ones' status
+    and start of body, the wall time, latency percentiles in milliseconds."""
+
+    requests: int
+    failures: list[str]
+    elapsed_s: float
+    p50_ms: float
+    p95_ms: float
+    max_ms: float
+
+
 async def run_load(
     port: int, token: str, requests: int, concurrency: int, document: str
-) -> dict[str, object]:
+) -> LoadResult:
     latencies: list[float] = []
     failures: list[str] = []
     counter = iter(range(requests))
@@ -180,7 +187,7 @@ async def run_load(
         "failures": failures,
         "elapsed_s": elapsed,
         "p50_ms": statistics.median(ordered) * 1000,
-        "p95_ms": ordered[int(0.95 * (len(ordered) - 1))] * 1000,
+        "p95_ms": rank_below(ordered, 0.95) * 1000,
         "max_ms": ordered[-1] * 1000,
     }
 
@@ -228,18 +235,6 @@ def start_gateway(folder: Path, port: int, serve: bool) -> tuple[subprocess.Pope
     raise SystemExit("the gateway printed no token within 300 s")
 
 
-def wait_ready(port: int) -> None:
-    import urllib.request
-
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2):
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit("the gateway never said ready")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
@@ -278,11 +273,9 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     failures = result["failures"]
-    assert isinstance(failures, list)
     elapsed = result["elapsed_s"]
-    assert isinstance(elapsed, float)
     cores = os.cpu_count() or 1
-    count = max(int(result["requests"]), 1)  # type: ignore[call-overload]
+    count = max(result["requests"], 1)
     load1, _, _ = os.getloadavg()
     print(f"requests:      {result['requests']} {args.operation} at concurrency {args.concurrency}")
     print(f"errors:        {len(failures)}")
@@ -292,10 +285,7 @@ def main() -> None:
         f"latency:       p50 {result['p50_ms']:.1f} ms, p95 {result['p95_ms']:.1f} ms, "
         f"max {result['max_ms']:.1f} ms"
     )
-    print(
-        f"throughput:    {result['requests'] / elapsed:.1f} requests/s "  # type: ignore[operator]
-        f"({elapsed:.1f} s)"
-    )
+    print(f"throughput:    {result['requests'] / elapsed:.1f} requests/s ({elapsed:.1f} s)")
     print(
         f"gateway RSS:   {ready / 1024:.1f} MiB when ready, {before / 1024:.1f} MiB after warm-up, "
         f"{peak.peak / 1024:.1f} MiB peak under load, {after / 1024:.1f} MiB after"

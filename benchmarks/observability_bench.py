@@ -32,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import recall_bench as rb
+from bench_common import rank_below
 
 from gateway.store.database import prepare
 
@@ -60,11 +61,11 @@ def serve(dsn: str, port: int, traced: bool) -> tuple[Any, Any]:
 
     if not traced:  # what a process without an exporter gets (the variables are set here)
         uninstrument_asyncpg()
-        return rb.serve(dsn, port, Observability(metrics_enabled=True))  # type: ignore[no-any-return]
+        return rb.serve(dsn, port, Observability(metrics_enabled=True))
     observability = Observability.from_environment(metrics_enabled=True)
     if observability.provider is None:
         raise SystemExit("tracing did not turn on")
-    return rb.serve(dsn, port, observability)  # type: ignore[no-any-return]
+    return rb.serve(dsn, port, observability)
 
 
 def main() -> None:
@@ -112,7 +113,7 @@ def main() -> None:
         values.sort()
         print(
             f"  tracing {arm:3}: p50 {statistics.median(values):6.1f} ms   "
-            f"p95 {values[int(0.95 * (len(values) - 1))]:6.1f} ms"
+            f"p95 {rank_below(values, 0.95):6.1f} ms"
         )
     ratio = statistics.median(arms["on"]) / statistics.median(arms["off"])
     print(f"  on/off ratio of medians: {ratio:.3f}; OTLP exports received: {Sink.received}")

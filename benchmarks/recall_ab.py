@@ -88,6 +88,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recall_bench as rb
 import vector_ef_bench
+from bench_common import p50_p95
 
 import gateway.store.database as database_module
 
@@ -149,15 +150,6 @@ def arm_order(arms: int, question: int) -> list[int]:
     question, so that over any ``arms`` consecutive questions each arm is asked
     once in each position (two arms: alternating)."""
     return [(question + k) % arms for k in range(arms)]
-
-
-def p50_p95(values: list[float]) -> tuple[float, float]:
-    """The median, and the 95th percentile as this script has always taken it
-    (the value below which 95 % of the others lie, nearest rank)."""
-    if not values:
-        raise ValueError("no values")
-    ordered = sorted(values)
-    return statistics.median(ordered), ordered[max(0, int(len(ordered) * 0.95) - 1)]
 
 
 def step_medians(recalls: list[dict[str, float]]) -> dict[str, float]:
@@ -295,10 +287,12 @@ async def open_gateway(
     team: str,
     space: UUID,
     settings: tuple[int, str | None] | None = None,
+    counter: type[database_module.StatementCounter] = RecordingCounter,
 ) -> Gateway:
     """A gateway app on ``dsn`` with its pool open, and an HTTP client to it;
     ``settings``: an arm's statement cache limit and plan mode (None: the
-    shipped ones)."""
+    shipped ones); ``counter``: the pool's statement counter (the default keeps
+    each statement's text and time for :func:`step_times`)."""
     from gateway.app import create_app
     from gateway.settings import Settings
 
@@ -312,7 +306,7 @@ async def open_gateway(
     finally:
         await conn.close()
     # Both read by Database.open when the app's lifespan opens its pool.
-    database_module.StatementCounter = RecordingCounter  # type: ignore[misc]
+    database_module.StatementCounter = counter  # type: ignore[misc]
     database_module.STATEMENT_CACHE_MAX_BYTES = SHIPPED_CACHE_BYTES
     if settings is not None:
         database_module.STATEMENT_CACHE_MAX_BYTES = settings[0]

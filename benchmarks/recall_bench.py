@@ -145,7 +145,8 @@ class Zipf:
         from_topic = rng.random(n) < TOPIC_SHARE
         local = self.topic_words[topic][np.searchsorted(self.topic_cdf, rng.random(n))]
         general = np.searchsorted(self.global_cdf, rng.random(n))
-        return self.words[np.where(from_topic, local, general)].tolist()
+        drawn: list[str] = self.words[np.where(from_topic, local, general)].tolist()
+        return drawn
 
     def sample(self, rng: np.random.Generator, topic: int, n: int) -> list[str]:
         return self._draw(rng, topic, n)
@@ -174,7 +175,8 @@ class Tiny:
 
 
 def unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
+    scaled: np.ndarray = v / np.linalg.norm(v, axis=-1, keepdims=True)  # numpy says Any
+    return scaled.astype(np.float32)
 
 
 async def generate(
@@ -552,7 +554,8 @@ async def add_frontier_material(
         hyp_rels.append((team, space, f"hyp-{i:06d}", f"rel-{i:06d}"))
         hyp_evs.append((team, space, f"hyp-{i:06d}", f"ev-{i:06d}"))
         hyp_events.append((team, space, f"hyp-{i:06d}", "propose", "proposed"))
-    cases, positions, members, case_events = [], [], [], []
+    cases, positions, members = [], [], []
+    case_events: list[tuple[str, UUID, str, str, str | None]] = []  # resolved: the winner
     for n, i in enumerate(range(0, per_team - 1, CASE_EVERY)):
         case = f"case-{i:06d}"
         cases.append((team, case, space, 1, f"Which of rel-{i:06d} and its neighbour holds?"))
@@ -1040,46 +1043,30 @@ def throughput(
     """Full recalls per second over HTTP: ``recall-gateway serve --workers N`` as a
     child process, ``clients`` keep-alive connections of the light asyncio client
     (benchmarks/load_test.py; httpx would measure itself), ``n`` requests."""
-    import subprocess
-
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import load_test
+    from bench_common import free_port, start_gateway, stop, wait_ready
 
-    port = port or load_test.free_port()
-
-    env = {**os.environ, "DATABASE_URL": dsn, "RECALL_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen(  # noqa: S603 - our own console script
-        [
-            str(Path(sys.executable).parent / "recall-gateway"),
-            "serve",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=env,
-        cwd=ROOT,
-    )
+    port = port or free_port()
+    proc = start_gateway(dsn, port, workers)
     try:
-        load_test.wait_ready(port)
+        wait_ready(port)
         load_test.QUERIES[:] = queries
         asyncio.run(load_test.run_load(port, token, 4 * clients, clients, FULL))  # warm-up
         server = _server_processes(dsn)
         load_before = os.getloadavg()[0]
         runs = _model_runs(port)
         gw_cpu, pg_cpu = _tree_cpu([proc.pid]), _tree_cpu(server)
-        result = asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        result: dict[str, Any] = dict(
+            asyncio.run(load_test.run_load(port, token, n, clients, FULL))
+        )
         gw_cpu, pg_cpu = _tree_cpu([proc.pid]) - gw_cpu, _tree_cpu(server) - pg_cpu
         after = _model_runs(port)
         result["model_runs"] = None if runs is None or after is None else round(after - runs)
         result["side"] = side_discoveries(port)  # warm-up included
         load_after = os.getloadavg()[0]
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     result["per_s"] = result["requests"] / result["elapsed_s"]
     result["load"] = (load_before, load_after)
     count = max(int(result["requests"]), 1)
@@ -1368,6 +1355,7 @@ async def query_lexeme_spread(
             space,
             queries,
         )
+        assert row is not None  # an aggregate: one row
         top = await conn.fetchval(
             "SELECT max(c) FROM (SELECT count(*) AS c FROM evidence_terms "
             "WHERE team_id = $1 AND space_id = $2 AND lexeme !~ '[0-9]' "

@@ -48,16 +48,11 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import load_test  # noqa: E402
 import recall_bench as rb  # noqa: E402
 import worker_cpu_ab  # noqa: E402
+from bench_common import p50_p95, start_gateway, stop, wait_ready  # noqa: E402
 
 WARM = 5
-
-
-def p50_p95(values: list[float]) -> tuple[float, float]:
-    ordered = sorted(values)
-    return statistics.median(ordered), ordered[max(0, int(len(ordered) * 0.95) - 1)]
 
 
 def ask(
@@ -113,12 +108,11 @@ def main() -> None:
             raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")
         known_at = asyncio.run(rb.known_instant(dsn, "bench-00"))
         procs = [
-            worker_cpu_ab.start(source, dsn, args.port + k, 1)
-            for k, (_, source) in enumerate(args.arm)
+            start_gateway(dsn, args.port + k, 1, source) for k, (_, source) in enumerate(args.arm)
         ]
         try:
             for k in range(len(procs)):
-                load_test.wait_ready(args.port + k)
+                wait_ready(args.port + k)
             clients = [
                 httpx.Client(base_url=f"http://127.0.0.1:{args.port + k}", timeout=60)
                 for k in range(len(procs))
@@ -149,10 +143,7 @@ def main() -> None:
                 c.close()
             side = [rb.side_discoveries(args.port + k) for k in range(len(procs))]
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                proc.wait(timeout=60)
+            stop(*procs)
     print(
         f"{args.queries} questions per kind, arms interleaved, one recall at a time "
         f"({time.monotonic() - started:.0f} s; load average {load[0]:.1f} {load[1]:.1f} "

@@ -43,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recall_ab as ab
 import recall_bench as rb
+from bench_common import p50_p95
 
 import gateway.store.database as database_module
 from gateway.stages import stage_tracer
@@ -239,7 +240,7 @@ async def contention(gw: ab.Gateway, questions: list[str]) -> None:
     for name, got in results.items():
         print(f"  query embedding with {name}:")
         for key, values in got.items():
-            p50, p95 = ab.p50_p95(values)
+            p50, p95 = p50_p95(values)
             print(f"    {key:26} p50 {p50:6.2f} ms   p95 {p95:6.2f} ms")
 
 
@@ -256,7 +257,14 @@ async def run(dsn: str, n: int, contend: bool) -> None:
     at = await rb.known_instant(dsn, "bench-00")
     async with contextlib.AsyncExitStack() as stack:
         gw = await ab.open_gateway(
-            stack, "gw", dsn, data["token"], at, "bench-00", data["teams"]["bench-00"]
+            stack,
+            "gw",
+            dsn,
+            data["token"],
+            at,
+            "bench-00",
+            data["teams"]["bench-00"],
+            counter=TimedStatements,
         )
         # Fresh questions: none in the LRU, so every recall runs the model.
         rng = np.random.default_rng(33)
@@ -283,8 +291,6 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=60)
     parser.add_argument("--contention", action="store_true")
     args = parser.parse_args()
-    # open_gateway puts it in place of the store's counter before the pool opens.
-    ab.RecordingCounter = TimedStatements  # type: ignore[misc]
     with rb.database(args.data_dir) as dsn:
         asyncio.run(run(dsn, args.queries, args.contention))
 

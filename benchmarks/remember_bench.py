@@ -98,7 +98,7 @@ async def load_demo(dsn: str) -> str:
         token_id, secret = tokens.new_token_id(), tokens.new_secret()
         record = TokenRecord(
             kind="token", team=DEMO_TEAM, id=token_id, principal=PRINCIPAL, secret=secret
-        )  # type: ignore[call-arg]
+        )
         await writes.apply([record], Actor.operator())
         return tokens.format_token(token_id, secret)
     finally:
@@ -168,7 +168,8 @@ class Phases:
         import gateway.app as app_module
         from gateway.services.mutations import MutationService
 
-        authenticate, mutate = app_module.authenticate, MutationService.apply
+        # the name the app's request handler looks up (gateway.app imports it)
+        authenticate, mutate = vars(app_module)["authenticate"], MutationService.apply
 
         async def timed_authenticate(*args: Any) -> Any:
             try:
@@ -176,14 +177,14 @@ class Phases:
             finally:
                 phases.marks["authenticated"] = time.perf_counter()
 
-        async def timed_mutate(self: Any, *args: Any) -> Any:
+        async def timed_mutate(self: Any, *args: Any, **kwargs: Any) -> Any:
             phases.marks["resolver"] = time.perf_counter()
             try:
-                return await mutate(self, *args)
+                return await mutate(self, *args, **kwargs)
             finally:
                 phases.marks["resolved"] = time.perf_counter()
 
-        app_module.authenticate = timed_authenticate  # type: ignore[assignment]
+        vars(app_module)["authenticate"] = timed_authenticate
         MutationService.apply = timed_mutate  # type: ignore[method-assign]
 
         async def timed_apply(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -198,9 +199,9 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
-        async def timed_store(self: Any, *args: Any) -> None:
+        async def timed_store(self: Any, *args: Any, **kwargs: Any) -> None:
             phases.marks["storing"] = time.perf_counter()
-            await store(self, *args)
+            await store(self, *args, **kwargs)
 
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
@@ -320,7 +321,8 @@ class Timeline(Phases):
         view_call = view_module.GraphQLHTTPView.__call__
         execute = view_module.GraphQLHTTPView.execute_operation
         find_token = auth_store.find_token
-        time_and_log = asyncpg.connection.Connection._time_and_log
+        # private, so not in asyncpg-stubs
+        time_and_log = asyncpg.connection.Connection._time_and_log  # type: ignore[attr-defined]
 
         async def timed_call(self: Any, scope: Any, receive: Any, send: Any) -> None:
             phases.marks["view"] = time.perf_counter()
@@ -356,21 +358,22 @@ class Timeline(Phases):
 
         lane_vectors, batch_vectors = service._Lane.vectors, service._Batch._vectors
 
-        async def timed_lane(self: Any, *args: Any) -> Any:
+        async def timed_lane(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                return await lane_vectors(self, *args)
+                return await lane_vectors(self, *args, **kwargs)
             finally:
                 phases.marks["the lane's vectors returned"] = time.perf_counter()
 
-        async def timed_vectors(self: Any, *args: Any) -> Any:
+        async def timed_vectors(self: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                return await batch_vectors(self, *args)
+                return await batch_vectors(self, *args, **kwargs)
             finally:
                 phases.marks["the batch's vectors returned"] = time.perf_counter()
 
         import strawberry.schema.schema as strawberry_schema
 
-        graphql_execute = strawberry_schema.execute
+        # graphql-core's, imported by strawberry's module (which calls it by this name)
+        graphql_execute = vars(strawberry_schema)["execute"]
 
         def timed_graphql(*args: Any, **kwargs: Any) -> Any:
             phases.marks["graphql-core executes (extensions' on_execute entered)"] = (
@@ -378,13 +381,14 @@ class Timeline(Phases):
             )
             return graphql_execute(*args, **kwargs)
 
-        strawberry_schema.execute = timed_graphql
+        vars(strawberry_schema)["execute"] = timed_graphql
         service._Lane.vectors = timed_lane  # type: ignore[method-assign]
         service._Batch._vectors = timed_vectors  # type: ignore[method-assign]
         view_module.GraphQLHTTPView.__call__ = timed_call  # type: ignore[method-assign]
         view_module.GraphQLHTTPView.execute_operation = timed_execute  # type: ignore[method-assign]
-        auth_store.find_token = timed_find  # type: ignore[assignment]
-        asyncpg.connection.Connection._time_and_log = logged  # type: ignore[method-assign]
+        auth_store.find_token = timed_find
+        # private, so not in asyncpg-stubs
+        asyncpg.connection.Connection._time_and_log = logged  # type: ignore[attr-defined]
 
     def _pg(self) -> list[int]:
         """The embedded server's processes: its postmaster and the postmaster's children."""

@@ -47,6 +47,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench_common import rank_of_count
+
 from gateway import tokens
 from gateway.app import create_app
 from gateway.embedded import EmbeddedPostgres
@@ -88,7 +90,7 @@ async def seed(dsn: str) -> str:
             principal="ines",
             binding="private",
             secret=secret,
-        )  # type: ignore[call-arg]
+        )
         await writes.apply([record], Actor.operator())
         return tokens.format_token(token_id, secret)
     finally:
@@ -151,11 +153,6 @@ async def run_round(
     return recalls / (time.perf_counter() - started), latencies, where, waits
 
 
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 async def check_costs(primary: str, replica: str, samples: int) -> None:
     p = await asyncpg.connect(primary)
     r = await asyncpg.connect(replica)
@@ -171,7 +168,7 @@ async def check_costs(primary: str, replica: str, samples: int) -> None:
                 times.append((time.perf_counter() - started) * 1000)
             print(
                 f"  {label:42s} p50 {statistics.median(times):.3f} ms  "
-                f"p95 {quantile(times, 0.95):.3f} ms"
+                f"p95 {rank_of_count(times, 0.95):.3f} ms"
             )
         # Why positions and not replay timestamps: on a quiet primary the replica is
         # caught up, yet its last replayed commit grows old.
@@ -180,6 +177,7 @@ async def check_costs(primary: str, replica: str, samples: int) -> None:
             "SELECT pg_last_wal_replay_lsn()::text AS replay, "
             "extract(epoch FROM now() - pg_last_xact_replay_timestamp()) * 1000 AS age_ms"
         )
+        assert row is not None  # a SELECT without FROM: one row
         current = await p.fetchval("SELECT pg_current_wal_lsn()::text")
         print(
             f"  after 2 s without writes: primary at {current}, replica replayed {row['replay']}; "
@@ -246,13 +244,13 @@ async def main() -> None:
             rate = statistics.median(rates[name])
             print(
                 f"  {name:17s} {rate:6.1f} recalls/s (x{rate / base:.2f})  "
-                f"p50 {statistics.median(lat) * 1000:6.1f} ms  p95 {quantile(lat, 0.95) * 1000:6.1f} ms"
+                f"p50 {statistics.median(lat) * 1000:6.1f} ms  p95 {rank_of_count(lat, 0.95) * 1000:6.1f} ms"
             )
             print("      " + ", ".join(f"{k} {v}" for k, v in where[name].most_common()))
             if waits[name]:
                 print(
                     f"      waited for the replica: p50 {statistics.median(waits[name]):.2f} ms, "
-                    f"p95 {quantile(waits[name], 0.95):.2f} ms (all reads)"
+                    f"p95 {rank_of_count(waits[name], 0.95):.2f} ms (all reads)"
                 )
         print("the consistency check:")
         await check_costs(primary.dsn, standby.dsn, 500)

@@ -95,11 +95,11 @@ async def capture(
     seen: list[Statement] = []
     counted = database_module.StatementCounter.__call__
 
-    def record(self: database_module.StatementCounter, rec: object) -> None:
-        seen.append((str(getattr(rec, "query", "")), tuple(getattr(rec, "args", ()) or ())))
-        counted(self, rec)
+    def keep(self: database_module.StatementCounter, record: object) -> None:
+        seen.append((str(getattr(record, "query", "")), tuple(getattr(record, "args", ()) or ())))
+        counted(self, record)
 
-    database_module.StatementCounter.__call__ = record  # type: ignore[method-assign]
+    database_module.StatementCounter.__call__ = keep  # type: ignore[method-assign]
     data = await rb.reuse(dsn, seed)
     if data is None:
         raise SystemExit("no dataset in that folder: run recall_bench.py with --data-dir first")

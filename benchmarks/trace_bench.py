@@ -41,6 +41,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench_common import rank_below  # noqa: E402
+
 from gateway import tokens  # noqa: E402
 from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
@@ -176,7 +178,7 @@ def measure(port: int, token: str, ids: list[str], calls: int, app: Any) -> dict
     latencies.sort()
     return {
         "p50_ms": statistics.median(latencies),
-        "p95_ms": latencies[int(0.95 * (len(latencies) - 1))],
+        "p95_ms": rank_below(latencies, 0.95),
         "statements": statistics.median(statements),
         "statements_max": max(statements),
         "visited": statistics.median(lineage),

@@ -60,7 +60,7 @@ from pgvector.asyncpg import register_vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import recall_bench as rb
 
-from gateway.store.database import APP_ROLE
+from gateway.store.database import APP_ROLE, prepare
 
 STORE = "store"
 # (function, list sizes): evidence lists of 10 and 60 (limit 10: overfetch(10)),
@@ -194,7 +194,7 @@ class Changed:
 
 
 # (team, space), query vector, evidence IDs the recall excludes (known IDs)
-Question = tuple[tuple[str, UUID], Any, tuple[str, ...]]
+Question = tuple[tuple[str, UUID], np.ndarray, tuple[str, ...]]
 
 
 async def synthetic_questions(dsn: str, n: int, seed: int) -> list[Question]:
@@ -204,7 +204,7 @@ async def synthetic_questions(dsn: str, n: int, seed: int) -> list[Question]:
         raise SystemExit("no dataset in that folder: run recall_bench.py --related first")
     teams = list(data["teams"].items())
     rng = np.random.default_rng(seed + 1)
-    questions = []
+    questions: list[Question] = []
     for i in range(n):
         topic = int(rng.integers(0, len(rb.TOPICS)))
         noise = rng.standard_normal(rb.DIM).astype(np.float32) * 0.045
@@ -298,7 +298,7 @@ async def text_questions(dsn: str, folder: Path, n: int, size: int | None = None
         with (folder / "queries.jsonl").open(encoding="utf-8") as f:
             for line in f:
                 texts.append(str(json.loads(line)["text"]))
-        vectors = []
+        vectors: list[np.ndarray] = []
         for k in range(0, min(n, len(texts)), 64):
             vectors.extend(await embed_queries(provider, texts[k : min(n, k + 64)]))
     finally:
@@ -339,7 +339,7 @@ async def write_text_space(
             rb.MODEL,
         )
         await conn.execute("INSERT INTO teams (id, name) VALUES ($1, $2)", team, team)
-        space = await conn.fetchval(
+        space: UUID = await conn.fetchval(
             "INSERT INTO memory_spaces (team_id, kind) VALUES ($1, 'shared') RETURNING id",
             team,
         )
@@ -573,7 +573,7 @@ def main() -> None:
         raise SystemExit(f"--compare-to {compare}: not one of the arms")
     with rb.database(args.data_dir) as dsn:
         if args.text is not None:
-            asyncio.run(rb.prepare(dsn, migrate=True))
+            asyncio.run(prepare(dsn, migrate=True))
             questions = asyncio.run(text_questions(dsn, args.text, args.queries, args.text_size))
             lists = {"evidence": LISTS["evidence"]}
         elif args.answers is not None:

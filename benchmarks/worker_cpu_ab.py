@@ -47,6 +47,7 @@ sys.path.insert(0, str(HERE))
 
 import load_test  # noqa: E402
 import recall_bench  # noqa: E402
+from bench_common import start_gateway, stop, wait_ready  # noqa: E402
 
 
 def parse_arm(text: str) -> tuple[str, Path]:
@@ -56,29 +57,6 @@ def parse_arm(text: str) -> tuple[str, Path]:
     if not sep or not name or not (source / "gateway" / "__init__.py").is_file():
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=DIR with DIR/gateway/")
     return name, source
-
-
-def start(source: Path, dsn: str, port: int, workers: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "DATABASE_URL": dsn,
-        "RECALL_LOG_LEVEL": "warning",
-        "PYTHONPATH": str(source),
-    }
-    return subprocess.Popen(  # noqa: S603 - the gateway's own CLI
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--workers",
-            str(workers),
-        ],
-        env=env,
-        cwd=source,
-    )
 
 
 def workers_of(proc: subprocess.Popen[bytes]) -> list[int]:
@@ -118,7 +96,7 @@ async def _load_and_look(
     )
     await asyncio.sleep(0.5)
     held = await asyncio.to_thread(worker_connections, workers, args.port)
-    result = await load
+    result: dict[str, Any] = dict(await load)
     result["connections"] = held
     return result
 
@@ -126,10 +104,10 @@ async def _load_and_look(
 def one_run(
     source: Path, dsn: str, token: str, args: argparse.Namespace, server: list[int], label: str
 ) -> dict[str, Any]:
-    proc = start(source, dsn, args.port, args.workers)
+    proc = start_gateway(dsn, args.port, args.workers, source)
     spies: list[subprocess.Popen[bytes]] = []
     try:
-        load_test.wait_ready(args.port)
+        wait_ready(args.port)
         asyncio.run(
             load_test.run_load(args.port, token, args.warmup, args.clients, recall_bench.FULL)
         )
@@ -175,8 +153,7 @@ def one_run(
             spy.send_signal(2)
         for spy in spies:
             spy.wait(timeout=60)
-        proc.terminate()
-        proc.wait(timeout=60)
+        stop(proc)
     count = max(int(result["requests"]), 1)
     result["gateway_cpu_ms"] = (gw1 - gw0) / count * 1000
     result["server_cpu_ms"] = (pg1 - pg0) / count * 1000
