@@ -34,9 +34,13 @@ token lookup, graphql-core's execution, the resolver, each SQL statement from
 its send to its answer, the embedding calls, the response's messages) and the
 CPU each call took per thread (the event loop, the model's threads, the
 client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
-writes each call's timeline and CPU as JSON lines. The default call and the
-same call with two embedding calls in flight are compared pair by pair (the
-median of the differences with a bootstrap interval).
+writes each call's timeline and CPU as JSON lines, and ``--timeline`` prints
+the event loop's CPU between its marks. The default call and the same call
+with the embedding lane's other rule (one call in flight where the default
+is two, and two where it is one) are compared pair by pair (the median of
+the differences with a bootstrap interval), the two taking turns at going
+first: the second of two calls sent back to back was the faster by 0.3-0.6
+ms whatever its rule (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import socket
@@ -292,6 +297,26 @@ def _schedstat_ns(path: str) -> int:
         return 0
 
 
+class _Marks(dict[str, float]):
+    """A call's marks, each also noting the event loop thread's CPU time when it is
+    taken in that thread (``time.thread_time``): the loop's CPU between two marks."""
+
+    def __init__(self, loop_tid: int, sent: float) -> None:
+        super().__init__(sent=sent)
+        self.loop_tid = loop_tid
+        self.cpu: dict[str, float] = {}
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        if threading.get_native_id() == self.loop_tid:
+            self.cpu[key] = time.thread_time()
+
+    def setdefault(self, key: str, default: float) -> float:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+
 class Timeline(Phases):
     """``--timeline``: :class:`Phases`, and every step of one call on one clock
     (the HTTP view, the token lookup, the GraphQL execution, each SQL statement
@@ -309,6 +334,8 @@ class Timeline(Phases):
         self.loop_tid = 0
         self.pg_pids: list[int] = []
         self.cpu_before: dict[str, int] = {}
+        # (from mark -> to mark, the loop's CPU seconds between them), every call
+        self.loop_cpu: list[tuple[str, float]] = []
 
     def install(self, app: Any) -> None:
         super().install(app)
@@ -435,6 +462,7 @@ class Timeline(Phases):
         self.cpu_before = self._cpu()
         self.statements = []
         super().start()
+        self.marks = _Marks(self.loop_tid, self.marks["sent"])
 
     def finish(self, sql_seconds: float, kind: str = "full") -> None:
         received = time.perf_counter()
@@ -448,6 +476,12 @@ class Timeline(Phases):
         sent = self.marks["sent"]
         line = {f"mark: {k}": v - sent for k, v in self.marks.items() if k != "sent"}
         line["mark: received"] = received - sent
+        if isinstance(self.marks, _Marks):
+            # the loop's CPU from each of its marks to the next (in time order)
+            ordered = sorted(self.marks.cpu, key=lambda k: self.marks[k])
+            for start, end in itertools.pairwise(ordered):
+                seconds = self.marks.cpu[end] - self.marks.cpu[start]
+                self.loop_cpu.append((f"{start} -> {end}", seconds))
         for k, (a, b, n) in enumerate(sorted(self.embeds)):
             line[f"embedding call {k + 1} ({n}): start"] = a - sent
             line[f"embedding call {k + 1} ({n}): end"] = b - sent
@@ -468,6 +502,13 @@ class Timeline(Phases):
             print(
                 f"  {name:44} {statistics.median(values):7.2f}   mean {statistics.mean(values):7.2f}"
             )
+        print("the event loop's CPU between its marks (medians over the calls, ms):")
+        segments: dict[str, list[float]] = {}
+        for name, seconds in self.loop_cpu:
+            segments.setdefault(name, []).append(seconds * 1000)
+        for name, values in segments.items():
+            if len(values) * 2 >= len(self.cpu_rows):
+                print(f"  {statistics.median(values):7.3f}  {name}")
         print("timeline of a call (ms after the client's send, medians over the calls):")
         shape = Counter(tuple(line) for line in self.timelines)
         keys, count = shape.most_common(1)[0]
@@ -546,9 +587,10 @@ def measure(
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
-    write's embedding lane holding two calls in flight instead of one (a text
-    added while a call runs queues behind it in the provider at once instead of
-    waiting for its end): an A/B of the lane's rule in one run."""
+    write's embedding lane's other rule: one call in flight where the default
+    is two (a text added while a call runs waits for its end instead of
+    queueing behind it in the provider at once), two where it is one: an A/B
+    of the lane's rule in one run."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
@@ -557,11 +599,17 @@ def measure(
     outstanding = _Lane.OUTSTANDING
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
-            for k, name in enumerate(kinds):
+            # the two kinds of the A/B take turns at going first: the second
+            # of two such calls sent back to back was the faster by 0.3-0.8 ms
+            # whichever rule it had (2026-12-05), which a fixed order adds to
+            # one side
+            order = kinds if i % 2 == 0 else ("serial", "full", "bare")
+            for k, name in enumerate(order):
                 n = len(kinds) * i + k
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
-                _Lane.OUTSTANDING = 2 if name == "serial" else outstanding
+                if name == "serial":
+                    _Lane.OUTSTANDING = other_rule(outstanding)
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -578,6 +626,11 @@ def measure(
                 if not all(x["created"] for x in answer["data"]["remember"]["receipts"]):
                     raise SystemExit("remember did not write")
     return latencies, statements
+
+
+def other_rule(outstanding: int) -> int:
+    """The lane's other rule: one call in flight against two, whichever is the default."""
+    return 1 if outstanding > 1 else 2
 
 
 # The text the gateway renders for the benchmark's relationship (its entities' names
@@ -722,6 +775,7 @@ def main() -> None:
                 if isinstance(phases, Timeline):
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
+                    phases.loop_cpu.clear()
             runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
         finally:
             server.should_exit = True
@@ -731,9 +785,10 @@ def main() -> None:
                     thread.join(timeout=10)
     floor, apart = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
+    other = f"{other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight"
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
-        ("  same, two embedding calls in flight", runs["serial"], statements["serial"]),
+        (f"  same, {other}", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
@@ -742,7 +797,7 @@ def main() -> None:
         if sql:
             line += f"   SQL statements {statistics.median(sql):.0f}"
         print(line)
-    print(f"  two in flight against the default, paired: {paired(runs['full'], runs['serial'])}")
+    print(f"  {other} against the default, paired: {paired(runs['full'], runs['serial'])}")
     if phases is not None:
         phases.report()
     if isinstance(phases, Timeline) and args.timeline_out is not None:

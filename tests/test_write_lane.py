@@ -6,7 +6,7 @@ loader's with ``embed_ahead``), a principal's relationship texts once known.
 What these tests hold it to, against the real PostgreSQL and the real model
 (wrapped to watch and hold its calls): each text goes to the provider once per
 batch, a call holding none of the texts the batch needs is not awaited, a
-refused batch leaves no call running, at most two calls are in flight, and the
+refused batch leaves no call running, one call is in flight at a time, and the
 stored vectors are the provider's for each text alone, bit for bit.
 """
 
