@@ -102,7 +102,7 @@ WARM = 5
 # with the lists that need no query embedding; the view alone only when that
 # round failed), the first round (the vector parts after the scope round), the
 # answer and last rounds with the community snapshot and related handles between
-# them). A statement matching none is "other": a separate statement of a
+# them; relationship discovery beside them on a side connection). A statement matching none is "other": a separate statement of a
 # degraded recall, or a step renamed in the store (then this table is behind).
 STEPS: tuple[tuple[str, str], ...] = (
     ("SELECT t.secret_sha256", "token"),
@@ -111,6 +111,9 @@ STEPS: tuple[tuple[str, str], ...] = (
     ("SELECT now() AS now, s.id, s.kind", "view"),
     ("WITH scope AS MATERIALIZED", "scope round"),
     ("WITH cands AS MATERIALIZED", "first round"),
+    # Relationship discovery on a side connection (round_trips.side_discovery),
+    # beside the rounds above: it may be answered before or after the first round.
+    ("WITH side_tenant AS MATERIALIZED", "discovery beside"),
     ("WITH run AS MATERIALIZED", "community snapshot"),
     ("SELECT o.id, o.space_id, o.subject_entity_id", "related handles"),
     # The answer round: with the related frontiers' handles when a shared branch

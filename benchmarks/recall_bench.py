@@ -1063,6 +1063,7 @@ def throughput(
         gw_cpu, pg_cpu = _tree_cpu([proc.pid]) - gw_cpu, _tree_cpu(server) - pg_cpu
         after = _model_runs(port)
         result["model_runs"] = None if runs is None or after is None else round(after - runs)
+        result["side"] = side_discoveries(port)  # warm-up included
         load_after = os.getloadavg()[0]
     finally:
         stop(proc)
@@ -1093,6 +1094,30 @@ def _model_runs(port: int) -> float | None:
         if line.startswith("recall_gateway_embedding_duration_seconds_count"):
             return float(line.rsplit(" ", 1)[1])
     return None
+
+
+def _side_text(side: dict[str, float] | None) -> str:
+    if not side:
+        return "none"
+    return ", ".join(f"{k} {side.get(k, 0):.0f}" for k in ("taken", "used", "refused"))
+
+
+def side_discoveries(port: int) -> dict[str, float]:
+    """The workers' relationship discoveries on side connections so far (``/metrics``:
+    taken, refused, used; summed over the workers; empty without them)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("recall_gateway_side_discoveries_total{"):
+            outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+            out[outcome] = out.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
 
 
 def _server_processes(dsn: str) -> list[int]:
@@ -1531,7 +1556,8 @@ def main() -> None:
             f"p50 {rate['p50_ms']:.1f} ms, p95 {rate['p95_ms']:.1f} ms, "
             f"errors {len(rate['failures'])}, load average {rate['load'][0]:.1f} -> "
             f"{rate['load'][1]:.1f}; query embeddings run by the workers meanwhile "
-            f"{rate.get('model_runs')} (each worker has its own LRU)"
+            f"{rate.get('model_runs')} (each worker has its own LRU); discovery on a side "
+            f"connection (warm-up included): {_side_text(rate.get('side'))}"
         )
         if rate["server_cpu_ms"] is None:
             print(

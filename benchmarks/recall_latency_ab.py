@@ -16,7 +16,11 @@ a shared machine falls on all arms alike. Kinds of recall:
 - ``fresh``: a full recall (recall_bench.py's FULL) of a question never asked
   before, so its query embedding is the model's;
 - ``repeated``: the same question again, its embedding from the LRU;
-- ``knownAt``: a full recall of a fresh question as a knownAt view.
+- ``knownAt``: a full recall of a fresh question as a knownAt view;
+- ``evidence-only``: recall_bench.py's EVIDENCE_ONLY (``relationshipLimit: 0,
+  communityLimit: 0``) of a fresh question.
+
+``--kinds`` chooses them (default: the first three).
 
 Prints per kind and arm p50 and p95 end to end (the first five questions warm
 up and are not counted), each arm's p50 against the first arm's, the median of
@@ -75,14 +79,24 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--port", type=int, default=8795, help="the first arm's; then +1 each")
     parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument(
+        "--kinds",
+        default="fresh,repeated,knownAt",
+        help="comma-separated: fresh, repeated, knownAt, evidence-only",
+    )
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    unknown = set(kinds) - {"fresh", "repeated", "knownAt", "evidence-only"}
+    if unknown:
+        parser.error(f"unknown kinds: {', '.join(sorted(unknown))}")
     corpus = rb.Zipf(np.random.default_rng(args.seed))
     rng = np.random.default_rng(args.seed + 1)
     questions = [
         corpus.query(rng, int(rng.integers(0, len(rb.TOPICS))))
-        for _ in range(2 * (args.queries + WARM))
+        for _ in range(3 * (args.queries + WARM))
     ]
-    fresh, historic = questions[: args.queries + WARM], questions[args.queries + WARM :]
+    n = args.queries + WARM
+    fresh, historic, bare = questions[:n], questions[n : 2 * n], questions[2 * n :]
     names = [name for name, _ in args.arm]
     times: dict[tuple[str, str], list[float]] = {}
     differ = 0
@@ -109,8 +123,11 @@ def main() -> None:
                 ("fresh", rb.FULL, fresh, {}),
                 ("repeated", rb.FULL, fresh, {}),
                 ("knownAt", rb.FULL_AT, historic, {"knownAt": known_at}),
+                ("evidence-only", rb.EVIDENCE_ONLY, bare, {}),
             ]
             for kind, document, asked, extra in plan:
+                if kind not in kinds:
+                    continue
                 for i, question in enumerate(asked):
                     answers = set()
                     for j in range(len(clients)):
@@ -124,6 +141,7 @@ def main() -> None:
                     differ += len(answers) > 1
             for c in clients:
                 c.close()
+            side = [rb.side_discoveries(args.port + k) for k in range(len(procs))]
         finally:
             stop(*procs)
     print(
@@ -132,6 +150,8 @@ def main() -> None:
         f"-> {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}); answers that differ "
         f"between arms: {differ}"
     )
+    for name, got in zip(names, side, strict=True):
+        print(f"  {name}: relationship discovery on a side connection: {rb._side_text(got)}")
     for kind in dict.fromkeys(k for k, _ in times):
         first = times[(kind, names[0])]
         base = p50_p95(first)[0]

@@ -145,6 +145,7 @@ def one_run(
         gw1, pg1 = recall_bench._tree_cpu([proc.pid]), recall_bench._tree_cpu(server)
         runs1 = recall_bench._model_runs(args.port)
         result["model_runs"] = None if runs0 is None or runs1 is None else round(runs1 - runs0)
+        result["side"] = recall_bench.side_discoveries(args.port)  # warm-up included
         result["worker_cpu_s"] = [_cpu(w) - c for w, c in zip(workers, each0, strict=True)]
         result["load"] = (load_before, os.getloadavg()[0])
     finally:
@@ -203,7 +204,8 @@ def main() -> None:
                     f"p50 {got['p50_ms']:.0f} ms  errors {len(got['failures'])}  load average "
                     f"{got['load'][0]:.1f} -> {got['load'][1]:.1f}  connections per worker "
                     f"{got['connections']}  CPU share per worker "
-                    f"{_shares(got['worker_cpu_s'])}  model runs {got['model_runs']}",
+                    f"{_shares(got['worker_cpu_s'])}  model runs {got['model_runs']}  side "
+                    f"discoveries (warm-up included) {recall_bench._side_text(got['side'])}",
                     flush=True,
                 )
     first = args.arm[0][0]

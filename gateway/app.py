@@ -216,6 +216,8 @@ def create_app(
                 statement_timeout_ms=settings.statement_timeout_ms,
                 # read-your-writes on replicas needs commits flushed before they return
                 settings=await commit_settings(dsn) if settings.read_urls else None,
+                side_connections=settings.side_connections,
+                side_plan_cache_mode=plan_cache_mode(settings.plan_cache_mode),
             )
             # The store's model decides the local model under RECALL_EMBEDDING_MODEL=auto.
             held = await read_store_model(db)
@@ -242,6 +244,8 @@ def create_app(
                 settings.read_urls,
                 max_size=settings.pool_max_size,
                 statement_timeout_ms=settings.statement_timeout_ms,
+                side_connections=settings.side_connections,
+                side_plan_cache_mode=plan_cache_mode(settings.plan_cache_mode),
                 max_lag_s=settings.replica_max_lag_ms / 1000,
                 wait_s=settings.replica_wait_ms / 1000,
                 interval_s=settings.replica_check_interval_ms / 1000,

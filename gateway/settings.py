@@ -72,6 +72,14 @@ class Settings(BaseSettings):
 
     pool_min_size: int = Field(default=1, ge=0, le=100, description="asyncpg pool minimum.")
     pool_max_size: int = Field(default=10, ge=1, le=200, description="asyncpg pool maximum.")
+    side_connections: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="Connections per pool reserved for relationship discovery beside a full "
+        "recall's own connection (outside RECALL_POOL_MAX_SIZE; a recall takes one only if "
+        "one is free, else discovers on its own connection); 0: none. See docs/recall.md.",
+    )
     statement_timeout_ms: int = Field(
         default=5000, ge=100, le=600_000, description="Upper bound of one SQL statement."
     )

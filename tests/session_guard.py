@@ -26,7 +26,11 @@ LEAKS: list[dict[str, Any]] = []
 
 _CHECK = """
 SELECT
-       current_user <> session_user AS role_kept,
+       -- a role other than the login's: a side connection's login role (the
+       -- startup setting, database.SideConnections) is its reset value
+       (SELECT setting IS DISTINCT FROM reset_val FROM pg_settings WHERE name = 'role')
+           OR (current_setting('role') = 'none' AND current_user <> session_user)
+           AS role_kept,
        session_user <> (SELECT usename FROM pg_stat_activity WHERE pid = pg_backend_pid())
            AS session_authorization,  -- SET SESSION AUTHORIZATION (a full reset keeps it)
        -- the gateway's own settings (placeholders: not in pg_settings)

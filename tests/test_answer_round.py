@@ -135,6 +135,7 @@ async def test_handles_reach_conflicts_in_the_answer_round(
         answer.pop("recallId", None)
     assert alone == combined
     # Without the community snapshot (communityLimit 0), a full recall costs the
-    # statements of an evidence-only one: the handles cost no round trip.
-    assert combined_count == evidence_count + (1 if communities else 0)
+    # statements of an evidence-only one and its discovery's on a side connection
+    # (one statement): the handles cost no round trip.
+    assert combined_count == evidence_count + 1 + (1 if communities else 0)
     assert alone_count > combined_count

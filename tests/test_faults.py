@@ -189,8 +189,9 @@ async def test_deadline_cancels_the_request_and_its_statements(seeded: Any) -> N
         waiting = 1
         for _ in range(50):
             waiting = await blocker.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
-                "'recall-gateway' AND state = 'active'"
+                # the pool's connections and the side connections (recall-gateway-side)
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE "
+                "'recall-gateway%' AND state = 'active'"
             )
             if waiting == 0:
                 break

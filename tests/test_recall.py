@@ -490,13 +490,14 @@ async def test_statements_do_not_grow_with_limit(client, gateway_app, writes) ->
         counts[limit] = counter.count - before
         assert len(result["results"]) == limit
     assert counts[1] == counts[10] == counts[40], counts
-    # A full recall (every frontier at its default limits, feedback on) sends 9:
+    # A full recall (every frontier at its default limits, feedback on) sends 10:
     # the token lookup, BEGIN, the tenant settings, the view with the full-text
-    # lists, their hydration and discovery by full text (sent while the question
-    # is embedded), the vector lists with theirs, the community snapshot, the
-    # handles with the hypotheses and the conflicts, the nested rows with the
-    # recall event, and COMMIT (gateway/store/round_trips.py).
-    assert counts[10] == 9, counts
+    # lists and their hydration (sent while the question is embedded), the
+    # vector lists with theirs, relationship discovery on a side connection
+    # beside them (one statement, its tenant settings in it), the community
+    # snapshot, the handles with the hypotheses and the conflicts, the nested
+    # rows with the recall event, and COMMIT (gateway/store/round_trips.py).
+    assert counts[10] == 10, counts
     # A question asked before has its embedding at once (the LRU): every list
     # goes with the view, one statement fewer, whatever the limit.
     repeated = {}
@@ -504,7 +505,7 @@ async def test_statements_do_not_grow_with_limit(client, gateway_app, writes) ->
         before = counter.count
         await recall(client, tok, q="billing note invoices batch 10", limit=limit)
         repeated[limit] = counter.count - before
-    assert repeated == {1: 8, 10: 8, 40: 8}, repeated
+    assert repeated == {1: 9, 10: 9, 40: 9}, repeated
 
 
 BARE = """query Bare($q: String) { recallMemory(query: $q) {

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import httpx
 import numpy as np
 import pytest
 
@@ -29,7 +30,7 @@ from gateway.store import recall as view_store
 from gateway.store import related, round_trips, search
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl
 from .test_conflicts import ownership_case
 from .test_recall import more_evidence, recall, token
@@ -196,13 +197,29 @@ class HeldBackProvider(LocalEmbeddingProvider):
         return await super().embed(texts)
 
 
+@pytest.mark.parametrize("side_connections", [0, 2])
 async def test_the_full_text_lists_are_sent_before_the_query_embedding_returns(
-    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+    dsn: str, writes: Any, monkeypatch: Any, side_connections: int
 ) -> None:
+    """Without side connections, relationship discovery by full text goes with the
+    view too; with them, discovery goes to a side connection once the embedding
+    is known (gateway/services/recall.py, _DiscoveryBeside), and the view's
+    statement carries only the evidence lists."""
     team = unique("early")
     await load_jsonl(writes, jsonl(ownership_case(team) + more_evidence(team, 8)))
     tok = await token(writes, team, "alice")
     question = "who owns the billing service invoices"
+    app = app_for(dsn, side_connections=side_connections)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as client,
+    ):
+        await _early_lists(app, client, tok, question, monkeypatch, side_connections > 0)
+
+
+async def _early_lists(
+    gateway_app: Any, client: Any, tok: str, question: str, monkeypatch: Any, beside: bool
+) -> None:
     service = gateway_app.state.services.recall
     expected = await recall(client, tok, q=question)  # the shipped provider's answer
 
@@ -228,10 +245,14 @@ async def test_the_full_text_lists_are_sent_before_the_query_embedding_returns(
         await held.aclose()
     first = held.answered_first
     # Answered before the embedding returned: the evidence full-text lists, the
-    # hydration of their candidates and discovery by full text, with the view.
+    # hydration of their candidates and (without side connections) discovery by
+    # full text, with the view.
     assert any("evidence_fulltext_top_k" in sql for sql in first), [s[:60] for s in first]
-    assert any("relationship_fulltext_top_k" in sql for sql in first)
+    assert any("relationship_fulltext_top_k" in sql for sql in first) is not beside
     assert any("WITH scope AS MATERIALIZED" in sql for sql in first)
+    if beside:  # discovery, both lists, in one statement on a side connection
+        [side] = [sql for sql in answered if sql.startswith("WITH side_tenant")]
+        assert "relationship_fulltext_top_k" in side and "relationship_vector_candidates" in side
     # ... and nothing that needs the vector.
     assert not any("vector_candidates" in sql for sql in first)
     assert any("evidence_vector_candidates" in sql for sql in answered)

@@ -351,8 +351,10 @@ async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
     rounds: list[Any] = []
     real = round_trips.scope_round
 
-    async def spy(conn: Any, scope: Any, candidates: Any, discovery: Any, *rest: Any) -> Any:
-        got = await real(conn, scope, candidates, discovery, *rest)
+    async def spy(
+        conn: Any, scope: Any, candidates: Any, discovery: Any, *rest: Any, **kw: Any
+    ) -> Any:
+        got = await real(conn, scope, candidates, discovery, *rest, **kw)
         rounds.append(got)
         return got
 
@@ -382,8 +384,11 @@ async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
             if name == "vector":
                 late = [i for i in ids if i not in early_ids]
                 skipped += sum(1 for i in late if i not in scope.first.eligible)
-        # The answer of hydrating every candidate.
-        monkeypatch.setattr(round_trips, "scope_round", lambda c, s, cq, d, *rest: spy(c, s, cq, d))
+        # The answer of hydrating every candidate (no vector bound; the support
+        # paths' groups still asked for, when discovery runs beside the unit).
+        monkeypatch.setattr(
+            round_trips, "scope_round", lambda c, s, cq, d, *rest, **kw: spy(c, s, cq, d, **kw)
+        )
         every = await again(**variables)
         monkeypatch.setattr(round_trips, "scope_round", spy)
         assert got == every and got["results"], variables
@@ -445,8 +450,8 @@ async def test_a_tie_at_the_bound_through_the_gateway(
     firsts: list[tuple[dict[str, Any], Any]] = []
     real_scope, real_first = round_trips.scope_round, round_trips.first_round
 
-    async def scope_spy(*args: Any) -> Any:
-        got = await real_scope(*args)
+    async def scope_spy(*args: Any, **kw: Any) -> Any:
+        got = await real_scope(*args, **kw)
         scopes.append(got)
         return got
 

@@ -11,6 +11,7 @@ of the living workers (multiprocess).
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 from prometheus_client import (
@@ -54,12 +55,37 @@ STATEMENTS = Histogram(
     "SQL statements sent for one GraphQL request.",
     buckets=(1, 2, 5, 10, 20, 30, 40, 50, 75, 100, 200),
 )
+SIDE_DISCOVERIES = Counter(
+    "recall_gateway_side_discoveries",
+    "Full recalls' relationship discovery on a side connection (docs/recall.md, Cost): "
+    "taken (a side connection was free), refused (none was: discovered on the recall's own "
+    "connection), used (its answer went into the recall's; taken but not used: it failed or "
+    "read another view, and discovery ran on the recall's own connection).",
+    ["outcome"],
+)
 POOL = Gauge(
     "recall_gateway_pool_connections",
     "asyncpg pool connections: in_use, idle, waiting (requests queued for one), max.",
     ["state"],
     multiprocess_mode="livesum",
 )
+
+
+_SIDE_SEEN: weakref.WeakKeyDictionary[Any, tuple[int, int, int]] = weakref.WeakKeyDictionary()
+
+
+def observe_side(side: Any) -> None:
+    """Add to :data:`SIDE_DISCOVERIES` what a pool's side connections counted since
+    the last call (``gateway.store.database.SideConnections``; None: no side
+    connections)."""
+    if side is None:
+        return
+    now = (side.taken, side.refused, side.used)
+    before = _SIDE_SEEN.get(side, (0, 0, 0))
+    for outcome, n, seen in zip(("taken", "refused", "used"), now, before, strict=True):
+        if n > seen:
+            SIDE_DISCOVERIES.labels(outcome).inc(n - seen)
+    _SIDE_SEEN[side] = now
 
 
 def multiprocess_dir() -> str | None:

@@ -86,6 +86,9 @@ class ObservedRecall(RecallService):
                 span.set_attribute("recall.results", len(outcome.results))
                 span.set_attribute("recall.degradations", len(outcome.degradations))
         entry = record()
+        metrics.observe_side(self.db.side)
+        for replica in self.reads.replicas:
+            metrics.observe_side(replica.db.side)
         for degradation in outcome.degradations:
             metrics.DEGRADATIONS.labels(degradation.frontier, degradation.code).inc()
             if entry is not None:

@@ -31,15 +31,17 @@ import asyncio
 import logging
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 
+from gateway import deadline
 from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
-from gateway.errors import EmbeddingError, EmbeddingMalformed
+from gateway.errors import EmbeddingError, EmbeddingMalformed, GatewayError
 from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K
 from gateway.services import conflicts as conflict_frontier
 from gateway.services import hypotheses as hypothesis_frontier
@@ -75,7 +77,7 @@ from gateway.stages import stage
 from gateway.store import recall as store
 from gateway.store import related as related_store
 from gateway.store import round_trips, search
-from gateway.store.database import STORE_FAILURES, Database, Unit
+from gateway.store.database import APP_ROLE, STORE_FAILURES, Database, SideTicket, Unit
 from gateway.store.recall import RelationshipRow
 from gateway.store.replicas import ReadRouter
 
@@ -246,22 +248,29 @@ class RecallService:
         """The recall on ``db``; ``snapshot``: write the feedback snapshot in the
         recall's own transaction (``db`` is the primary)."""
         degradations: list[Degradation] = []
-        async with db.unit(
-            principal.team_id,
-            principal.readable_space_ids,
-            readonly=not snapshot,
-            plan_cache_mode=self.plan_cache_mode,
-        ) as unit:
+        async with (
+            db.unit(
+                principal.team_id,
+                principal.readable_space_ids,
+                readonly=not snapshot,
+                plan_cache_mode=self.plan_cache_mode,
+            ) as unit,
+            _DiscoveryBeside.taken(db, unit, principal, request) as beside,
+        ):
             # 1. Scope, while the query is embedded (in the provider's thread or
             # remotely): the view, and with it every list whose input is known
             # already (full text and entities; the vector lists too when the
             # embedding is, from the LRU), so that their work runs on the server
-            # during the model run instead of after it.
+            # during the model run instead of after it. Relationship discovery,
+            # when a side connection is free, runs there instead, as soon as the
+            # view's instant and the embedding are known (_DiscoveryBeside).
             ready, known = self.embeddings.known(request.query)
             embedding = asyncio.ensure_future(self.embeddings.vector(request.query, degradations))
+            if beside is not None:
+                beside.start(embedding)
             try:
                 view, branches, early = await self._scope_round(
-                    unit, principal, request, known if ready else None
+                    unit, principal, request, known if ready else None, beside is not None
                 )
             except BaseException:
                 embedding.cancel()
@@ -277,7 +286,7 @@ class RecallService:
             # 2. Evidence, with relationship discovery beside it: what the scope
             # round did not read (the vector parts), in one more round trip.
             first = await self._first_round(
-                unit, view, branches, request, vector, shared, early, ready
+                unit, view, branches, request, vector, shared, early, ready, beside is not None
             )
             evidence = await search_evidence(
                 unit,
@@ -293,11 +302,15 @@ class RecallService:
             # 3. Related relationships and communities; discovery's coverage by the
             # returned evidence is applied now that the evidence is known.
             discovered = None
-            if first is not None and first.discovery is not None:
-                covered = {first.path_groups[r] for r in returned if r in first.path_groups}
-                discovered = replace(
-                    first.discovery, covered_groups=first.discovery.covered_groups | covered
-                )
+            if first is not None:
+                found = first.discovery
+                if beside is not None:
+                    # None when it failed or read another view: the frontiers then
+                    # discover on the unit, as when a combined round failed.
+                    found = await beside.result(view, shared, request, vector)
+                if found is not None:
+                    covered = {first.path_groups[r] for r in returned if r in first.path_groups}
+                    discovered = replace(found, covered_groups=found.covered_groups | covered)
             # The handles' relationships are read in the answer round (hypotheses and
             # conflicts, with the handles' reach of cases in SQL): one round trip less.
             answer = _AnswerWithHandles(unit, view, branches, request, results, shared)
@@ -377,17 +390,25 @@ class RecallService:
         shared: SharedBranch | None,
         early: round_trips.FirstRound | None,
         ready: bool,
+        beside: bool = False,
     ) -> round_trips.FirstRound | None:
         """The candidate lists, their hydration and discovery: those the scope round
         read (``early``; ``ready``: with the query's vector, so all of them), and
         the vector parts after it. None when nothing is to be searched, or when a
         combined statement failed: the frontiers then read their own statements,
-        each with its fallbacks and degradations."""
+        each with its fallbacks and degradations. ``beside``: discovery runs on a
+        side connection; these rounds read only the support paths' groups its
+        coverage needs."""
         candidates = candidate_query(view.team_id, branches, request, vector, view.t_sys)
         discovery = discovery_query(view, shared, request, vector)
+        groups = None
+        if beside and discovery is not None:
+            discovery, groups = None, round_trips.PathGroups(view.space_ids, view.t_sys)
         if early is None or not candidates.branches:
             # No scope round's lists (it failed, or the view disagreed): all at once.
-            return await RecallService._search_round(unit, candidates, view.t_valid, discovery)
+            return await RecallService._search_round(
+                unit, candidates, view.t_valid, discovery, groups=groups
+            )
         if ready or vector is None:
             return round_trips.merge_rounds(candidates, discovery, early, None)
         late = await RecallService._search_round(
@@ -398,6 +419,7 @@ class RecallService:
             replace(discovery, text=None, known_evidence_ids=(), known_relationship_ids=())
             if discovery is not None
             else None,
+            groups=groups,
             checked=sorted({i for ids in early.lists.values() for i in ids}),
             # Vector candidates that cannot reach the answer are not hydrated.
             vector_ranks=vector_hydration_bounds(
@@ -421,14 +443,22 @@ class RecallService:
         discovery: related_store.DiscoveryQuery | None,
         checked: Sequence[str] = (),
         vector_ranks: Mapping[str, int] | None = None,
+        groups: round_trips.PathGroups | None = None,
     ) -> round_trips.FirstRound | None:
         """Candidates, hydration and discovery in one statement (``checked``: already
-        hydrated; ``vector_ranks``: the vector candidates hydrated, per branch); None
-        when it fails or when there is nothing to search."""
+        hydrated; ``vector_ranks``: the vector candidates hydrated, per branch;
+        ``groups``: the support paths' groups without discovery); None when it fails
+        or when there is nothing to search."""
         try:
             async with unit.step() as conn:
                 return await round_trips.first_round(
-                    conn, candidates, t_valid, discovery, checked=checked, vector_ranks=vector_ranks
+                    conn,
+                    candidates,
+                    t_valid,
+                    discovery,
+                    checked=checked,
+                    vector_ranks=vector_ranks,
+                    groups=groups,
                 )
         except STORE_FAILURES as exc:
             log.warning("combined evidence search failed (%s); searching step by step", exc)
@@ -489,11 +519,13 @@ class RecallService:
         principal: Principal,
         request: RecallRequest,
         vector: np.ndarray | None,
+        beside: bool = False,
     ) -> tuple[ReadView, list[search.BranchSearch], round_trips.FirstRound | None]:
         """The view, the branches to search in it, and the first round's parts sent
         with it (``vector``: the query's, when already known): one statement
         (round_trips.scope_round). If it fails, the view alone, and no parts (the
-        first round then reads them all)."""
+        first round then reads them all). ``beside``: discovery runs on a side
+        connection; only the support paths' groups its coverage needs are read."""
         spaces = principal.readable_space_ids
         # The queries as the view will make them: a branch per readable space (the
         # statement takes their generations from the view), the view's instants
@@ -515,6 +547,9 @@ class RecallService:
         discovery = discovery_query(
             provisional, SharedBranch(principal.shared_space_id, 0), request, vector
         )
+        groups = None
+        if beside and discovery is not None:
+            discovery, groups = None, round_trips.PathGroups(provisional.space_ids, t_sys)
         scope = round_trips.ScopeQuery(
             principal.team_id, spaces, request.known_at, request.valid_at
         )
@@ -528,6 +563,7 @@ class RecallService:
                     # With the vector lists (the embedding known): vector candidates
                     # that cannot reach the answer are not hydrated.
                     round_trips.VectorBound(request.limit, EVIDENCE_WEIGHTS, RRF_K),
+                    groups=groups,
                 )
         except STORE_FAILURES as exc:
             log.warning("view with the first lists failed (%s); the view alone", exc)
@@ -741,6 +777,165 @@ class _AnswerWithHandles:
         except STORE_FAILURES as exc:
             log.warning("combined handles, hypotheses and conflicts failed (%s); one by one", exc)
             return None
+
+
+class _DiscoveryBeside:
+    """Relationship discovery on a side connection, beside the unit's evidence path.
+
+    A full recall's statements run one after another on its unit's connection,
+    and discovery (both of its lists and their eligibility, about a fifth of a
+    recall's server CPU at 100k) depends on nothing the evidence path reads but
+    the view's instants and the query embedding. So when a side connection is
+    free now (:meth:`gateway.store.database.SideConnections.take`: never waited
+    for), discovery runs there as one statement
+    (:func:`gateway.store.round_trips.side_discovery`), sent as soon as the
+    embedding is known and the unit's transaction has begun (its ``now()`` is a
+    current view's instant; a ``knownAt`` view's is the request's), while the
+    unit reads the view, the evidence lists and their hydration (and the
+    support paths' groups coverage needs). The frontiers wait for it after the
+    evidence.
+
+    Its answer is used only if it read the discovery the unit would have read:
+    the same query, built by the same function, from the view the unit read
+    (same instants, the same generation of the shared space) and the same
+    vector, read as ``recall_app``. Anything else (it failed, a view read again
+    in a later transaction, a reset committed between the two reads) returns
+    None, and the frontiers discover on the unit, with their own fallbacks and
+    degradations, as when a combined round fails. Evidence-only recalls (both
+    related limits 0), recalls without a question, and temporal recalls without
+    relationships take no side connection."""
+
+    def __init__(
+        self,
+        db: Database,
+        ticket: SideTicket,
+        unit: Unit,
+        principal: Principal,
+        request: RecallRequest,
+    ) -> None:
+        self.db = db
+        self.ticket = ticket
+        self.unit = unit
+        self.principal = principal
+        self.request = request
+        self.task: asyncio.Future[tuple[related_store.DiscoveryQuery, round_trips.SideDiscovery]]
+        self.task = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    @asynccontextmanager
+    async def taken(
+        cls, db: Database, unit: Unit, principal: Principal, request: RecallRequest
+    ) -> AsyncIterator[_DiscoveryBeside | None]:
+        """A side discovery for this recall, or None (no discovery to run, no side
+        connection free now). On exit its statement is cancelled if still running
+        and its connection given back."""
+        ticket = None
+        if db.side is not None and request.query is not None:
+            view = ReadView(principal.team_id, {}, _UNTIL_THE_VIEW, _UNTIL_THE_VIEW)
+            wanted = discovery_query(
+                view, SharedBranch(principal.shared_space_id, 0), request, None
+            )
+            if wanted is not None:
+                ticket = db.side.take()
+        if ticket is None:
+            yield None
+            return
+        beside = cls(db, ticket, unit, principal, request)
+        try:
+            yield beside
+        finally:
+            task = beside.task
+            if not task.done():
+                # Cancelled: its statement is cancelled on the server, and its
+                # connection given back by the ticket (also when the task never
+                # reached it). Waited for without taking its outcome, so that a
+                # cancellation of this recall still propagates from here.
+                task.cancel()
+                task.add_done_callback(_release_after(ticket))
+                await asyncio.wait([task])
+            else:
+                _release_after(ticket)(task)
+
+    def start(self, embedding: asyncio.Future[np.ndarray | None]) -> None:
+        self.task = asyncio.ensure_future(self._run(embedding))
+
+    async def _run(
+        self, embedding: asyncio.Future[np.ndarray | None]
+    ) -> tuple[related_store.DiscoveryQuery, round_trips.SideDiscovery]:
+        # shield: cancelling this task must not cancel the recall's embedding.
+        vector = await asyncio.shield(embedding)
+        request, principal = self.request, self.principal
+        t_sys = request.known_at or await self.unit.began()
+        view = ReadView(
+            team_id=principal.team_id,
+            space_kinds=dict(zip(principal.readable_space_ids, principal.space_kinds, strict=True)),
+            t_sys=t_sys,
+            t_valid=request.valid_at or t_sys,
+        )
+        query = discovery_query(view, SharedBranch(principal.shared_space_id, 0), request, vector)
+        assert query is not None  # checked by taken()
+        async with self.ticket.connection() as conn:
+            got = await round_trips.side_discovery(
+                conn,
+                principal.team_id,
+                principal.readable_space_ids,
+                query,
+                budget_s=deadline.remaining(),
+            )
+        return query, got
+
+    @stage("related_beside")
+    async def result(
+        self,
+        view: ReadView,
+        shared: SharedBranch | None,
+        request: RecallRequest,
+        vector: np.ndarray | None,
+    ) -> related_store.Discovery | None:
+        """The side's discovery if it is the one the unit would have read for
+        ``view`` and ``vector``, else None (the frontiers then read their own)."""
+        try:
+            query, got = await self.task
+        except _BESIDE_FAILURES as exc:
+            # Counted for the read router, as a failed step of the unit is.
+            self.db.note(exc)
+            log.warning("relationship discovery beside the recall failed (%s); on the unit", exc)
+            return None
+        expected = discovery_query(view, shared, request, vector)
+        if expected is None or got.role != APP_ROLE or got.generation is None:
+            return None
+        if not _same_discovery(replace(query, generation=got.generation), expected):
+            log.info("relationship discovery beside the recall read another view; on the unit")
+            return None
+        self.ticket.used()
+        return got.discovery
+
+
+def _release_after(ticket: SideTicket) -> Callable[[asyncio.Future[Any]], None]:
+    """A done callback: the side task's outcome is read (a failure the recall did
+    not wait for is not reported as never retrieved) and its ticket released."""
+
+    def done(task: asyncio.Future[Any]) -> None:
+        if not task.cancelled():
+            task.exception()
+        ticket.release()
+
+    return done
+
+
+_BESIDE_FAILURES: Final[tuple[type[BaseException], ...]] = (*STORE_FAILURES, GatewayError)
+"""What a side discovery may fail with (a statement, the connection, the deadline)."""
+
+
+def _same_discovery(a: related_store.DiscoveryQuery, b: related_store.DiscoveryQuery) -> bool:
+    """Whether two discovery queries read the same: every field equal (the readable
+    spaces as a set), the query vector the same object."""
+    return (
+        a.vector is b.vector
+        and set(a.readable_space_ids) == set(b.readable_space_ids)
+        and replace(a, vector=None, readable_space_ids=())
+        == replace(b, vector=None, readable_space_ids=())
+    )
 
 
 _UNTIL_THE_VIEW: Final = datetime(1, 1, 1, tzinfo=UTC)

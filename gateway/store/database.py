@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -26,6 +27,10 @@ from gateway.store.connection import Conn
 
 APP_ROLE = "recall_app"
 
+# A read waits at most this long for a lock (a migration, a reindex) before
+# failing, so that an optional branch degrades instead of hanging.
+_LOCK_TIMEOUT = "2s"
+
 _ENTER_TENANT = (
     "SELECT set_config('role', $1, true), set_config('recall.team_id', $2, true), "
     "set_config('recall.space_ids', $3, true), set_config('lock_timeout', $4, true), "
@@ -36,8 +41,22 @@ _ENTER_TENANT = (
 # thing (db/0160; gateway/store/writes.py, claim_counter_shard), in the same round trip.
 _ENTER_TENANT_WRITING = _ENTER_TENANT + ", recall_stats_shard()"
 
-# The same, and how PostgreSQL plans the unit's prepared statements (see Unit).
-_ENTER_TENANT_PLANNED = _ENTER_TENANT + ", set_config('plan_cache_mode', $6, true)"
+# A unit's (see Unit): the same, and the transaction's instant (``now()``, a
+# current view's system time), so that work beside the unit can take the view's
+# instant before the view statement has answered.
+_ENTER_UNIT = _ENTER_TENANT + ", now()"
+# The same, and how PostgreSQL plans the unit's prepared statements.
+_ENTER_UNIT_PLANNED = _ENTER_TENANT + ", set_config('plan_cache_mode', $6, true), now()"
+
+# The first part of a statement on a side connection (SideConnections): the
+# tenant settings of its implicit transaction, made with its first selection.
+# The connection is recall_app from its login on, so row-level security is in
+# every plan it makes; the two settings, which the policies read when they run,
+# are set by the first expression the statement evaluates (see SideConnections).
+SIDE_TENANT_SQL = (
+    "SELECT current_user::text AS role, set_config('recall.team_id', $1, true) AS team, "
+    "set_config('recall.space_ids', $2, true) AS spaces"
+)
 
 _SET_SPACES = "SELECT set_config('recall.space_ids', $1, true)"
 
@@ -112,6 +131,11 @@ def _skip_reset(conn: Conn) -> None:
 
 def _space_literal(space_ids: Sequence[UUID]) -> str:
     return "{" + ",".join(str(s) for s in space_ids) + "}"
+
+
+def side_tenant_args(team_id: str, space_ids: Sequence[UUID]) -> list[Any]:
+    """The parameters of :data:`SIDE_TENANT_SQL`."""
+    return [team_id, _space_literal(space_ids)]
 
 
 # Statements asyncpg sends on its own: one-off type introspection of a new
@@ -260,8 +284,11 @@ class Database:
         pool: asyncpg.Pool,
         counter: StatementCounter | None = None,
         statement_timeout_ms: int = 5000,
+        side: SideConnections | None = None,
     ) -> None:
         self.pool = pool
+        # Connections reserved for a recall's statement beside its unit (None: none).
+        self.side = side
         self.counter = counter or StatementCounter()
         # Statements or connections that failed because this server could not
         # serve them (see _SERVER_FAILURES), for the read router.
@@ -269,7 +296,7 @@ class Database:
         self.statement_timeout_ms = statement_timeout_ms
         # A read waits at most this long for a lock (a migration, a reindex)
         # before failing, so that an optional branch degrades instead of hanging.
-        self.lock_timeout = "2s"
+        self.lock_timeout = _LOCK_TIMEOUT
 
     @classmethod
     async def open(
@@ -280,7 +307,15 @@ class Database:
         max_size: int = 10,
         statement_timeout_ms: int = 5000,
         settings: dict[str, str] | None = None,
+        side_connections: int = 0,
+        side_plan_cache_mode: str | None = None,
+        lock_timeout: str = _LOCK_TIMEOUT,
     ) -> Database:
+        """``side_connections``: how many connections to reserve for statements a
+        recall sends beside its unit (:class:`SideConnections`; 0: none), planned
+        with ``side_plan_cache_mode`` (None: the server's). ``lock_timeout``: how
+        long a read waits for a lock (tenant transactions, and side connections'
+        logins)."""
         counter = StatementCounter()
 
         async def init(conn: asyncpg.Connection) -> None:
@@ -305,11 +340,29 @@ class Database:
             )
         except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
             raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
-        return cls(pool, counter, statement_timeout_ms)
+        side = None
+        if side_connections > 0:
+            side = await SideConnections.open(
+                dsn,
+                side_connections,
+                counter,
+                # A pool that opens nothing at first (a replica not reachable yet)
+                # opens its side connections on demand too.
+                opened=side_connections if min_size > 0 else 0,
+                statement_timeout_ms=statement_timeout_ms,
+                lock_timeout=lock_timeout,
+                plan_cache_mode=side_plan_cache_mode,
+                settings=settings,
+            )
+        db = cls(pool, counter, statement_timeout_ms, side)
+        db.lock_timeout = lock_timeout
+        return db
 
     async def close(self, wait_s: float | None = None) -> None:
         """Close the pool, waiting at most ``wait_s`` seconds for connections in
         use; past it they are terminated, so a shutdown never hangs on one."""
+        if self.side is not None:
+            await self.side.close(wait_s)
         try:
             await asyncio.wait_for(self.pool.close(), wait_s)
         except TimeoutError:
@@ -451,6 +504,155 @@ class Database:
             yield conn
 
 
+class SideConnections:
+    """A few connections reserved for a recall's statement beside its unit.
+
+    A recall reads most of its answer on its unit's one connection, one
+    statement after another, while the machine has other cores: a part whose
+    inputs are known early (relationship discovery, gateway/services/recall.py)
+    can run on a second connection at the same time. Three rules make that safe.
+
+    **Never waited for.** A recall holds its unit's connection while it would
+    wait for a second one; if every connection of one pool were held by recalls
+    waiting so, none would go on. So a recall takes a side connection only when
+    one is free now (:meth:`take` counts them and never waits for another
+    recall), from a pool of its own that nothing else uses; else it does the
+    work on its unit's connection, as without side connections.
+
+    **One statement, as the tenant.** A side connection logs in as ``recall_app``
+    (the ``role`` startup setting, which also survives ``RESET ALL``), so every
+    statement it plans is planned with row-level security, and the login is
+    checked (:meth:`open` refuses a connection that is anyone else), and
+    read-only (``default_transaction_read_only``). Its statement runs in an
+    implicit transaction and begins with :data:`SIDE_TENANT_SQL`, its first
+    selection. That the reads after it see the team and the spaces is a
+    property of PostgreSQL's executor, not a rule of SQL: it evaluates a
+    statement's uncorrelated scalar subqueries (InitPlans) lazily, when their
+    selection is evaluated, in the selections' order, and each MATERIALIZED CTE
+    when it is first read; the space wall's spaces are an InitPlan themselves
+    (db/0121), the partitioned tables are read only inside the search
+    functions, which plan their queries when called, so nothing reads a row at
+    executor start. ``tests/test_side_connections.py`` shows the order (and
+    that it fails closed: a read placed before the settings sees nothing, never
+    more), and every recall's answer is checked against the unit's view. The
+    settings are transaction-local and end with the statement. The statement
+    reports ``current_user``, which its caller checks. So one statement is all
+    a side use costs: no ``BEGIN``, settings or ``COMMIT`` of its own. The plan
+    mode and the lock and statement timeouts are the login's.
+
+    **Clean when returned.** The statement sets nothing beyond its implicit
+    transaction, so a use that returned normally skips the reset statement; a
+    failed or cancelled one (asyncpg cancels the statement on the server) keeps
+    asyncpg's reset (``RESET ALL`` keeps the login's role), and
+    ``tests/test_side_connections.py`` checks the session after both."""
+
+    def __init__(self, pool: asyncpg.Pool, size: int) -> None:
+        self.pool = pool
+        self.size = size
+        self.busy = 0
+        # Recalls that took a side connection, those that found none free, and
+        # those whose side statement's answer was used (SideTicket.used).
+        self.taken = 0
+        self.refused = 0
+        self.used = 0
+
+    @classmethod
+    async def open(
+        cls,
+        dsn: str,
+        size: int,
+        counter: StatementCounter,
+        *,
+        opened: int,
+        statement_timeout_ms: int,
+        lock_timeout: str,
+        plan_cache_mode: str | None,
+        settings: dict[str, str] | None = None,
+    ) -> SideConnections:
+        async def init(conn: asyncpg.Connection) -> None:
+            role = await conn.fetchval("SELECT current_user::text")
+            if role != APP_ROLE:
+                raise ConfigurationError(
+                    f"a side connection logged in as {role!r}, not {APP_ROLE!r}: the login "
+                    f"must be able to take the role {APP_ROLE} (GRANT {APP_ROLE} TO it)"
+                )
+            await register_vector(conn)
+            await _learn_domains(conn)
+            conn.add_query_logger(counter)
+
+        server_settings = {
+            "application_name": "recall-gateway-side",
+            **(settings or {}),
+            "role": APP_ROLE,
+            "statement_timeout": str(statement_timeout_ms),
+            "lock_timeout": lock_timeout,
+            # Discovery only reads: a write on a side connection fails.
+            "default_transaction_read_only": "on",
+        }
+        if plan_cache_mode is not None:
+            server_settings["plan_cache_mode"] = plan_cache_mode
+        try:
+            pool = await asyncpg.create_pool(
+                dsn,
+                min_size=opened,
+                max_size=size,
+                init=init,
+                reset=_reset,
+                connection_class=PooledConnection,
+                max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
+                server_settings=server_settings,
+            )
+        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+            raise DatabaseUnavailable(f"cannot open the side connections: {exc}") from exc
+        return cls(pool, size)
+
+    def take(self) -> SideTicket | None:
+        """A side connection if one is free now, else None (never waits)."""
+        if self.busy >= self.size:
+            self.refused += 1
+            return None
+        self.busy += 1
+        self.taken += 1
+        return SideTicket(self)
+
+    async def close(self, wait_s: float | None = None) -> None:
+        try:
+            await asyncio.wait_for(self.pool.close(), wait_s)
+        except TimeoutError:
+            self.pool.terminate()
+
+
+class SideTicket:
+    """One taken side connection: :meth:`connection` uses it once; :meth:`release`
+    gives the place back (idempotent; also when the connection was never used)."""
+
+    def __init__(self, side: SideConnections) -> None:
+        self._side = side
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._side.busy -= 1
+
+    def used(self) -> None:
+        """The side statement's answer went into the recall's (counted: tests and
+        benchmarks tell a side use from a fallback to the unit by it)."""
+        self._side.used += 1
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """The connection, outside any transaction. At most ``busy`` uses hold the
+        pool's ``size`` connections, so acquiring one waits for no other use (only,
+        rarely, for a reconnect). A use that returns normally skips the reset."""
+        try:
+            async with self._side.pool.acquire(timeout=deadline.remaining()) as conn:
+                yield conn
+                _skip_reset(conn)
+        finally:
+            self.release()
+
+
 class Unit:
     """The statements of one request on one connection, in one tenant transaction.
 
@@ -482,6 +684,7 @@ class Unit:
         self._plan_cache_mode = plan_cache_mode
         self._tx: Transaction | None = None
         self._spaces: tuple[UUID, ...] = ()
+        self._began: asyncio.Future[datetime] | None = None
 
     async def _begin(self, space_ids: Sequence[UUID]) -> None:
         tx = self._conn.transaction(readonly=self._readonly)
@@ -490,10 +693,25 @@ class Unit:
         budget = str(deadline.remaining_ms(self._db.statement_timeout_ms))
         args = [APP_ROLE, self._team_id, _space_literal(space_ids), self._db.lock_timeout, budget]
         if self._plan_cache_mode is None:
-            await self._conn.execute(_ENTER_TENANT, *args)
+            row = await self._conn.fetchrow(_ENTER_UNIT, *args)
         else:
-            await self._conn.execute(_ENTER_TENANT_PLANNED, *args, self._plan_cache_mode)
+            row = await self._conn.fetchrow(_ENTER_UNIT_PLANNED, *args, self._plan_cache_mode)
+        assert row is not None
         self._spaces = tuple(space_ids)
+        began = self._began_future()
+        if not began.done():
+            began.set_result(row[-1])
+
+    def _began_future(self) -> asyncio.Future[datetime]:
+        if self._began is None:
+            self._began = asyncio.get_running_loop().create_future()
+        return self._began
+
+    async def began(self) -> datetime:
+        """The instant (``now()``) of the unit's first transaction, once its tenant
+        settings are made (at its first step): a current view's system time, when
+        the view is read in that transaction (the caller checks that it was)."""
+        return await asyncio.shield(self._began_future())
 
     @asynccontextmanager
     async def step(self, space_ids: Sequence[UUID] | None = None) -> AsyncIterator[Conn]:

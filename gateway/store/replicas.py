@@ -251,6 +251,8 @@ class ReadRouter:
         *,
         max_size: int = 10,
         statement_timeout_ms: int = 5000,
+        side_connections: int = 0,
+        side_plan_cache_mode: str | None = None,
         max_lag_s: float = 5.0,
         wait_s: float = 0.02,
         interval_s: float = 0.25,
@@ -265,6 +267,8 @@ class ReadRouter:
                 min_size=0,
                 max_size=max_size,
                 statement_timeout_ms=statement_timeout_ms,
+                side_connections=side_connections,
+                side_plan_cache_mode=side_plan_cache_mode,
             )
             replicas.append(Replica(f"replica-{i}", url, db))
         router = cls(

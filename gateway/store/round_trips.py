@@ -51,7 +51,7 @@ from datetime import datetime
 from typing import Any, Final
 from uuid import UUID
 
-from gateway.store import conflicts, feedback, hypotheses, recall, related, search
+from gateway.store import conflicts, database, feedback, hypotheses, recall, related, search
 from gateway.store.connection import Conn
 from gateway.store.placement import Placer as _Placer
 
@@ -159,6 +159,16 @@ def _parse_hydrated(columns: Sequence[Any]) -> dict[str, recall.EligibleEvidence
 
 
 @dataclass(frozen=True, slots=True)
+class PathGroups:
+    """The semantic groups of the hydrated candidates' support paths, asked for
+    without discovery (which then runs beside the unit, :func:`side_discovery`):
+    its coverage by the returned evidence needs them (:data:`_PATH_GROUPS`)."""
+
+    readable_space_ids: Sequence[UUID]
+    t_sys: datetime
+
+
+@dataclass(frozen=True, slots=True)
 class FirstRound:
     lists: dict[tuple[str, str], list[str]]
     eligible: dict[str, recall.EligibleEvidence]
@@ -241,10 +251,12 @@ def _search_parts(
     checked: Sequence[str],
     vector_ranks: Mapping[str, int] | None = None,
     vector_bound: VectorBound | None = None,
-) -> tuple[list[str], list[str], list[search.ListName], list[str] | None]:
+    groups: PathGroups | None = None,
+) -> tuple[list[str], list[str], list[search.ListName], list[str] | None, bool]:
     """The CTEs and selections of the candidate lists, their hydration, discovery and
-    the support paths' groups; and what they ask: the lists, and discovery's lists
-    (None: discovery not asked for)."""
+    the support paths' groups; and what they ask: the lists, discovery's lists
+    (None: discovery not asked for), and whether the groups are read (with
+    discovery's lists, or ``groups`` without discovery: discovery runs elsewhere)."""
     wanted = search.wanted_lists(candidates)
     search.check(candidates)
     numbers: dict[int, str] = {}
@@ -344,41 +356,47 @@ def _search_parts(
         disc_part = placer.part(disc_args, exprs)(disc_sql)
         ctes.append(_DISC_COLUMNS.format(discovery=disc_part))
         selects += _columns("disc_columns", _DISC_NAMES)
-        groups = placer.part(
-            [team, list(discovery.readable_space_ids), discovery.t_sys],
+        groups = PathGroups(discovery.readable_space_ids, discovery.t_sys)
+    elif discovery is not None:
+        groups = None  # discovery asked for nothing: no group is needed
+    if groups is not None:
+        place = placer.part(
+            [team, list(groups.readable_space_ids), groups.t_sys],
             {3: view.t_sys} if view.t_sys is not None else None,
         )
         selects.append(
             "(SELECT ROW(array_agg(g.id), array_agg(g.semantic_group_key)) "
-            f"FROM (\n{groups(_PATH_GROUPS)}\n) g)"
+            f"FROM (\n{place(_PATH_GROUPS)}\n) g)"
         )
-    return ctes, selects, wanted, disc_wanted
+    return ctes, selects, wanted, disc_wanted, groups is not None
 
 
 def _parse_search(
     candidates: search.CandidateQuery,
     wanted: Sequence[search.ListName],
     disc_wanted: Sequence[str] | None,
+    with_groups: bool,
     row: Sequence[Any],
 ) -> FirstRound:
     """A round's lists, hydration and discovery from its selections ``row``."""
     found: related.Discovery | None = None
     path_groups: dict[str, str] = {}
-    hyd_end = 1 + len(_HYD_NAMES)
+    at = 1 + len(_HYD_NAMES)
     if disc_wanted is not None:
         if disc_wanted:
-            disc_end = hyd_end + len(_DISC_NAMES)
-            names, ranks, ids, keys = (_rows(c) for c in row[hyd_end:disc_end])
+            names, ranks, ids, keys = (_rows(c) for c in row[at : at + len(_DISC_NAMES)])
+            at += len(_DISC_NAMES)
             found = related.parse_discovery(
                 disc_wanted, list(zip(names, ranks, ids, keys, strict=True))
             )
-            ids, groups = row[disc_end]
-            path_groups = dict(zip(_rows(ids), _rows(groups), strict=True))
         else:
             found = related.Discovery({}, frozenset(), None)
+    if with_groups:
+        ids, groups = row[at]
+        path_groups = dict(zip(_rows(ids), _rows(groups), strict=True))
     return FirstRound(
         lists=search.parse_lists(candidates, wanted, _rows(row[0])),
-        eligible=_parse_hydrated(row[1:hyd_end]),
+        eligible=_parse_hydrated(row[1 : 1 + len(_HYD_NAMES)]),
         discovery=found,
         path_groups=path_groups,
     )
@@ -392,23 +410,25 @@ async def first_round(
     *,
     checked: Sequence[str] = (),
     vector_ranks: Mapping[str, int] | None = None,
+    groups: PathGroups | None = None,
 ) -> FirstRound | None:
     """Candidates, hydration and discovery in one statement; None when there is no
     candidate list to search (the caller's separate path answers that case).
     ``checked``: candidates already hydrated (by a scope round), not hydrated
     again; ``eligible`` then holds only the others. ``vector_ranks``: per branch,
     the last rank of its vector list whose candidates are hydrated (a branch left
-    out: all of them)."""
+    out: all of them). ``groups``: without ``discovery`` (read beside the unit),
+    the support paths' groups its coverage needs."""
     if not search.wanted_lists(candidates) or not candidates.branches:
         return None
     placer = _Placer()
-    ctes, selects, wanted, disc_wanted = _search_parts(
-        placer, candidates, t_valid, discovery, _ViewExprs(), checked, vector_ranks
+    ctes, selects, wanted, disc_wanted, with_groups = _search_parts(
+        placer, candidates, t_valid, discovery, _ViewExprs(), checked, vector_ranks, None, groups
     )
     sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
     row = await conn.fetchrow(sql, *placer.args)
     assert row is not None
-    return _parse_search(candidates, wanted, disc_wanted, row)
+    return _parse_search(candidates, wanted, disc_wanted, with_groups, row)
 
 
 # --- the view, with the parts of the first round that need no query embedding ------------
@@ -440,6 +460,8 @@ async def scope_round(
     candidates: search.CandidateQuery | None,
     discovery: related.DiscoveryQuery | None,
     vector_bound: VectorBound | None = None,
+    *,
+    groups: PathGroups | None = None,
 ) -> ScopeRound:
     """The view and, in the same statement, the lists of ``candidates`` with their
     hydration and ``discovery``, fed in SQL from the view's values.
@@ -468,7 +490,9 @@ async def scope_round(
     selects = ["(SELECT array_agg(ROW(v.*)) FROM scope v)", "now()"]
     t_sys = "now()" if scope.known_at is None else None
     t_valid = "now()" if scope.known_at is None and scope.valid_at is None else None
-    parsed: tuple[search.CandidateQuery, list[search.ListName], list[str] | None] | None = None
+    parsed: tuple[search.CandidateQuery, list[search.ListName], list[str] | None, bool] | None = (
+        None
+    )
     if candidates is not None and search.wanted_lists(candidates):
         if [b.space_id for b in candidates.branches] != list(scope.space_ids):
             raise ValueError("the candidate branches must be the scope's spaces, in order")
@@ -485,7 +509,7 @@ async def scope_round(
             t_sys=t_sys,
             t_valid=t_valid,
         )
-        more_ctes, more, wanted, disc_wanted = _search_parts(
+        more_ctes, more, wanted, disc_wanted, with_groups = _search_parts(
             placer,
             candidates,
             # A placeholder when t_valid is now(): its expression replaces it.
@@ -495,17 +519,78 @@ async def scope_round(
             (),
             None,
             vector_bound,
+            groups,
         )
         ctes += more_ctes
         selects += more
-        parsed = (candidates, wanted, disc_wanted)
+        parsed = (candidates, wanted, disc_wanted, with_groups)
     sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
     row = await conn.fetchrow(sql, *placer.args)
     assert row is not None
     first = None
     if parsed is not None:
-        first = _parse_search(parsed[0], parsed[1], parsed[2], tuple(row)[2:])
+        first = _parse_search(*parsed, tuple(row)[2:])
     return ScopeRound(row[1], recall.parse_view(_rows(row[0])), first)
+
+
+# --- relationship discovery on a side connection ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SideDiscovery:
+    """What :func:`side_discovery` read: the role it read as, the shared space's
+    generation at the view's instant (None: none then), and the discovery."""
+
+    role: str
+    generation: int | None
+    discovery: related.Discovery
+
+
+async def side_discovery(
+    conn: Conn,
+    team_id: str,
+    space_ids: Sequence[UUID],
+    discovery: related.DiscoveryQuery,
+    budget_s: float | None = None,
+) -> SideDiscovery:
+    """Relationship discovery as one statement on a side connection
+    (:class:`gateway.store.database.SideConnections`), outside any transaction:
+    its first selection makes the tenant settings (``team_id``, ``space_ids``),
+    the rest reads through row-level security after it. The shared space's
+    generation is read in the statement at ``discovery.t_sys`` by the view's own
+    rule (:data:`recall.VIEW_SQL`) and stands for ``discovery.generation``; it is
+    returned, for the caller to check against the view it read on its unit."""
+    related.check(discovery)
+    wanted = related.wanted_lists(discovery)
+    if not wanted:
+        raise ValueError("discovery asks for no list")
+    placer = _Placer()
+    tenant = placer.part(database.side_tenant_args(team_id, space_ids))
+    view = placer.part([discovery.team_id, [discovery.space_id], discovery.t_sys])
+    numbers: dict[str, int] = {}
+    disc_sql, disc_args = related.build_discovery(discovery, numbers=numbers)
+    generation = "(SELECT v.generation FROM side_scope v)"
+    disc_part = placer.part(disc_args, {numbers["generation"]: generation})(disc_sql)
+    ctes = [
+        f"side_tenant AS MATERIALIZED (\n{tenant(database.SIDE_TENANT_SQL)}\n)",
+        f"side_scope AS MATERIALIZED (\n{view(recall.VIEW_SQL)}\n)",
+        _DISC_COLUMNS.format(discovery=disc_part),
+    ]
+    # The tenant settings first: selections are evaluated in order, and each
+    # MATERIALIZED CTE when a selection first reads it (SideConnections).
+    selects = [
+        "(SELECT t.role FROM side_tenant t)",
+        generation,
+        *_columns("disc_columns", _DISC_NAMES),
+    ]
+    sql = "WITH " + ",\n".join(ctes) + "\nSELECT " + ",\n       ".join(selects)
+    # budget_s: what is left of the request's deadline (the login's statement
+    # timeout bounds it too); past it, the driver cancels the statement.
+    row = await conn.fetchrow(sql, *placer.args, timeout=budget_s)
+    assert row is not None
+    names, ranks, ids, keys = (_rows(c) for c in row[2:])
+    found = related.parse_discovery(wanted, list(zip(names, ranks, ids, keys, strict=True)))
+    return SideDiscovery(row[0], row[1], found)
 
 
 def merge_rounds(
