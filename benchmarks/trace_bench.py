@@ -187,8 +187,11 @@ def measure(port: int, token: str, ids: list[str], calls: int, app: Any) -> dict
     }
 
 
-async def hub_figures(dsn: str, n: int, repeats: int = 15) -> dict[str, float]:
-    """Median in-process trace of one relationship among ``n`` sharing an entity."""
+async def hub_figures(dsn: str, n: int, repeats: int = 15) -> dict[str, float | str]:
+    """Median in-process trace of one relationship among ``n`` sharing an entity,
+    and why the trace stopped: a hub larger than the default bounds stops at
+    ``max_edges``; a smaller one is traced whole, which is a figure too, not an
+    error."""
     from gateway.services.auth import authenticate
     from gateway.services.trace import TraceService, validate
 
@@ -252,10 +255,10 @@ async def hub_figures(dsn: str, n: int, repeats: int = 15) -> dict[str, float]:
             started = time.perf_counter()
             outcome = await service.trace(principal, request)
             latencies.append((time.perf_counter() - started) * 1000)
-        assert outcome.truncated and outcome.stopped_reason == "max_edges"
+        stopped = outcome.stopped_reason if outcome.truncated else "not truncated"
     finally:
         await db.close()
-    return {"p50_ms": statistics.median(latencies)}
+    return {"p50_ms": statistics.median(latencies), "stopped": stopped or "truncated"}
 
 
 def main() -> None:
@@ -290,7 +293,8 @@ def main() -> None:
     if hub is not None:
         print(
             f"hub: one of {args.hub} relationships sharing an entity and a group, "
-            f"in-process trace, default bounds: p50 {hub['p50_ms']:.1f} ms"
+            f"in-process trace, default bounds: p50 {hub['p50_ms']:.1f} ms "
+            f"(stopped: {hub['stopped']})"
         )
 
 
