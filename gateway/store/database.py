@@ -9,7 +9,7 @@ transactions (loader, migrations, token lookup) run as the connecting role.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from datetime import datetime
@@ -276,6 +276,42 @@ async def _reset(conn: asyncpg.Connection) -> None:
         await conn.execute(query)
 
 
+async def _open_pool(
+    dsn: str,
+    what: str,
+    *,
+    min_size: int,
+    max_size: int,
+    counter: StatementCounter,
+    server_settings: dict[str, str],
+    check: Callable[[asyncpg.Connection], Awaitable[None]] | None = None,
+) -> asyncpg.Pool:
+    """A pool of the gateway's connections (the unit's and the side ones): the
+    vector codec, the domains, the statement counter and the reset rule on each;
+    ``check`` runs first on every new connection (and may refuse it)."""
+
+    async def init(conn: asyncpg.Connection) -> None:
+        if check is not None:
+            await check(conn)
+        await register_vector(conn)
+        await _learn_domains(conn)
+        conn.add_query_logger(counter)
+
+    try:
+        return await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            init=init,
+            reset=_reset,
+            connection_class=PooledConnection,
+            max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
+            server_settings=server_settings,
+        )
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        raise DatabaseUnavailable(f"cannot open {what}: {exc}") from exc
+
+
 class Database:
     """The asyncpg pool, and the transactions built on it."""
 
@@ -317,29 +353,18 @@ class Database:
         long a read waits for a lock (tenant transactions, and side connections'
         logins)."""
         counter = StatementCounter()
-
-        async def init(conn: asyncpg.Connection) -> None:
-            await register_vector(conn)
-            await _learn_domains(conn)
-            conn.add_query_logger(counter)
-
-        try:
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=min_size,
-                max_size=max_size,
-                init=init,
-                reset=_reset,
-                connection_class=PooledConnection,
-                max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
-                server_settings={
-                    "application_name": "recall-gateway",
-                    "statement_timeout": str(statement_timeout_ms),
-                    **(settings or {}),
-                },
-            )
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise DatabaseUnavailable(f"cannot open the connection pool: {exc}") from exc
+        pool = await _open_pool(
+            dsn,
+            "the connection pool",
+            min_size=min_size,
+            max_size=max_size,
+            counter=counter,
+            server_settings={
+                "application_name": "recall-gateway",
+                "statement_timeout": str(statement_timeout_ms),
+                **(settings or {}),
+            },
+        )
         side = None
         if side_connections > 0:
             side = await SideConnections.open(
@@ -569,16 +594,13 @@ class SideConnections:
         plan_cache_mode: str | None,
         settings: dict[str, str] | None = None,
     ) -> SideConnections:
-        async def init(conn: asyncpg.Connection) -> None:
+        async def is_app_role(conn: asyncpg.Connection) -> None:
             role = await conn.fetchval("SELECT current_user::text")
             if role != APP_ROLE:
                 raise ConfigurationError(
                     f"a side connection logged in as {role!r}, not {APP_ROLE!r}: the login "
                     f"must be able to take the role {APP_ROLE} (GRANT {APP_ROLE} TO it)"
                 )
-            await register_vector(conn)
-            await _learn_domains(conn)
-            conn.add_query_logger(counter)
 
         server_settings = {
             "application_name": "recall-gateway-side",
@@ -591,19 +613,15 @@ class SideConnections:
         }
         if plan_cache_mode is not None:
             server_settings["plan_cache_mode"] = plan_cache_mode
-        try:
-            pool = await asyncpg.create_pool(
-                dsn,
-                min_size=opened,
-                max_size=size,
-                init=init,
-                reset=_reset,
-                connection_class=PooledConnection,
-                max_cacheable_statement_size=STATEMENT_CACHE_MAX_BYTES,
-                server_settings=server_settings,
-            )
-        except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-            raise DatabaseUnavailable(f"cannot open the side connections: {exc}") from exc
+        pool = await _open_pool(
+            dsn,
+            "the side connections",
+            min_size=opened,
+            max_size=size,
+            counter=counter,
+            server_settings=server_settings,
+            check=is_app_role,
+        )
         return cls(pool, size)
 
     def take(self) -> SideTicket | None:
