@@ -101,7 +101,7 @@ async def test_a_repeated_recall_rewrites_no_statement(
     # A new question's recall sends the scope round with the full-text lists and
     # then the vector round; once its embedding is in the LRU, the scope round
     # with every list, another shape. Every recall here is of a new question (the
-    # LRU emptied; the store-model watcher may also change its epoch at any time).
+    # LRU emptied).
     embeddings = gateway_app.state.services.recall.embeddings
     embeddings._cache.clear()
     await recall(client, tok, q="billing service owned", limit=10)

@@ -10,7 +10,6 @@ from gateway.embeddings.base import (
     EmbeddingProvider,
     Vectors,
     embed_queries,
-    embedding_epoch,
     validate_vectors,
 )
 from gateway.embeddings.catalog import (
@@ -47,7 +46,6 @@ __all__ = [
     "choose",
     "create_provider",
     "embed_queries",
-    "embedding_epoch",
     "query_model",
     "validate_vectors",
 ]

@@ -71,17 +71,6 @@ async def embed_queries(provider: EmbeddingProvider, texts: Sequence[str]) -> Ve
     return await provider.embed(texts)
 
 
-def embedding_epoch(provider: EmbeddingProvider) -> int:
-    """Changes whenever the vectors a provider makes may have changed space.
-
-    A cache of vectors (recall keeps its queries') keys on it: a provider that
-    follows the store's model bumps it when the store moves to another model,
-    every other provider stays at 0.
-    """
-    epoch = getattr(provider, "epoch", 0)
-    return epoch if isinstance(epoch, int) else 0
-
-
 def check_texts(texts: Sequence[str]) -> list[str]:
     """The texts as a list, refusing a bare ``str``.
 

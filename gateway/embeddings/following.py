@@ -34,8 +34,6 @@ class FollowingProvider:
         self, model: LocalModel, provider: EmbeddingProvider, *, follow: bool, batch_size: int
     ) -> None:
         self._current = provider
-        self.epoch = 0
-        """Bumped at every change of the store's model: see embedding_epoch."""
         self._follow = follow
         self._batch_size = batch_size
         self._store_model: str | None = None
@@ -66,11 +64,11 @@ class FollowingProvider:
         return self._current.model
 
     def observe(self, store_model: str | None) -> None:
-        """Record the model the store holds now (None: no vectors yet)."""
-        # Every change counts, from "no vectors" too: a poll may have missed the
-        # store's first model and seen only the switch away from it.
-        if store_model != self._store_model:
-            self.epoch += 1
+        """Record the model the store holds now (None: no vectors yet).
+
+        Recall's LRU of query vectors needs no signal from here: it is keyed by
+        :attr:`next_model`, which this changes only when the store's model is
+        not the one this provider embeds with."""
         self._store_model = store_model
 
     def load(self) -> None:

@@ -42,7 +42,7 @@ class ObservedEmbedder:
     def dimensions(self) -> int:
         return self.inner.dimensions
 
-    def __getattr__(self, name: str) -> Any:  # load(), observe(), epoch and the like
+    def __getattr__(self, name: str) -> Any:  # load(), observe(), next_model and the like
         return getattr(self.inner, name)
 
     async def embed(self, texts: Sequence[str]) -> Vectors:

@@ -40,7 +40,7 @@ from typing import Any, Final
 import numpy as np
 
 from gateway import deadline
-from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, embedding_epoch
+from gateway.embeddings import EmbeddingProvider, StoreModel, embed_queries, query_model
 from gateway.errors import EmbeddingError, EmbeddingMalformed, GatewayError
 from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K
 from gateway.services import conflicts as conflict_frontier
@@ -128,7 +128,18 @@ single step of a recall."""
 
 
 class QueryEmbeddings:
-    """The query vector of a text, from a bounded LRU or the provider."""
+    """The query vector of a text, from a bounded LRU or the provider.
+
+    The LRU is keyed by the vector space as well as the text: the model the
+    provider's next vector comes from (:func:`gateway.embeddings.query_model`:
+    for a provider that follows the store, the store's model, which it
+    switches to at its next call) and its dimensions. A store moving to another
+    model (``reembed``) therefore never gets an old model's vector from here,
+    while what leaves the space unchanged (a store's first vectors, seen by the
+    store-model watcher) keeps the LRU. A vector is kept only if the provider
+    still embeds with the model of its key once it returns, so one that came
+    from a model switched to during the call is not filed under the old name.
+    """
 
     def __init__(
         self,
@@ -139,7 +150,7 @@ class QueryEmbeddings:
         self.embedder = embedder
         self.size = size
         self.store_model = store_model
-        self._cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, int, str], np.ndarray] = OrderedDict()
 
     def known(self, query: str | None) -> tuple[bool, np.ndarray | None]:
         """``(True, vector)`` when :meth:`vector` would answer without running the
@@ -149,8 +160,12 @@ class QueryEmbeddings:
             return True, None
         if self.store_model is not None and self.store_model.mismatch() is not None:
             return False, None
-        cached = self._cache.get((embedding_epoch(self.embedder), query))
+        cached = self._cache.get(self._key(query))
         return (True, cached) if cached is not None else (False, None)
+
+    def _key(self, query: str) -> tuple[str, int, str]:
+        """What decides a query's vector: the model and dimensions it is embedded with."""
+        return (query_model(self.embedder), self.embedder.dimensions, query)
 
     @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
@@ -169,9 +184,9 @@ class QueryEmbeddings:
                 )
             )
             return None
-        # The provider's epoch changes when the store moves to another model
-        # (reembed): vectors cached before then belong to the old model.
-        key = (embedding_epoch(self.embedder), query)
+        # Keyed by the model the vector will come from: after a store moved to
+        # another model (reembed), vectors cached before belong to the old one.
+        key = self._key(query)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -201,9 +216,10 @@ class QueryEmbeddings:
             return None
         vector = np.array(vectors[0], dtype=np.float32)
         vector.setflags(write=False)
-        self._cache[key] = vector
-        if len(self._cache) > self.size:
-            self._cache.popitem(last=False)
+        if (self.embedder.model, self.embedder.dimensions) == key[:2]:
+            self._cache[key] = vector
+            if len(self._cache) > self.size:
+                self._cache.popitem(last=False)
         return vector
 
 

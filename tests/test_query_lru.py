@@ -1,0 +1,111 @@
+"""Recall's LRU of query embeddings is keyed by the vector space, not by events.
+
+A store's first vectors (seen by the store-model watcher of a serving gateway)
+leave the space unchanged: the LRU keeps its vectors. A store moving to another
+model (``reembed``) changes it: no vector of the old model is served again
+(also checked by test_reembed.py's serving gateway). The store is the real
+PostgreSQL; the other model is test_reembed.py's deterministic double.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.embeddings import LOCAL_MODELS, EmbeddingProvider, LocalModel, Vectors
+from gateway.services.reembed import reembed
+from gateway.services.writes import WriteService
+
+from .conftest import app_for, load_jsonl, unique
+from .factories import jsonl, team_records
+from .test_reembed import Double
+
+QUESTION = "who owns the billing service"
+
+
+async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    """Wait for the store-model watcher (it reads the store about once a second)."""
+    for _ in range(int(seconds / 0.1)):
+        if condition():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("the store-model watcher never saw the change")
+
+
+async def test_a_stores_first_vectors_keep_the_query_lru(
+    fresh_dsn: str, embedder: EmbeddingProvider
+) -> None:
+    app = app_for(fresh_dsn)
+    async with app.router.lifespan_context(app):
+        services = app.state.services
+        embeddings = services.recall.embeddings
+        assert embeddings.store_model.held is None  # a store without vectors
+        before = await embeddings.vector(QUESTION, [])
+        assert before is not None
+        assert embeddings.known(QUESTION) == (True, before)
+        # The store gets its first vectors, of the model the gateway embeds with.
+        await load_jsonl(WriteService(services.db, embedder), jsonl(team_records(unique("first"))))
+        await _until(lambda: embeddings.store_model.held == services.embedder.model)
+        known, vector = embeddings.known(QUESTION)
+        assert known and vector is before  # the same vector, no model run
+        degradations: list[Any] = []
+        assert await embeddings.vector(QUESTION, degradations) is before
+        assert degradations == []
+
+
+async def test_a_model_switch_empties_the_query_lru(
+    fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = Double("double-lru")
+    monkeypatch.setitem(
+        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
+    )
+    app = app_for(fresh_dsn)
+    async with app.router.lifespan_context(app):
+        services = app.state.services
+        embeddings = services.recall.embeddings
+        await load_jsonl(WriteService(services.db, embedder), jsonl(team_records(unique("sw"))))
+        await _until(lambda: embeddings.store_model.held == embedder.model)
+        before = await embeddings.vector(QUESTION, [])
+        assert before is not None and embeddings.known(QUESTION)[0]
+        assert (await reembed(services.db, Double(target.model))).switched
+        await _until(lambda: embeddings.store_model.held == target.model)
+        # Not served from the LRU: the provider embeds with the store's new model.
+        assert embeddings.known(QUESTION) == (False, None)
+        after = await embeddings.vector(QUESTION, [])
+        assert after is not None
+        assert np.array_equal(after, target.vectors([QUESTION])[0])
+        assert not np.array_equal(after, before)
+        assert embeddings.known(QUESTION) == (True, after)
+
+
+class _Switching:
+    """A provider whose model changes while it embeds (a switch during the call)."""
+
+    def __init__(self) -> None:
+        self.model = "model-a"
+        self.dimensions = 384
+
+    async def embed(self, texts: Sequence[str]) -> Vectors:
+        self.model = "model-b"
+        return Double(self.model).vectors(texts)
+
+    async def aclose(self) -> None:
+        return None
+
+
+async def test_a_vector_of_a_model_switched_to_during_the_call_is_not_kept() -> None:
+    from gateway.services.recall import QueryEmbeddings
+
+    switching = _Switching()
+    embeddings = QueryEmbeddings(switching)
+    assert await embeddings.vector(QUESTION, []) is not None
+    # Filed under neither name: under model-a it would be another model's vector.
+    assert embeddings.known(QUESTION) == (False, None)
+    assert not embeddings._cache
+    again = await embeddings.vector(QUESTION, [])  # model-b from the start: kept
+    assert embeddings.known(QUESTION) == (True, again)
