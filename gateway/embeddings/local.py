@@ -156,7 +156,12 @@ class LocalEmbeddingProvider:
     ``threads`` (intra-op) is 2: one thread spent about 11 % less CPU per query
     but lost a new question's latency on a busy two-core host, where two
     threads get two shares of the cores (docs/benchmarks.md, "Worker CPU per
-    recall at 100k: what is left").
+    recall at 100k: what is left"). Measured again with the model run beside
+    the scope round and discovery on a side connection, where two threads
+    compete with PostgreSQL for the cores: two still won a new question's
+    recall, knownAt, evidence-only and ``remember`` (by 12-27 ms), and the
+    vectors are bitwise the same either way (docs/benchmarks.md, "The query
+    model's threads beside the scope round").
 
     ``allow_spinning`` is off by default: onnxruntime's spinning worker threads
     cut a single query's latency by a few milliseconds but keep a core busy
