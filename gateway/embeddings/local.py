@@ -159,7 +159,7 @@ class LocalEmbeddingProvider:
     recall at 100k: what is left"). Measured again with the model run beside
     the scope round and discovery on a side connection, where two threads
     compete with PostgreSQL for the cores: two still won a new question's
-    recall, knownAt, evidence-only and ``remember`` (by 12-27 ms), and the
+    recall (or tied), knownAt, evidence-only and ``remember`` (by 5-27 ms), and the
     vectors are bitwise the same either way (docs/benchmarks.md, "The query
     model's threads beside the scope round").
 
