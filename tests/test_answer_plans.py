@@ -24,9 +24,11 @@ from uuid import UUID
 import asyncpg
 
 from gateway.services import communities as community_builder
+from gateway.services.writes import WriteService
 from gateway.store import communities as community_store
 from gateway.store import conflicts as conflict_store
 from gateway.store import hypotheses as hypothesis_store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import analyze, load_jsonl, unique
@@ -168,7 +170,9 @@ def _conflict_records(team: str) -> list[dict[str, Any]]:
     return records
 
 
-async def test_conflicts_are_found_from_the_answers_ids(db, writes, admin_conn) -> None:
+async def test_conflicts_are_found_from_the_answers_ids(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """One case and one evidence conflict reached, of CASES each in the space:
     the statements read the reached ones only (before: every case and every
     evidence conflict of the space, and their positions)."""
@@ -238,7 +242,9 @@ async def test_conflicts_are_found_from_the_answers_ids(db, writes, admin_conn) 
     assert [c.id for c in got_ev] == ["evc-004"]
 
 
-async def test_hypotheses_look_up_the_status_of_candidates_only(db, writes, admin_conn) -> None:
+async def test_hypotheses_look_up_the_status_of_candidates_only(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """Of 303 hypotheses in the space, one is linked and one shares a lexeme with
     the query: the latest status is looked up for those (before: for every
     hypothesis of the space, by the lexical list, before its lexeme test)."""
@@ -272,7 +278,9 @@ async def test_hypotheses_look_up_the_status_of_candidates_only(db, writes, admi
     assert (found.linked, found.lexical) == (("h-linked",), ("h-word",))
 
 
-async def test_community_members_are_read_by_community(db, writes, admin_conn) -> None:
+async def test_community_members_are_read_by_community(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """The snapshot reads each touched community's members by its ordinal
     (db/0185), not every member of the run once per community."""
     team = unique("complan")

@@ -5,10 +5,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
 from gateway.services import communities
 from gateway.services.communities import CommunityBuildFailed, build_communities
+from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -43,7 +48,7 @@ async def members_by_relationship(conn: Any, run_id: Any) -> dict[str, tuple[int
 
 
 async def test_builder_is_deterministic_drops_singletons_and_reads_only_eligible_shared(
-    db, writes, admin_conn
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("com")
     await load_graph(writes, team)
@@ -110,7 +115,7 @@ def test_clustering_is_pure_and_seeded() -> None:
     assert not communities.build_graph(rels, max_edges=4).complete
 
 
-async def test_missing_snapshot_degrades(client, writes) -> None:
+async def test_missing_snapshot_degrades(client: httpx.AsyncClient, writes: WriteService) -> None:
     team = unique("comm")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -125,7 +130,9 @@ async def test_missing_snapshot_degrades(client, writes) -> None:
     )
 
 
-async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch) -> None:
+async def test_too_large_and_failed_runs_degrade(
+    client: httpx.AsyncClient, writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     team = unique("comt")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -153,7 +160,9 @@ async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch
     assert result["relatedCommunities"] == []
 
 
-async def test_node_limit_is_decided_before_the_graph_is_read(writes, db, monkeypatch) -> None:
+async def test_node_limit_is_decided_before_the_graph_is_read(
+    writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The shared graph has 8 eligible groups (and ineligible relationships of other
     groups, which must not count): 7 is too_large without reading the graph, 8 builds."""
     team = unique("comlim")
@@ -204,7 +213,9 @@ def hub_records(team: str, n: int) -> list[dict[str, Any]]:
     return records
 
 
-async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeypatch) -> None:
+async def test_edge_limit_is_decided_while_the_graph_is_read(
+    writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """40 groups under the node limit, 780 edges: with an edge limit of 100 the
     builder stops reading the graph at the relationship that makes the 101st edge
     (the 15th: C(14, 2) = 91, C(15, 2) = 105) and stores too_large, instead of
@@ -234,7 +245,7 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeyp
     assert tuple(stored) == ("too_large", 40, 101, None)
 
 
-async def test_edge_limit_just_above_and_at_the_graph(writes, db) -> None:
+async def test_edge_limit_just_above_and_at_the_graph(writes: WriteService, db: Database) -> None:
     """The same graph of 780 edges: a limit of 779 is too_large, 780 builds it
     whole (one community of the 40 groups), the same as with no near limit."""
     team = unique("comedge")
@@ -274,7 +285,9 @@ def test_graph_builder_matches_whole_graph_pairs_in_any_order() -> None:
     assert communities.build_graph(rels, max_edges=2).complete
 
 
-async def test_stale_snapshot_degrades_until_rebuilt(client, writes, db) -> None:
+async def test_stale_snapshot_degrades_until_rebuilt(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("coms")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -309,7 +322,9 @@ async def test_stale_snapshot_degrades_until_rebuilt(client, writes, db) -> None
     assert codes(await related(client, tok, q=q, limit=1), "COMMUNITIES") == []
 
 
-async def test_temporal_recall_skips_communities(client, writes, db) -> None:
+async def test_temporal_recall_skips_communities(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("comv")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -334,7 +349,7 @@ def frontier_groups(result: dict[str, Any]) -> dict[str, list[str]]:
 
 
 async def test_community_and_direct_frontiers_are_disjoint_when_they_overlap(
-    client, writes, db, admin_conn
+    client: httpx.AsyncClient, writes: WriteService, db: Database, admin_conn: Conn
 ) -> None:
     """Community members cut by communityRelationshipLimit fall back to the direct
     frontier; no semantic group is ever in two frontiers of one answer."""
@@ -381,7 +396,9 @@ async def test_community_and_direct_frontiers_are_disjoint_when_they_overlap(
             assert all(m["representative"]["spaceKind"] == "SHARED" for m in c["members"])
 
 
-async def test_statements_do_not_grow_with_related_limits(client, gateway_app, writes, db) -> None:
+async def test_statements_do_not_grow_with_related_limits(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
+) -> None:
     team = unique("comn")
     await load_graph(writes, team)
     await build_communities(db, team, **LIMITS)
@@ -425,7 +442,9 @@ def test_cli_builds_one_team_and_reports_too_large(dsn: str) -> None:
     assert missing.returncode == 1 and "no team" in missing.stderr
 
 
-async def test_unreadable_snapshot_degrades(client, gateway_app, writes, db) -> None:
+async def test_unreadable_snapshot_degrades(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
+) -> None:
     import asyncio
 
     from .test_recall import _hold_lock

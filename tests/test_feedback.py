@@ -10,12 +10,16 @@ from uuid import UUID
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
+from gateway.embeddings import EmbeddingProvider
 from gateway.services.auth import authenticate
 from gateway.services.feedback import FeedbackService
 from gateway.services.recall import RecallService
 from gateway.services.recall_input import validate
 from gateway.services.recall_types import RecallOutcome
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -99,7 +103,9 @@ def feedback_degradations(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in result["degradations"] if d["frontier"] == "FEEDBACK"]
 
 
-async def test_recall_is_recorded_and_suggests_feedback(client, writes, db) -> None:
+async def test_recall_is_recorded_and_suggests_feedback(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("fbev")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -138,7 +144,7 @@ async def test_recall_is_recorded_and_suggests_feedback(client, writes, db) -> N
 
 
 async def test_snapshot_failure_keeps_the_answer_without_the_suggestion(
-    client, gateway_app, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
 ) -> None:
     """A real fault: the recall_events table is locked past the lock timeout."""
     team = unique("fblock")
@@ -174,7 +180,7 @@ async def test_snapshot_failure_keeps_the_answer_without_the_suggestion(
     assert error_of(body)["extensions"]["code"] == "NOT_FOUND"
 
 
-async def test_feedback_can_be_switched_off(dsn, writes, db) -> None:
+async def test_feedback_can_be_switched_off(dsn: str, writes: WriteService, db: Database) -> None:
     team = unique("fboff")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -191,7 +197,9 @@ async def test_feedback_can_be_switched_off(dsn, writes, db) -> None:
         )
 
 
-async def test_returned_hypotheses_add_a_dream_feedback_suggestion(db, writes, embedder) -> None:
+async def test_returned_hypotheses_add_a_dream_feedback_suggestion(
+    db: Database, writes: WriteService, embedder: EmbeddingProvider
+) -> None:
     """The hypotheses frontier is built elsewhere: its IDs arrive on the outcome."""
     team = unique("fbhyp")
     await load_jsonl(
@@ -224,7 +232,9 @@ async def test_returned_hypotheses_add_a_dream_feedback_suggestion(db, writes, e
 # --- submitRecallSessionFeedback --------------------------------------------------------------
 
 
-async def test_feedback_on_what_the_recall_returned_is_idempotent(client, writes, db) -> None:
+async def test_feedback_on_what_the_recall_returned_is_idempotent(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("fbok")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -269,7 +279,9 @@ async def test_feedback_on_what_the_recall_returned_is_idempotent(client, writes
     assert await feedback_rows(db, team) == (1, 1)
 
 
-async def test_feedback_refuses_references_the_event_did_not_return(client, writes, db) -> None:
+async def test_feedback_refuses_references_the_event_did_not_return(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team, other_team = unique("fbref"), unique("fbrefx")
     await load_jsonl(writes, jsonl(team_records(team) + team_records(other_team)))
     alice = await token(writes, team, "alice")
@@ -332,7 +344,9 @@ async def test_feedback_refuses_references_the_event_did_not_return(client, writ
     assert await feedback_rows(db, other_team) == (0, 0)
 
 
-async def test_feedback_changes_no_ranking_and_no_lifecycle(client, writes, db) -> None:
+async def test_feedback_changes_no_ranking_and_no_lifecycle(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("fbrank")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -363,7 +377,9 @@ async def test_feedback_changes_no_ranking_and_no_lifecycle(client, writes, db) 
 # --- resolveDreamFeedback ----------------------------------------------------------------------
 
 
-async def test_dream_feedback_sets_status_with_checked_transitions(client, writes, db) -> None:
+async def test_dream_feedback_sets_status_with_checked_transitions(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team, other_team = unique("dream"), unique("dreamx")
     records = team_records(team) + [
         {"kind": "hypothesis", "team": team, "id": "h1", "statement": "deploys cause outages"}
@@ -433,7 +449,11 @@ async def test_dream_feedback_sets_status_with_checked_transitions(client, write
 
 @pytest.mark.parametrize("judgement", ["USEFUL", "WRONG"])
 async def test_hypothesis_judgements_need_a_returned_hypothesis(
-    client, writes, db, embedder, judgement
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    db: Database,
+    embedder: EmbeddingProvider,
+    judgement,
 ) -> None:
     team = unique("fbhj")
     await load_jsonl(
@@ -468,7 +488,7 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
 
 
 async def test_the_snapshot_costs_the_recall_no_statement(
-    client, gateway_app, dsn, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, dsn: str, writes: WriteService, db: Database
 ) -> None:
     """What feedback costs a recall: the snapshot is written in the recall's own
     transaction, in the statement that also reads the answer's nested rows
@@ -502,7 +522,9 @@ async def test_the_snapshot_costs_the_recall_no_statement(
     assert written == 1
 
 
-async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writes, db) -> None:
+async def test_feedback_may_cite_every_frontier_the_recall_returned(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     """Related relationships (representative and equivalents), conflicts and the
     evidence are all recorded in the recall event, so feedback may cite them;
     an ID the recall did not return in that frontier is refused."""
@@ -549,7 +571,7 @@ async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writ
 
 
 async def test_an_event_is_citable_only_by_a_binding_that_reads_its_spaces(
-    client, writes, db
+    client: httpx.AsyncClient, writes: WriteService, db: Database
 ) -> None:
     """A shared-only token of the principal whose private-bound token made the
     event must not learn which private IDs it returned: for that token the

@@ -22,6 +22,8 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway.services.writes import WriteService
+
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import app_for, token
@@ -157,7 +159,7 @@ variables = st.one_of(
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def fuzz_client(dsn: str, writes) -> Any:
+async def fuzz_client(dsn: str, writes: WriteService) -> Any:
     team = unique("fuzz")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -259,7 +261,9 @@ raw_bodies = st.one_of(
     ),
     method=st.sampled_from(["POST", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]),
 )
-async def test_no_body_breaks_the_gateway(fuzz_client, caplog, body, content_type, method) -> None:
+async def test_no_body_breaks_the_gateway(
+    fuzz_client, caplog: pytest.LogCaptureFixture, body, content_type, method
+) -> None:
     """Raw bodies: bytes, JSON of any shape, deep nesting, lone surrogates, hostile
     fragments, under any content type and method: a coded 4xx (or an answer),
     and nothing logged at ERROR level."""

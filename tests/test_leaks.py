@@ -58,6 +58,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gateway.services.communities import build_communities
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
 from .conftest import load_jsonl
 from .factories import jsonl
@@ -593,7 +595,9 @@ asks = st.lists(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(world=worlds(), plan=asks, data=st.data())
-async def test_recall_never_leaks(client: httpx.AsyncClient, writes, db, world, plan, data) -> None:
+async def test_recall_never_leaks(
+    client: httpx.AsyncClient, writes: WriteService, db: Database, world, plan, data
+) -> None:
     text = "".join(jsonl(records(t)) for t in world)
     await load_jsonl(writes, text)
     for t in world:  # so that recalls get communities (a snapshot is current until a change)
@@ -728,7 +732,9 @@ def _trace_ids(t: dict[str, Any]) -> list[tuple[str, str]]:
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(world=worlds(), plan=asks, data=st.data())
-async def test_trace_never_leaks(client: httpx.AsyncClient, writes, world, plan, data) -> None:
+async def test_trace_never_leaks(
+    client: httpx.AsyncClient, writes: WriteService, world, plan, data
+) -> None:
     """traceMemory of a random relationship, the caller's or anybody's: a readable
     one answers with readable IDs only (withdrawn evidence may appear in a trace,
     it is history); any other one is NOT_FOUND, worded exactly like a missing ID."""

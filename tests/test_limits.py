@@ -20,6 +20,7 @@ from gateway.http import cost as http_cost
 from gateway.http import limits as http_limits
 from gateway.http.documents import Documents
 from gateway.schema import build_schema
+from gateway.services.writes import WriteService
 from gateway.settings import Settings
 
 from .graphql_docs import maximal_recall, selection
@@ -307,7 +308,9 @@ class CountingValidation:
         monkeypatch.setattr(validation, "validate_document", counted)
 
 
-async def test_exponential_fragments_are_refused_in_linear_time(make_client, monkeypatch) -> None:
+async def test_exponential_fragments_are_refused_in_linear_time(
+    make_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     document = doubling_fragments(22)
     assert len(document) <= 900  # the attack: 878 bytes, four million selections
     counting = CountingValidation(monkeypatch)
@@ -324,7 +327,7 @@ async def test_exponential_fragments_are_refused_in_linear_time(make_client, mon
     assert counting.calls == 0  # refused before graphql-core's rules ran at all
 
 
-def test_each_fragment_is_measured_once(monkeypatch) -> None:
+def test_each_fragment_is_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.http import shape
 
     calls = 0
@@ -350,7 +353,9 @@ def fragment_chain(length: int) -> str:
     return " ".join(chain)
 
 
-async def test_long_fragment_chains_and_deep_fragments(make_client, caplog) -> None:
+async def test_long_fragment_chains_and_deep_fragments(
+    make_client, caplog: pytest.LogCaptureFixture
+) -> None:
     client = await make_client()
     r = await post(client, fragment_chain(100))
     assert r.json() == {"data": {"__typename": "Query"}}, r.text[:300]
@@ -373,7 +378,7 @@ async def test_long_fragment_chains_and_deep_fragments(make_client, caplog) -> N
 
 
 async def test_repeated_selections_are_refused_before_the_overlap_rule(
-    make_client, monkeypatch
+    make_client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert len(REPEATED_VIEWER) > 10_000
     counting = CountingValidation(monkeypatch)
@@ -393,7 +398,9 @@ async def test_repeated_selections_are_refused_before_the_overlap_rule(
     assert code(await post(client, many)) == "TOO_MANY_REPEATS"
 
 
-async def test_the_event_loop_answers_while_a_document_validates(make_client, monkeypatch) -> None:
+async def test_the_event_loop_answers_while_a_document_validates(
+    make_client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import asyncio
     import threading
 
@@ -427,7 +434,9 @@ async def test_the_event_loop_answers_while_a_document_validates(make_client, mo
     assert code(r) == "UNAUTHENTICATED"  # validated, then ran (no token)
 
 
-async def test_unknown_fragment_is_a_validation_error_without_a_trace(make_client, caplog) -> None:
+async def test_unknown_fragment_is_a_validation_error_without_a_trace(
+    make_client, caplog: pytest.LogCaptureFixture
+) -> None:
     client = await make_client()
     with caplog.at_level("DEBUG"):
         r = await post(client, "{ ...Nope }")
@@ -437,7 +446,7 @@ async def test_unknown_fragment_is_a_validation_error_without_a_trace(make_clien
 
 
 async def test_an_out_of_range_literal_is_the_same_error_as_the_variable(
-    make_client, writes
+    make_client, writes: WriteService
 ) -> None:
     from .conftest import load_jsonl, unique
     from .factories import jsonl, team_records
@@ -513,7 +522,9 @@ async def raw_post(
     return await client.post("/graphql", content=body, headers={"content-type": content_type})
 
 
-async def test_malformed_requests_are_coded_4xx_without_a_trace(make_client, caplog) -> None:
+async def test_malformed_requests_are_coded_4xx_without_a_trace(
+    make_client, caplog: pytest.LogCaptureFixture
+) -> None:
     client = await make_client(persisted_queries="apq")
     deep = b"[" * 1100 + b"]" * 1100
     surrogate_doc = "{ __typename } # \\ud800"
@@ -585,7 +596,7 @@ async def test_malformed_requests_are_coded_4xx_without_a_trace(make_client, cap
     assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
 
 
-async def test_nul_in_the_recall_query_is_bad_input(make_client, writes) -> None:
+async def test_nul_in_the_recall_query_is_bad_input(make_client, writes: WriteService) -> None:
     from .conftest import load_jsonl, unique
     from .factories import jsonl, team_records
     from .test_recall import token

@@ -13,6 +13,7 @@ from gateway.errors import EmbeddingMismatch
 from gateway.services import loader
 from gateway.services.records import RECORD_KINDS
 from gateway.services.writes import Actor, WriteService
+from gateway.store.database import Database
 
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -420,7 +421,7 @@ class _OtherModel:
         return None
 
 
-async def test_embedding_model_mismatch_is_refused(writes: WriteService, db) -> None:
+async def test_embedding_model_mismatch_is_refused(writes: WriteService, db: Database) -> None:
     team = unique("mix")
     await load_jsonl(writes, jsonl(team_records(team)))  # the store now holds MiniLM vectors
     other = WriteService(db, _OtherModel())  # type: ignore[arg-type]

@@ -10,10 +10,13 @@ from collections.abc import Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.schema import recall as recall_schema
 from gateway.services.loaders import ReadLoaders
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -57,7 +60,9 @@ async def _ask(client: Any, tok: str, **variables: Any) -> dict[str, Any]:
     return body
 
 
-async def test_nested_fields_take_no_task_per_result(client, writes) -> None:
+async def test_nested_fields_take_no_task_per_result(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     """The tasks of a request do not grow with its results: a nested field of a
     primed row is a value, not an awaitable graphql-core must run as a task."""
     team = unique("nestedtasks")
@@ -76,7 +81,7 @@ async def test_nested_fields_take_no_task_per_result(client, writes) -> None:
 
 
 async def test_rows_not_primed_are_loaded_and_answer_the_same(
-    client, writes, monkeypatch: pytest.MonkeyPatch
+    client: httpx.AsyncClient, writes: WriteService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the recall's rows (a loader that was not primed), every nested
     field reads its rows through the loaders: the answer is the same."""
@@ -100,7 +105,7 @@ async def test_rows_not_primed_are_loaded_and_answer_the_same(
     )
 
 
-async def test_primed_rows_are_handed_over_whole_or_not_at_all(db) -> None:
+async def test_primed_rows_are_handed_over_whole_or_not_at_all(db: Database) -> None:
     """``primed_many`` answers only when every key was primed (else the loader reads
     them all, in one batch); ``primed`` is None for a key that was not."""
     from datetime import UTC, datetime

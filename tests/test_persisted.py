@@ -65,7 +65,9 @@ def fresh_document() -> str:
     return "{ q" + secrets.token_hex(6) + ": __typename }"
 
 
-async def test_apq_register_then_run_by_hash_over_post_and_get(make_client, writes) -> None:
+async def test_apq_register_then_run_by_hash_over_post_and_get(
+    make_client, writes: WriteService
+) -> None:
     worker_a = await make_client()
     worker_b = await make_client()  # another process: shares only the database
     _, auth = await caller(writes)
@@ -94,7 +96,9 @@ async def test_apq_register_then_run_by_hash_over_post_and_get(make_client, writ
     assert r.status_code == 200 and r.json() == {"data": {alias: "Query"}}
 
 
-async def test_apq_refuses_bad_hashes_and_junk(make_client, db: Database, writes) -> None:
+async def test_apq_refuses_bad_hashes_and_junk(
+    make_client, db: Database, writes: WriteService
+) -> None:
     client = await make_client()
     team, auth = await caller(writes)
     document = fresh_document()
@@ -119,7 +123,9 @@ async def test_apq_refuses_bad_hashes_and_junk(make_client, db: Database, writes
             assert await store.get(conn, team, sha(text)) is None  # never takes a slot
 
 
-async def test_anonymous_callers_never_register(make_client, db: Database, writes) -> None:
+async def test_anonymous_callers_never_register(
+    make_client, db: Database, writes: WriteService
+) -> None:
     client = await make_client()
     _, auth = await caller(writes)
     async with db.admin() as conn:
@@ -155,7 +161,7 @@ async def test_anonymous_callers_never_register(make_client, db: Database, write
 
 
 async def test_entries_belong_to_a_team_and_are_bounded_per_team(
-    make_client, db: Database, writes
+    make_client, db: Database, writes: WriteService
 ) -> None:
     client = await make_client(persisted_query_max_entries=10, persisted_query_max_bytes=512)
     team_a, alice = await caller(writes)
@@ -199,7 +205,7 @@ async def test_entries_belong_to_a_team_and_are_bounded_per_team(
         assert await store.get(conn, team_a, sha(big)) is None
 
 
-async def test_store_is_bounded_least_recently_used_out(db: Database, writes) -> None:
+async def test_store_is_bounded_least_recently_used_out(db: Database, writes: WriteService) -> None:
     team, _ = await caller(writes)
     documents = [fresh_document() for _ in range(15)]
     async with db.admin() as conn:

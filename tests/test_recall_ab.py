@@ -83,7 +83,9 @@ def test_statements_of_one_step_add_up_and_unknown_ones_are_other() -> None:
     assert times == pytest.approx({"commit": 3.0, "first round": 10.0, "other": 4.0})
 
 
-async def test_every_statement_of_a_real_recall_has_its_step(dsn, writes: WriteService) -> None:
+async def test_every_statement_of_a_real_recall_has_its_step(
+    dsn: str, writes: WriteService
+) -> None:
     """The step names follow the store's statements: a full recall (evidence,
     relationships, hypotheses and conflicts asked) names every statement it
     sends, in the order of :data:`STEPS`, none of them "other"."""
@@ -119,7 +121,7 @@ async def test_every_statement_of_a_real_recall_has_its_step(dsn, writes: WriteS
     assert all(seconds > 0 for _, seconds in records)
 
 
-async def test_the_answer_round_with_handles_has_its_step(dsn, writes: WriteService) -> None:
+async def test_the_answer_round_with_handles_has_its_step(dsn: str, writes: WriteService) -> None:
     """A recall whose related relationships have handles reads them in the answer
     round (``WITH handles``): it is named, not "other", and comes where the
     hypotheses and conflicts do."""

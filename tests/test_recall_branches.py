@@ -34,6 +34,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
+from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
+
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import RECALL, app_for, ids, recall, token
@@ -97,9 +100,9 @@ async def _post(c: Any, tok: str, **variables: Any) -> tuple[dict[str, Any], str
 
 @pytest.mark.parametrize("table", FAULTY_TABLES)
 async def test_private_branch_lost_answers_shared_with_degradation(
-    client,
-    writes,
-    admin_conn,
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    admin_conn: Conn,
     table,
 ) -> None:
     team = unique("privfault")
@@ -140,9 +143,9 @@ async def test_private_branch_lost_answers_shared_with_degradation(
 
 @pytest.mark.parametrize("table", FAULTY_TABLES)
 async def test_shared_branch_lost_is_an_error_without_partial_answer(
-    client,
-    writes,
-    admin_conn,
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    admin_conn: Conn,
     table,
 ) -> None:
     team = unique("sharedfault")
@@ -156,7 +159,9 @@ async def test_shared_branch_lost_is_an_error_without_partial_answer(
     assert "fault injected" not in text and "SELECT" not in text and "Traceback" not in text
 
 
-async def test_fault_of_another_team_changes_nothing(client, writes, admin_conn) -> None:
+async def test_fault_of_another_team_changes_nothing(
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: Conn
+) -> None:
     """The fault is confined to one space: another team's recall is untouched."""
     victim, bystander = unique("victim"), unique("bystander")
     await load_jsonl(writes, jsonl(team_records(victim)))

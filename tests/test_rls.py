@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from gateway.services.writes import WriteService
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -33,7 +34,7 @@ async def test_app_role_cannot_bypass(db: Database) -> None:
 
 
 async def test_no_predicate_still_confined_to_team_and_spaces(
-    db: Database, writes, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
 ) -> None:
     team_a, team_b = unique("rls-a"), unique("rls-b")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
@@ -68,7 +69,7 @@ async def test_no_predicate_still_confined_to_team_and_spaces(
         assert await conn.fetchval("SELECT count(*) FROM evidence") == 0
 
 
-async def test_unset_tenancy_sees_nothing(db: Database, writes) -> None:
+async def test_unset_tenancy_sees_nothing(db: Database, writes: WriteService) -> None:
     await load_jsonl(writes, jsonl(team_records(unique("rls-c"))))
     async with db.pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL ROLE recall_app")
@@ -78,7 +79,7 @@ async def test_unset_tenancy_sees_nothing(db: Database, writes) -> None:
 
 
 async def test_writes_into_another_team_are_refused(
-    db: Database, writes, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
 ) -> None:
     team_a, team_b = unique("rls-d"), unique("rls-e")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
@@ -125,7 +126,7 @@ async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -
 
 
 async def test_space_wall_reads_the_spaces_once_per_statement(
-    db: Database, writes, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
 ) -> None:
     """The space wall's readable spaces are a parameter of the statement (an
     InitPlan evaluated once), not an expression every scanned row evaluates

@@ -37,7 +37,9 @@ SCOPE_ROUND = "WITH scope AS MATERIALIZED%"
 FRESH = ("billing note invoices", "billing service owner", "invoice batch")
 
 
-async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writes) -> None:
+async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(
+    dsn: str, writes: WriteService
+) -> None:
     team = unique("plans")
     await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
     tok = await token(writes, team, "alice")
@@ -78,7 +80,7 @@ async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writ
     assert mode == "auto"
 
 
-async def test_other_transactions_keep_the_servers_plan_mode(db) -> None:
+async def test_other_transactions_keep_the_servers_plan_mode(db: Database) -> None:
     """The recall's plan mode is set for its own transaction: a unit without it,
     and the next transaction on the same connection, plan as the server says."""
     async with db.unit("t-plans", [], plan_cache_mode="force_generic_plan") as unit:
@@ -93,7 +95,7 @@ async def test_other_transactions_keep_the_servers_plan_mode(db) -> None:
     assert isinstance(pid, int)
 
 
-async def test_the_setting_chooses_how_recalls_are_planned(dsn, writes) -> None:
+async def test_the_setting_chooses_how_recalls_are_planned(dsn: str, writes: WriteService) -> None:
     """RECALL_PLAN_CACHE_MODE=force_custom_plan: every recall plans its statements
     for its own values (one generic plan serves every team otherwise); the answers
     are those of the default mode."""
@@ -123,7 +125,9 @@ async def test_the_setting_chooses_how_recalls_are_planned(dsn, writes) -> None:
     assert answers["force_custom_plan"][0]
 
 
-def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(monkeypatch, capsys) -> None:
+def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A typo must not silently fall back to a default: the settings refuse it and
     the CLI says which setting and which values, before doing anything."""
     with pytest.raises(pydantic.ValidationError) as caught:
@@ -179,7 +183,9 @@ async def test_server_mode_leaves_the_databases_own_setting(
     assert [(r["generic_plans"], r["custom_plans"]) for r in rows] == [(0, 3), (0, 3)]
 
 
-async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -> None:
+async def test_hydration_looks_candidates_up_and_groups_paths_once(
+    db: Database, writes: WriteService
+) -> None:
     """The hydration statement's generic plan (the one a recall's connection
     keeps) looks each candidate up by the evidence primary key and groups the
     support paths without joining them back to the candidates: written as
