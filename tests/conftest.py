@@ -16,13 +16,14 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
+from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.embeddings import EmbeddingProvider, create_provider
@@ -31,7 +32,6 @@ from gateway.services.writes import Actor, WriteService
 from gateway.settings import Settings
 from gateway.store.connection import Conn
 from gateway.store.database import Database, prepare
-from starlette.applications import Starlette
 
 from . import session_guard
 from .session_guard import no_session_state_after_skipped_resets  # noqa: F401 (autouse)
@@ -198,6 +198,12 @@ async def client(gateway_app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=gateway_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
         yield c
+
+
+class MakeClient(Protocol):
+    """A ``make_client`` fixture: a client of a new app with the given settings."""
+
+    async def __call__(self, **settings: Any) -> httpx.AsyncClient: ...
 
 
 @dataclass

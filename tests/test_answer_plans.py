@@ -21,8 +21,6 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from gateway.services import communities as community_builder
 from gateway.services.writes import WriteService
 from gateway.store import communities as community_store
@@ -42,7 +40,7 @@ COPIES = 300
 
 
 async def _copy(
-    admin_conn: asyncpg.Connection, table: str, where: str, renames: dict[str, str], *args: Any
+    admin_conn: Conn, table: str, where: str, renames: dict[str, str], *args: Any
 ) -> None:
     """COPIES copies of ``table``'s rows that match ``where``, each column in
     ``renames`` computed by its expression (``g``: the copy's number), so that
@@ -64,7 +62,7 @@ async def _copy(
     )
 
 
-async def _explain(conn: asyncpg.Connection, sql: str, args: Sequence[Any]) -> dict[str, Any]:
+async def _explain(conn: Conn, sql: str, args: Sequence[Any]) -> dict[str, Any]:
     """The statement's generic plan as JSON, run (``EXPLAIN (ANALYZE)`` of a
     ``PREPARE``d copy; its parameters as literals of their types)."""
     types = [
@@ -103,7 +101,7 @@ def _read(plan: dict[str, Any], table: str) -> tuple[int, int]:
 
 async def _generic_plan(
     db: Database,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     tables: Sequence[str],
     team: str,
     spaces: Sequence[UUID],
@@ -118,7 +116,7 @@ async def _generic_plan(
             return await _explain(conn, sql, args)
 
 
-async def _shared(admin_conn: asyncpg.Connection, team: str) -> tuple[UUID, int, datetime]:
+async def _shared(admin_conn: Conn, team: str) -> tuple[UUID, int, datetime]:
     row = await admin_conn.fetchrow(
         "SELECT s.id, max(g.generation) AS generation, now() AS now "
         "FROM memory_spaces s JOIN space_generations g ON g.space_id = s.id "

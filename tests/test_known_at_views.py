@@ -23,13 +23,13 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from gateway.services.writes import WriteService
 from gateway.store import related as related_store
 from gateway.store import search
+from gateway.store.connection import Conn
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -189,7 +189,7 @@ def _remembered(space: str, n: int) -> dict[str, Any]:
 async def test_a_known_at_view_is_byte_identical_after_later_writes(
     client: httpx.AsyncClient,
     writes: WriteService,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     monkeypatch: pytest.MonkeyPatch,
     vectors: str,
 ) -> None:

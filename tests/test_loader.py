@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import asyncpg
 import numpy as np
 import pytest
 
@@ -13,6 +12,7 @@ from gateway.errors import EmbeddingMismatch
 from gateway.services import loader
 from gateway.services.records import RECORD_KINDS
 from gateway.services.writes import Actor, WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import REPO, load_jsonl, unique
@@ -40,9 +40,7 @@ def _retarget(text: str, team: str) -> str:
     return "\n".join(out)
 
 
-async def test_example_file_round_trips_every_kind(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_example_file_round_trips_every_kind(writes: WriteService, admin_conn: Conn) -> None:
     text = _retarget(EXAMPLE.read_text(), unique("ex"))
     kinds = {json.loads(line)["kind"] for line in text.splitlines()}
     assert kinds == set(RECORD_KINDS), "the documented example uses every record kind"
@@ -91,7 +89,7 @@ _TABLES = (
 )
 
 
-async def _snapshot(conn: asyncpg.Connection, teams: list[str]) -> dict[str, int]:
+async def _snapshot(conn: Conn, teams: list[str]) -> dict[str, int]:
     counts = {}
     for table in _TABLES:
         counts[table] = await conn.fetchval(
@@ -100,9 +98,7 @@ async def _snapshot(conn: asyncpg.Connection, teams: list[str]) -> dict[str, int
     return counts
 
 
-async def test_every_kind_lands_in_its_tables(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_every_kind_lands_in_its_tables(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("kinds")
     text = _retarget(EXAMPLE.read_text(), team)
     await load_jsonl(writes, text)
@@ -119,9 +115,7 @@ async def test_every_kind_lands_in_its_tables(
     assert abs(float(np.linalg.norm(row["embedding"].to_numpy())) - 1.0) < 1e-3
 
 
-async def test_bad_lines_write_nothing(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_bad_lines_write_nothing(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("bad")
     good = team_records(team)
     lines = [json.dumps(r) for r in good]
@@ -141,7 +135,7 @@ async def test_bad_lines_write_nothing(
 
 
 async def test_database_refusal_rolls_back_its_batch_only(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("refuse")
     records = team_records(team)
@@ -201,9 +195,7 @@ async def test_same_id_other_content_is_refused(writes: WriteService) -> None:
     assert caught.value.errors[0].field == "id"
 
 
-async def test_lifecycle_history_is_kept(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_lifecycle_history_is_kept(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("hist")
     await load_jsonl(writes, jsonl(team_records(team)))
     changes = [

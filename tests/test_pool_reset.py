@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
@@ -22,6 +21,7 @@ import pytest_asyncio
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationService, remember_items
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -186,7 +186,7 @@ async def test_writes_of_two_teams_release_their_connection_without_a_reset_stat
 
 
 async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missing(
-    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+    one_connection_app: Any, writes: WriteService, admin_conn: Conn
 ) -> None:
     """Team b names team a's evidence right after team a wrote it on the same
     session: refused as an evidence that does not exist (same code and message as
@@ -252,7 +252,7 @@ class _HeldEmbedder:
 
 
 async def test_a_cancelled_write_keeps_the_reset(
-    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+    one_connection_app: Any, writes: WriteService, admin_conn: Conn
 ) -> None:
     """A ``remember`` cancelled in the middle of its transaction (a client gone
     while its texts embed: asyncio cancels the request's task): the transaction

@@ -29,7 +29,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
@@ -54,7 +53,7 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @asynccontextmanager
-async def unreadable(conn: asyncpg.Connection, table: str, space: UUID) -> AsyncIterator[None]:
+async def unreadable(conn: Conn, table: str, space: UUID) -> AsyncIterator[None]:
     """Make reading ``table``'s rows of ``space`` fail in the server, as the app role."""
     name = f"test_fault_{secrets.token_hex(4)}"
     await conn.execute(
@@ -75,7 +74,7 @@ async def unreadable(conn: asyncpg.Connection, table: str, space: UUID) -> Async
         await conn.execute(f"DROP FUNCTION {name}()")
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str, UUID]:
+async def _spaces(conn: Conn, team: str) -> dict[str, UUID]:
     """'shared' and each owner's private space."""
     rows = await conn.fetch(
         "SELECT id, kind, owner_principal_id FROM memory_spaces WHERE team_id = $1", team

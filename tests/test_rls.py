@@ -10,13 +10,14 @@ import asyncpg
 import pytest
 
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, object]:
+async def _spaces(conn: Conn, team: str) -> dict[str | None, object]:
     rows = await conn.fetch(
         "SELECT id, owner_principal_id FROM memory_spaces WHERE team_id = $1", team
     )
@@ -34,7 +35,7 @@ async def test_app_role_cannot_bypass(db: Database) -> None:
 
 
 async def test_no_predicate_still_confined_to_team_and_spaces(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team_a, team_b = unique("rls-a"), unique("rls-b")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
@@ -79,7 +80,7 @@ async def test_unset_tenancy_sees_nothing(db: Database, writes: WriteService) ->
 
 
 async def test_writes_into_another_team_are_refused(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team_a, team_b = unique("rls-d"), unique("rls-e")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
@@ -99,7 +100,7 @@ async def test_writes_into_another_team_are_refused(
     assert count == 2  # only the two initial 'active' events
 
 
-async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -> None:
+async def test_every_tenant_table_has_a_policy(admin_conn: Conn) -> None:
     """A table added later without row-level security fails here, not in production."""
     rows = await admin_conn.fetch(
         """
@@ -126,7 +127,7 @@ async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -
 
 
 async def test_space_wall_reads_the_spaces_once_per_statement(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """The space wall's readable spaces are a parameter of the statement (an
     InitPlan evaluated once), not an expression every scanned row evaluates

@@ -27,6 +27,7 @@ from gateway.services.recall import RecallService
 from gateway.services.recall_input import RecallRequest
 from gateway.services.writes import WriteService
 from gateway.store import database
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import app_for, unique
@@ -348,7 +349,7 @@ async def patient(dsn: str, embedder: Any) -> AsyncIterator[tuple[Database, Reca
         await own.close()
 
 
-async def busy(monitor: asyncpg.Connection, application: str) -> list[str]:
+async def busy(monitor: Conn, application: str) -> list[str]:
     """``wait_event_type`` (or 'running') of this database's backends of
     ``application`` running a statement. ``monitor`` is outside any transaction, so
     each call reads the activity anew (inside one, it is read once)."""

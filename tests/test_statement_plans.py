@@ -23,6 +23,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.services.recall import PLAN_CACHE_MODES, plan_cache_mode
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import analyze, app_for, load_jsonl, unique
@@ -270,7 +271,7 @@ async def test_hydration_checks_each_source_once(db: Database) -> None:
 
 
 async def _function_body_plan(
-    conn: asyncpg.Connection,
+    conn: Conn,
     function: str,
     args: list[str],
     which: int = 0,

@@ -32,11 +32,11 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 import pytest
 import pytest_asyncio
 
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -121,7 +121,7 @@ PATHS: dict[str, tuple[int, str, int]] = {
 
 
 async def _settings_after(
-    conn: asyncpg.Connection, store: Store, function: str, call: str, path: str
+    conn: Conn, store: Store, function: str, call: str, path: str
 ) -> dict[str, str]:
     """The caller's settings after ``function`` was called down ``path`` in a
     transaction that set :data:`CALLER` first (only those that differ from it)."""
@@ -147,7 +147,7 @@ async def _settings_after(
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("function", sorted(FUNCTIONS))
 async def test_a_walk_leaves_the_callers_settings(
-    admin_conn: asyncpg.Connection, store: Store, function: str, path: str
+    admin_conn: Conn, store: Store, function: str, path: str
 ) -> None:
     leaked = await _settings_after(admin_conn, store, function, FUNCTIONS[function], path)
     assert leaked == {}, (function, path)
@@ -156,7 +156,7 @@ async def test_a_walk_leaves_the_callers_settings(
 @pytest.mark.parametrize("setting", CHANGED_INSIDE)
 @pytest.mark.parametrize("function", sorted(FUNCTIONS))
 async def test_a_function_without_its_set_clause_is_caught(
-    admin_conn: asyncpg.Connection, store: Store, function: str, setting: str
+    admin_conn: Conn, store: Store, function: str, setting: str
 ) -> None:
     """The check above fails for a copy of the function whose ``SET`` clause lacks
     one of the settings its body changes: the setting leaks into the caller's

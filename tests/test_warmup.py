@@ -27,6 +27,7 @@ from gateway.embedded import EmbeddedPostgres, machine_memory_mb
 from gateway.services.warmup import WarmUp, budget_mb
 from gateway.services.writes import WriteService
 from gateway.store import warmup as store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 from tests.conftest import REPO, app_for, load_jsonl, unique
 from tests.factories import jsonl, team_records
@@ -296,7 +297,7 @@ async def test_against_an_external_server_it_is_off_unless_asked_for(vectors_dsn
         await holder.close()
 
 
-async def _warm_up_sessions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+async def _warm_up_sessions(conn: Conn) -> list[asyncpg.Record]:
     """The server's sessions of a warm-up (any gateway's), as pg_stat_activity lists them."""
     rows: list[asyncpg.Record] = await conn.fetch(
         "SELECT pid, state, wait_event_type, query FROM pg_stat_activity "
@@ -305,7 +306,7 @@ async def _warm_up_sessions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return rows
 
 
-async def _no_warm_up_sessions(conn: asyncpg.Connection) -> None:
+async def _no_warm_up_sessions(conn: Conn) -> None:
     """Its session gone from the server (a backend ends a moment after its client
     goes; 10 s is a safety bound, not a timing claim)."""
     for _ in range(200):

@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import app_for, load_jsonl, unique
@@ -68,12 +69,12 @@ async def _connections_of_one_shard(
             await conn.close()
 
 
-async def _waiting(observer: asyncpg.Connection, pid: int) -> bool:
+async def _waiting(observer: Conn, pid: int) -> bool:
     """Whether the server process ``pid`` is waiting for a lock."""
     return bool(await observer.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid))
 
 
-async def _until_waiting(observer: asyncpg.Connection, pid: int, task: asyncio.Task[Any]) -> None:
+async def _until_waiting(observer: Conn, pid: int, task: asyncio.Task[Any]) -> None:
     """Until ``pid`` waits for a lock (or ``task``, its statement, has ended)."""
     for _ in range(500):
         if task.done() or await _waiting(observer, pid):
@@ -82,7 +83,7 @@ async def _until_waiting(observer: asyncpg.Connection, pid: int, task: asyncio.T
     raise AssertionError(f"process {pid} never waited")
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, tuple[Any, int]]:
+async def _spaces(conn: Conn, team: str) -> dict[str | None, tuple[Any, int]]:
     """Each space of ``team`` (by owner; None: shared) with its generation."""
     rows = await conn.fetch(
         "SELECT s.owner_principal_id AS owner, s.id, "
@@ -94,9 +95,7 @@ async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, tuple
     return {r["owner"]: (r["id"], r["generation"]) for r in rows}
 
 
-async def _insert_evidence(
-    conn: asyncpg.Connection, team: str, source: str, evidence_id: str
-) -> None:
+async def _insert_evidence(conn: Conn, team: str, source: str, evidence_id: str) -> None:
     """One evidence of ``source``'s space, as the owner writes it (its triggers:
     postings, the space's counters)."""
     await conn.execute(
@@ -111,7 +110,7 @@ async def _insert_evidence(
     )
 
 
-async def _counts_are_exact(conn: asyncpg.Connection, team: str) -> None:
+async def _counts_are_exact(conn: Conn, team: str) -> None:
     """The evidence counters of ``team``'s spaces sum to the evidence stored."""
     rows = await conn.fetch(
         "SELECT e.space_id, count(*) AS n, "
@@ -269,7 +268,7 @@ async def test_a_transaction_keeps_its_shard_and_another_gets_another(
         await _counts_are_exact(a, team)
 
 
-async def _shard_waiter(observer: asyncpg.Connection) -> int | None:
+async def _shard_waiter(observer: Conn) -> int | None:
     """The server process of this database waiting to claim a counter shard, if one is."""
     pid: int | None = await observer.fetchval(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
