@@ -162,6 +162,15 @@ async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -
     return await loader.load(writes, records, batch_size=batch_size, actor=Actor.operator())
 
 
+async def fetch_one(conn: Conn, query: str, *args: Any) -> asyncpg.Record:
+    """The row a query returns: a test's check of one row, where no row is a failure
+    (``fetchrow`` says None)."""
+    row = await conn.fetchrow(query, *args)
+    assert row is not None, query
+    row_: asyncpg.Record = row
+    return row_
+
+
 async def analyze(conn: Conn, *tables: str) -> None:
     """ANALYZE a fixture's tables without the pool's statement timeout.
 

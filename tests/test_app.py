@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
@@ -16,6 +15,7 @@ from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
+from .test_recall import Binding
 
 VIEWER = "{ viewer { principalId displayName kind team { id name } tokenBinding readableSpaces } }"
 
@@ -29,7 +29,7 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
             yield c
 
 
-async def _token(writes: Any, team: str, principal: str, binding: str) -> str:
+async def _token(writes: WriteService, team: str, principal: str, binding: Binding) -> str:
     import asyncio
 
     from gateway import tokens
@@ -39,7 +39,7 @@ async def _token(writes: Any, team: str, principal: str, binding: str) -> str:
     token_id, secret = tokens.new_token_id(), tokens.new_secret()
     record = TokenRecord(
         kind="token", team=team, id=token_id, principal=principal, binding=binding, secret=secret
-    )  # type: ignore[arg-type]
+    )
     await writes.apply([record], Actor.operator())
     await asyncio.sleep(0)
     return tokens.format_token(token_id, secret)

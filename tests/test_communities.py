@@ -145,6 +145,7 @@ async def test_too_large_and_failed_runs_degrade(
         stored = await conn.fetchrow(
             "SELECT status, node_count, edge_count FROM community_runs WHERE id = $1", report.run_id
         )
+        assert stored is not None
     assert tuple(stored) == ("too_large", 4, 0)
     report = await build_communities(db, team, max_nodes=100, max_edges=2)
     assert report.status == "too_large"
@@ -242,6 +243,7 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(
             "WHERE id = $1",
             above.run_id,
         )
+        assert stored is not None
     assert tuple(stored) == ("too_large", 40, 101, None)
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from gateway.services.writes import WriteService
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, token
+from .test_recall import token
 
 
 async def test_unexpected_error_is_masked_and_logged_with_the_request_id(

@@ -21,11 +21,10 @@ from gateway.services.recall_types import RecallOutcome
 from gateway.services.writes import WriteService
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (  # noqa: F401  (fixtures)
     _hold_lock,
-    app_for,
     ids,
     recall,
     token,
@@ -126,6 +125,7 @@ async def test_recall_is_recorded_and_suggests_feedback(
         event = await conn.fetchrow(
             "SELECT * FROM recall_events WHERE team_id = $1 AND id = $2", team, UUID(event_id)
         )
+        assert event is not None
         items = await conn.fetch(
             "SELECT frontier, item_id, rank FROM recall_event_items "
             "WHERE team_id = $1 AND recall_event_id = $2 ORDER BY rank",
@@ -167,7 +167,10 @@ async def test_snapshot_failure_keeps_the_answer_without_the_suggestion(
         {"frontier": "FEEDBACK", "code": "recall_feedback_snapshot_unavailable", "optional": True}
     ]
     assert degraded["suggestedActions"] == [] and degraded["recallEventId"] is None
-    strip = lambda r: [(x["evidenceId"], x["rank"], x["context"]) for x in r["results"]]  # noqa: E731
+
+    def strip(r: dict[str, Any]) -> list[tuple[str, int, str]]:
+        return [(x["evidenceId"], x["rank"], x["context"]) for x in r["results"]]
+
     assert strip(degraded) == strip(normal)
     async with db.pool.acquire() as conn:
         assert not await conn.fetchval(
@@ -263,10 +266,12 @@ async def test_feedback_on_what_the_recall_returned_is_idempotent(
             "FROM recall_feedback WHERE team_id = $1",
             team,
         )
+        assert row is not None
         item = await conn.fetchrow(
             "SELECT frontier, item_id, judgement FROM recall_feedback_items WHERE team_id = $1",
             team,
         )
+        assert item is not None
     assert tuple(row) == (True, False, 2, "who is on call for billing", "alice")
     assert tuple(item) == ("evidence", second, "irrelevant")
     changed = await submit(client, tok, **{**fields, "rating": 3})
@@ -484,6 +489,7 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
             "WHERE team_id = $1",
             team,
         )
+        assert row is not None
     assert tuple(row) == ("hypothesis", "h1", judgement.lower(), "checked")
 
 

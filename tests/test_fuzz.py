@@ -24,9 +24,9 @@ from hypothesis import strategies as st
 
 from gateway.services.writes import WriteService
 
-from .conftest import REPO, load_jsonl, unique
+from .conftest import REPO, app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, token
+from .test_recall import token
 
 EXAMPLES = int(os.environ.get("RECALL_FUZZ_EXAMPLES", "200"))
 DOCUMENTED = set(

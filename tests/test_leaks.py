@@ -61,9 +61,9 @@ from gateway.services.communities import build_communities
 from gateway.services.writes import WriteService
 from gateway.store.database import Database
 
-from .conftest import load_jsonl
+from .conftest import app_for, load_jsonl
 from .factories import jsonl
-from .test_recall import app_for, token
+from .test_recall import token
 
 EXAMPLES = int(os.environ.get("RECALL_LEAK_EXAMPLES", "50"))
 CALLERS_PER_WORLD = 4

@@ -382,6 +382,7 @@ async def test_backfill_and_rebuild_count_a_store_that_holds_postings(
                         f"SELECT count(*) AS n, count(*) FILTER (WHERE shard <> 0) AS sharded, "
                         f"count(DISTINCT team_id) AS teams FROM {stats}"
                     )
+                    assert rows is not None
                     keys = await conn.fetchval(
                         f"SELECT count(*) FROM (SELECT DISTINCT team_id, space_id, lexeme "
                         f"FROM {terms}) k"

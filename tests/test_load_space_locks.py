@@ -224,6 +224,7 @@ async def _partition_shape(conn: Conn, table: str) -> dict[str, Any]:
         "FROM pg_class c WHERE c.oid = to_regclass($1)",
         table,
     )
+    assert klass is not None
     columns = await conn.fetch(
         "SELECT a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
         "a.attstorage, a.attcompression, a.attislocal, a.attinhcount, "

@@ -111,6 +111,7 @@ async def test_every_kind_lands_in_its_tables(writes: WriteService, admin_conn: 
         "SELECT model, dimensions, embedding FROM evidence_embeddings WHERE team_id = $1 LIMIT 1",
         teams[0],
     )
+    assert row is not None
     assert row["dimensions"] == 384
     assert abs(float(np.linalg.norm(row["embedding"].to_numpy())) - 1.0) < 1e-3
 

@@ -17,11 +17,10 @@ from gateway.errors import EmbeddingError
 from gateway.services.writes import WriteService
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (
     _hold_lock,
-    app_for,
     ids,
     recall,
     token,
@@ -493,6 +492,7 @@ async def test_lifecycle_mutations_and_earlier_views_stay_exact(
             "SELECT proposed_by, recorded_by FROM hypotheses WHERE team_id = $1 AND id = 'h-x'",
             team,
         )
+        assert hyp is not None
     assert tuple(hyp) == ("alice", "principal:alice")
 
 

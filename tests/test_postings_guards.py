@@ -26,7 +26,7 @@ from gateway.services.writes import WriteService
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_lexeme_statistics import _assert_exact, _mismatches
 from .test_load_paths import EXAMPLE, _generated, _load, _retarget
@@ -152,9 +152,10 @@ async def test_the_application_role_writes_postings_only_through_their_documents
             "has_table_privilege('recall_app', $1, 'TRUNCATE') AS t",
             terms,
         )
+        assert grants is not None
         assert tuple(grants) == (True, False, False, False, False), terms
         counted = f"SELECT count(*), sum(tf) FROM {terms} WHERE team_id = ANY ($1::text[])"
-        before = tuple(await admin_conn.fetchrow(counted, [team, other]))
+        before = tuple(await fetch_one(admin_conn, counted, [team, other]))
         for victim, space in ((team, shared), (other, other_shared)):
             changes = (
                 (
@@ -171,7 +172,7 @@ async def test_the_application_role_writes_postings_only_through_their_documents
                     async with db.tenant(team, [shared], readonly=False) as conn:
                         assert await conn.fetchval("SELECT current_user") == "recall_app"
                         await conn.execute(sql, *args)
-        assert tuple(await admin_conn.fetchrow(counted, [team, other])) == before, terms
+        assert tuple(await fetch_one(admin_conn, counted, [team, other])) == before, terms
         async with db.tenant(team, [shared]) as conn:
             assert await conn.fetchval(f"SELECT count(*) FROM {terms}") > 0
 

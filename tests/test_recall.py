@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -16,7 +16,7 @@ from gateway.services.records import TokenRecord
 from gateway.services.writes import Actor, WriteService
 from gateway.store.database import Database
 
-from .conftest import app_for, load_jsonl, unique  # noqa: F401  (app_for: imported from here by other tests)
+from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
 RECALL = """
@@ -39,11 +39,17 @@ query Recall($q: String, $limit: Int, $knownAt: DateTime, $validAt: DateTime,
 """
 
 
-async def token(writes: WriteService, team: str, principal: str, binding: str = "private") -> str:
+Binding = Literal["private", "shared_only"]
+"""A token's binding (gateway.services.records.TokenRecord)."""
+
+
+async def token(
+    writes: WriteService, team: str, principal: str, binding: Binding = "private"
+) -> str:
     token_id, secret = tokens.new_token_id(), tokens.new_secret()
     record = TokenRecord(
         kind="token", team=team, id=token_id, principal=principal, binding=binding, secret=secret
-    )  # type: ignore[arg-type]
+    )
     await writes.apply([record], Actor.operator())
     return tokens.format_token(token_id, secret)
 
@@ -313,7 +319,10 @@ async def test_known_at_view_is_unchanged_by_later_writes(
     after = await recall(client, tok, q=q)
     assert "ev-owner" in ids(before) and "ev-owner" not in ids(after)
     past = await recall(client, tok, q=q, knownAt=t)
-    strip = lambda r: [(x["evidenceId"], x["rank"], x["source"]) for x in r["results"]]  # noqa: E731
+
+    def strip(r: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+        return [(x["evidenceId"], x["rank"], x["source"]) for x in r["results"]]
+
     assert strip(past) == strip(before)
     # and before the team existed, nothing at all
     early = await recall(client, tok, q=q, knownAt="2000-01-01T00:00:00Z")

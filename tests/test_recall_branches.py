@@ -36,9 +36,9 @@ import pytest_asyncio
 from gateway.services.writes import WriteService
 from gateway.store.connection import Conn
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import RECALL, app_for, ids, recall, token
+from .test_recall import RECALL, ids, recall, token
 
 FAULTY_TABLES = ("evidence", "supports")
 

@@ -469,7 +469,8 @@ async def test_known_at_view_of_related_is_unchanged_by_later_writes(
     after = await related(client, tok, q=q, limit=1, rel=20, com=0)
     assert not {"r-ledger", "r-orders"} & all_ids(after)
     past = await related(client, tok, q=q, limit=1, rel=20, com=0, knownAt=t)
-    strip = lambda r: [  # noqa: E731
-        (h["representativeId"], h["equivalentIds"]) for h in r["relatedRelationships"]
-    ]
+
+    def strip(r: dict[str, Any]) -> list[tuple[str, list[str]]]:
+        return [(h["representativeId"], h["equivalentIds"]) for h in r["relatedRelationships"]]
+
     assert strip(past) == strip(before)

@@ -30,6 +30,7 @@ async def test_app_role_cannot_bypass(db: Database) -> None:
             "SELECT current_user AS who, rolbypassrls, rolsuper FROM pg_roles "
             "WHERE rolname = current_user"
         )
+        assert row is not None
     assert row["who"] == "recall_app"
     assert row["rolbypassrls"] is False and row["rolsuper"] is False
 
@@ -123,6 +124,7 @@ async def test_every_tenant_table_has_a_policy(admin_conn: Conn) -> None:
     teams = await admin_conn.fetchrow(
         "SELECT relrowsecurity FROM pg_class WHERE relname = 'teams' AND relkind = 'r'"
     )
+    assert teams is not None
     assert teams["relrowsecurity"]
 
 

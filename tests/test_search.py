@@ -229,6 +229,7 @@ async def test_search_statistics_follow_inserts(writes: WriteService, admin_conn
     actual = await admin_conn.fetchrow(
         "SELECT count(*) AS n, sum(doc_length) AS total FROM evidence WHERE team_id = $1", team
     )
+    assert actual is not None
     assert (stats["n"], stats["total"]) == (actual["n"], actual["total"]) == (5, 3 + 2 * 14)
 
 
@@ -954,6 +955,7 @@ async def test_vector_settings_stay_inside_the_search(
             "SELECT current_setting('plan_cache_mode') AS m, "
             "current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS it"
         )
+        assert after is not None
     assert dict(after) == dict(before)
 
 

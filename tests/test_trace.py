@@ -78,7 +78,9 @@ def scenario(team: str) -> list[dict[str, Any]]:
     """rel-owner (billing owned by payments) with an equivalent, a rival in a
     conflict case, and a chain billing -> orders-db -> pg -> region for lineage."""
     records = team_records(team)
-    ent = lambda i, name: {"kind": "entity", "team": team, "id": i, "name": name}  # noqa: E731
+
+    def ent(i: str, name: str) -> dict[str, Any]:
+        return {"kind": "entity", "team": team, "id": i, "name": name}
 
     def ev(i: str, text: str) -> dict[str, Any]:
         return {
@@ -275,7 +277,10 @@ async def test_decisions_and_transitions_over_time_and_earlier_views_stay(
     assert mid["evidence"][0]["supportsAtView"] is False
     assert mid["conflicts"][0]["state"] == "RESOLVED"
     # the revoked support no longer backs its position; the reinstated one does again
-    counts = lambda t: {p["id"]: p["supporterCount"] for p in t["conflicts"][0]["positions"]}  # noqa: E731
+
+    def counts(t: dict[str, Any]) -> dict[str, int]:
+        return {p["id"]: p["supporterCount"] for p in t["conflicts"][0]["positions"]}
+
     assert counts(mid) == {"pos-led": 1, "pos-pay": 0}
     assert counts(now) == {"pos-led": 1, "pos-pay": 1}
     assert len(mid["events"]) == 5
