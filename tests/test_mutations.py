@@ -17,7 +17,7 @@ from gateway.errors import EmbeddingError
 from gateway.services.writes import WriteService
 from gateway.store.database import Database
 
-from .conftest import app_for, load_jsonl, unique
+from .conftest import app_for, fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (
     _hold_lock,
@@ -156,7 +156,8 @@ async def test_remember_writes_everything_with_embeddings_and_is_idempotent(
             team,
             "rel-export",
         )
-        owner, by = await conn.fetchrow(
+        owner, by = await fetch_one(
+            conn,
             "SELECT owner_principal_id, recorded_by FROM relationships WHERE team_id = $1 "
             "AND id = $2",
             team,

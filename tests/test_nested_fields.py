@@ -6,9 +6,9 @@ What the recall did not read is still loaded, and answers the same."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import httpx
 import pytest
@@ -17,6 +17,7 @@ from gateway.schema import recall as recall_schema
 from gateway.services.loaders import ReadLoaders
 from gateway.services.writes import WriteService
 from gateway.store.database import Database
+from gateway.store.recall import RelationshipRow
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -28,6 +29,8 @@ NESTED = """query Nested($q: String, $limit: Int) { recallMemory(query: $q, limi
   relatedRelationships { representativeId representative { statement subject { name } } }
   conflicts { id ... on RelationshipConflict { positions { id relationships { id } } } } } }"""
 
+T = TypeVar("T")
+
 
 @contextmanager
 def counted_tasks() -> Iterator[list[int]]:
@@ -37,8 +40,11 @@ def counted_tasks() -> Iterator[list[int]]:
     created = [0]
 
     def factory(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
-    ) -> asyncio.Future[Any]:
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
+        /,
+        **kwargs: Any,
+    ) -> asyncio.Future[T]:
         created[0] += 1
         return asyncio.Task(coro, loop=loop, **kwargs)
 
@@ -49,7 +55,7 @@ def counted_tasks() -> Iterator[list[int]]:
         loop.set_task_factory(previous)
 
 
-async def _ask(client: Any, tok: str, **variables: Any) -> dict[str, Any]:
+async def _ask(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",
         json={"query": NESTED, "variables": variables},
@@ -114,9 +120,11 @@ async def test_primed_rows_are_handed_over_whole_or_not_at_all(db: Database) -> 
 
     view = ReadView(team_id="t", space_kinds={}, t_sys=datetime.now(UTC), t_valid=datetime.now(UTC))
     loaders = ReadLoaders(db, view)
-    loaders.relationships.prime_rows({"a": "row-a", "b": "row-b"})  # type: ignore[dict-item]
-    assert loaders.relationships.primed("a") == "row-a"
+    # stand-ins: the loader hands rows over, it does not read them
+    row_a, row_b = cast(RelationshipRow, "row-a"), cast(RelationshipRow, "row-b")
+    loaders.relationships.prime_rows({"a": row_a, "b": row_b})
+    assert loaders.relationships.primed("a") == row_a
     assert loaders.relationships.primed("c") is None
-    assert loaders.relationships.primed_many(["b", "a"]) == ["row-b", "row-a"]
+    assert loaders.relationships.primed_many(["b", "a"]) == [row_b, row_a]
     assert loaders.relationships.primed_many(["a", "c"]) is None
     assert loaders.relationships.primed_many([]) == []

@@ -569,8 +569,10 @@ async def test_a_document_text_cannot_change_after_it_is_written(
     db/0196 refuses it, and an update of another column keeps the parsed text
     (the parse trigger ran on every UPDATE). Before: the UPDATE went through."""
     team, _ = await _team_with_memory(writes, admin_conn)
-    doc, parsed = await admin_conn.fetchrow(
-        f"SELECT id, search_document FROM {table} WHERE team_id = $1 ORDER BY id LIMIT 1", team
+    doc, parsed = await fetch_one(
+        admin_conn,
+        f"SELECT id, search_document FROM {table} WHERE team_id = $1 ORDER BY id LIMIT 1",
+        team,
     )
     for column, value in (
         (text, "'completely unrelated words'"),

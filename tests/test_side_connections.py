@@ -30,7 +30,7 @@ from gateway.store import database
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import app_for, unique
+from .conftest import app_for, fetch_one, unique
 from .test_recall import token
 from .test_related import RELATED, load_graph
 
@@ -163,7 +163,7 @@ async def test_a_side_statement_reads_as_the_tenant_only_after_its_settings(
         after = f"WITH {tenant} SELECT (SELECT t.role FROM side_tenant t), {', '.join(reads)}"
         before = f"WITH {tenant} SELECT {', '.join(reads)}, (SELECT t.role FROM side_tenant t)"
         async with side.side.pool.acquire() as conn:
-            role, teams, seen, count = await conn.fetchrow(after, *args)
+            role, teams, seen, count = await fetch_one(conn, after, *args)
             assert role == database.APP_ROLE
             assert teams == [a] and seen == [str(spaces["shared:"])] and count > 0
             # alice's private relationship and team B's are in the table all the same
@@ -172,7 +172,7 @@ async def test_a_side_statement_reads_as_the_tenant_only_after_its_settings(
             )
             assert owner_count > count
             # read before the settings: nothing (the policies fail closed)
-            teams, seen, count, _ = await conn.fetchrow(before, *args)
+            teams, seen, count, _ = await fetch_one(conn, before, *args)
             assert (teams, seen, count) == (None, None, 0)
             # the settings ended with the statement's implicit transaction
             assert await conn.fetchval("SELECT count(*) FROM relationships") == 0

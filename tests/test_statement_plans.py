@@ -26,7 +26,7 @@ from gateway.settings import Settings
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import analyze, app_for, load_jsonl, unique
+from .conftest import analyze, app_for, fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import ids, more_evidence, recall, token
 
@@ -103,8 +103,8 @@ async def test_the_setting_chooses_how_recalls_are_planned(dsn: str, writes: Wri
     team = unique("plans")
     await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
     tok = await token(writes, team, "alice")
-    answers: dict[str, list[str]] = {}
-    counts: dict[str, tuple[int, int]] = {}
+    answers: dict[str, list[list[str]]] = {}
+    counts: dict[str, set[tuple[int, int]]] = {}
     for mode in ("force_custom_plan", "force_generic_plan"):
         app = app_for(dsn, pool_max_size=1, plan_cache_mode=mode)
         async with app.router.lifespan_context(app):
@@ -131,8 +131,9 @@ def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(
 ) -> None:
     """A typo must not silently fall back to a default: the settings refuse it and
     the CLI says which setting and which values, before doing anything."""
+    typo: typing.Any = "generic"  # not a value of the setting's Literal, on purpose
     with pytest.raises(pydantic.ValidationError) as caught:
-        Settings(plan_cache_mode="generic")
+        Settings(plan_cache_mode=typo)
     assert "plan_cache_mode" in str(caught.value)
     assert "force_generic_plan" in str(caught.value)
     monkeypatch.setenv("RECALL_PLAN_CACHE_MODE", "fast")
@@ -284,7 +285,8 @@ async def _function_body_plan(
     ends it (the one before ``END``, ``RETURN`` or ``EXIT``); or ``statement`` of the
     function's source. The function's declared variables are parameters too, at
     their initial values."""
-    src, names, types, settings = await conn.fetchrow(
+    src, names, types, settings = await fetch_one(
+        conn,
         "SELECT prosrc, proargnames, "
         "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
         "FROM pg_proc WHERE oid = $1::regproc",

@@ -258,7 +258,13 @@ async def test_the_vector_round_hydrates_only_what_can_reach_the_answer(
         return got
 
     skipped = 0
-    for variables in ({"limit": 1}, {"limit": 2}, {"limit": 5}, {"limit": 2, "with_known": True}):
+    cases: list[dict[str, Any]] = [
+        {"limit": 1},
+        {"limit": 2},
+        {"limit": 5},
+        {"limit": 2, "with_known": True},
+    ]
+    for variables in cases:
         if variables.pop("with_known", False):
             first = await fresh(limit=2)
             variables["known"] = [r["evidenceId"] for r in first["results"]]
@@ -369,7 +375,13 @@ async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
         return got
 
     skipped = 0
-    for variables in ({"limit": 1}, {"limit": 2}, {"limit": 5}, {"limit": 2, "with_known": True}):
+    cases: list[dict[str, Any]] = [
+        {"limit": 1},
+        {"limit": 2},
+        {"limit": 5},
+        {"limit": 2, "with_known": True},
+    ]
+    for variables in cases:
         if variables.pop("with_known", False):
             first = await again(limit=2)
             variables["known"] = [r["evidenceId"] for r in first["results"]]

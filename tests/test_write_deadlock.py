@@ -143,7 +143,7 @@ async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
             await _until_waiting(observer, a.get_server_pid(), step_a)
             step_b = asyncio.create_task(_insert_evidence(b, team, "src-handbook", "dl-b2"))
             outcomes = await asyncio.gather(step_a, step_b, return_exceptions=True)
-            assert outcomes == [None, None], outcomes
+            assert list(outcomes) == [None, None], outcomes
             await ta.commit()
             await tb.commit()
         except BaseException:
