@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import pytest
@@ -12,6 +12,7 @@ from starlette.applications import Starlette
 from gateway.services import communities
 from gateway.services.communities import CommunityBuildFailed, build_communities
 from gateway.services.writes import WriteService
+from gateway.store import communities as community_store
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 
@@ -21,7 +22,15 @@ from .test_cli import run
 from .test_recall import token
 from .test_related import all_ids, codes, graph_records, load_graph, rel, related
 
-LIMITS = {"max_nodes": 1000, "max_edges": 10_000}
+
+class Limits(TypedDict):
+    """The builder's size limits, as keyword arguments of ``build_communities``."""
+
+    max_nodes: int
+    max_edges: int
+
+
+LIMITS: Limits = {"max_nodes": 1000, "max_edges": 10_000}
 
 
 async def snapshot_rows(conn: Any, run_id: Any) -> list[tuple[Any, ...]]:
@@ -100,7 +109,7 @@ async def test_builder_is_deterministic_drops_singletons_and_reads_only_eligible
 
 def test_clustering_is_pure_and_seeded() -> None:
     rels = [
-        communities.store.GraphRelationship(f"r{i}", f"g{i}", "p", f"e{i // 3}", None, ())
+        community_store.GraphRelationship(f"r{i}", f"g{i}", "p", f"e{i // 3}", None, ())
         for i in range(9)
     ]
     graph = communities.build_graph(rels)
@@ -168,16 +177,16 @@ async def test_node_limit_is_decided_before_the_graph_is_read(
     groups, which must not count): 7 is too_large without reading the graph, 8 builds."""
     team = unique("comlim")
     await load_graph(writes, team)
-    read = communities.store.shared_graph
+    read = community_store.shared_graph
 
     def unread(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the whole graph was read for a space above the node limit")
 
-    monkeypatch.setattr(communities.store, "shared_graph", unread)
+    monkeypatch.setattr(community_store, "shared_graph", unread)
     above = await build_communities(db, team, max_nodes=7, max_edges=10_000)
     assert (above.status, above.node_count, above.edge_count) == ("too_large", 8, 0)
     assert above.error == "more than 7 semantic groups (limit 7)"
-    monkeypatch.setattr(communities.store, "shared_graph", read)
+    monkeypatch.setattr(community_store, "shared_graph", read)
     at = await build_communities(db, team, max_nodes=8, max_edges=10_000)
     assert (at.status, at.node_count) == ("succeeded", 8)
     assert at.communities == 3 and at.sizes == [3, 2, 2]
@@ -224,7 +233,7 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(
     statement timeout at 100,000 relationships per space)."""
     team = unique("comedge")
     await load_jsonl(writes, jsonl(hub_records(team, 40)))
-    read = communities.store.shared_graph
+    read = community_store.shared_graph
     seen: list[str] = []
 
     async def counted(*args: Any, **kwargs: Any) -> Any:
@@ -232,7 +241,7 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(
             seen.append(r.id)
             yield r
 
-    monkeypatch.setattr(communities.store, "shared_graph", counted)
+    monkeypatch.setattr(community_store, "shared_graph", counted)
     above = await build_communities(db, team, max_nodes=1000, max_edges=100)
     assert (above.status, above.node_count, above.edge_count) == ("too_large", 40, 101)
     assert above.error == "more than 100 edges"
@@ -270,7 +279,7 @@ async def test_edge_limit_just_above_and_at_the_graph(writes: WriteService, db: 
 def test_graph_builder_matches_whole_graph_pairs_in_any_order() -> None:
     """Edges and weights do not depend on the order the relationships come in:
     a pair sharing two evidence fragments and an entity weighs 3."""
-    rel_ = communities.store.GraphRelationship
+    rel_ = community_store.GraphRelationship
     rels = [
         rel_("r1", "g1", "p", "a", "b", ("e1", "e2")),
         rel_("r2", "g2", "p", "a", None, ("e1", "e2")),

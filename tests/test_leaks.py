@@ -63,11 +63,12 @@ from gateway.store.database import Database
 
 from .conftest import app_for, load_jsonl
 from .factories import jsonl
+from .test_communities import Limits
 from .test_recall import token
 
 EXAMPLES = int(os.environ.get("RECALL_LEAK_EXAMPLES", "50"))
 CALLERS_PER_WORLD = 4
-COMMUNITY_LIMITS = {"max_nodes": 1000, "max_edges": 10_000}
+COMMUNITY_LIMITS: Limits = {"max_nodes": 1000, "max_edges": 10_000}
 VOCABULARY = ["billing", "latency", "owner", "dock", "robot", "invoice", "deploy", "noon"]
 
 RECALL = """
@@ -596,7 +597,12 @@ asks = st.lists(
 )
 @given(world=worlds(), plan=asks, data=st.data())
 async def test_recall_never_leaks(
-    client: httpx.AsyncClient, writes: WriteService, db: Database, world, plan, data
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    db: Database,
+    world: list[Team],
+    plan: list[Ask],
+    data: st.DataObject,
 ) -> None:
     text = "".join(jsonl(records(t)) for t in world)
     await load_jsonl(writes, text)
@@ -733,7 +739,11 @@ def _trace_ids(t: dict[str, Any]) -> list[tuple[str, str]]:
 )
 @given(world=worlds(), plan=asks, data=st.data())
 async def test_trace_never_leaks(
-    client: httpx.AsyncClient, writes: WriteService, world, plan, data
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    world: list[Team],
+    plan: list[Ask],
+    data: st.DataObject,
 ) -> None:
     """traceMemory of a random relationship, the caller's or anybody's: a readable
     one answers with readable IDs only (withdrawn evidence may appear in a trace,
