@@ -458,7 +458,7 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
     writes: WriteService,
     db: Database,
     embedder: EmbeddingProvider,
-    judgement,
+    judgement: str,
 ) -> None:
     team = unique("fbhj")
     await load_jsonl(

@@ -25,7 +25,7 @@ import pytest_asyncio
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import MigrationError, VectorIndexPending
 from gateway.services import loader, lock_waits, vector_indexes
-from gateway.services.reembed import reembed
+from gateway.services.reembed import ReembedBusy, reembed
 from gateway.services.writes import WriteService
 from gateway.store import migrations, vector_partitions
 from gateway.store import reembed as reembed_store
@@ -61,7 +61,7 @@ async def _interrupted(writes: WriteService, team: str, model: str) -> UUID:
             progress=StopAfter(batches=2),
         )
     async with writes.db.admin(readonly=True) as conn:
-        return await _space(conn, team)  # type: ignore[arg-type]
+        return await _space(conn, team)
 
 
 def _setup_only(team: str, model: str) -> list[dict[str, Any]]:
@@ -135,7 +135,7 @@ async def test_an_index_after_load_refuses_while_a_reembed_is_under_way(
         async with conn.transaction():
             await reembed_store.start_run(conn, embedder.model, "test-double-v1")
     team = unique("ixrr")
-    with pytest.raises(vector_indexes.ReembedBusy) as caught:
+    with pytest.raises(ReembedBusy) as caught:
         await loader.load(
             fresh, _parsed(_records(team, embedder.model, docs=3)), batch_size=50, index_after=True
         )

@@ -226,5 +226,5 @@ async def test_tool_calls_are_logged_and_counted_like_requests(
     assert not failed
     assert REGISTRY.get_sample_value("recall_gateway_requests_total", labels) == before + 1
     (line,) = [r for r in caplog.records if r.name == "gateway.request"]
-    assert line.method == "MCP" and line.path == "recall_memory"  # type: ignore[attr-defined]
-    assert line.operation == "McpRecall" and line.statements > 0  # type: ignore[attr-defined]
+    assert line.method == "MCP" and line.path == "recall_memory"
+    assert line.operation == "McpRecall" and line.statements > 0

@@ -492,7 +492,7 @@ async def test_private_before_shared_on_equal_fused_score(
     ],
 )
 async def test_bad_input_is_a_clear_error(
-    client: httpx.AsyncClient, writes: WriteService, variables, field
+    client: httpx.AsyncClient, writes: WriteService, variables: dict[str, Any], field: str
 ) -> None:
     team = unique("bad")
     await load_jsonl(writes, jsonl(team_records(team)))

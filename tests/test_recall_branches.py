@@ -87,7 +87,7 @@ def evidence_degradations(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in result["degradations"] if d["frontier"] == "EVIDENCE"]
 
 
-async def _post(c: Any, tok: str, **variables: Any) -> tuple[dict[str, Any], str]:
+async def _post(c: httpx.AsyncClient, tok: str, **variables: Any) -> tuple[dict[str, Any], str]:
     r = await c.post(
         "/graphql",
         json={"query": RECALL, "variables": variables},
@@ -102,7 +102,7 @@ async def test_private_branch_lost_answers_shared_with_degradation(
     client: httpx.AsyncClient,
     writes: WriteService,
     admin_conn: Conn,
-    table,
+    table: str,
 ) -> None:
     team = unique("privfault")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -145,7 +145,7 @@ async def test_shared_branch_lost_is_an_error_without_partial_answer(
     client: httpx.AsyncClient,
     writes: WriteService,
     admin_conn: Conn,
-    table,
+    table: str,
 ) -> None:
     team = unique("sharedfault")
     await load_jsonl(writes, jsonl(team_records(team)))

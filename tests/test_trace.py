@@ -542,7 +542,7 @@ async def test_statements_do_not_grow_with_the_lineage(
     ],
 )
 async def test_bad_input_is_a_clear_error(
-    client: httpx.AsyncClient, writes: WriteService, variables, field
+    client: httpx.AsyncClient, writes: WriteService, variables: dict[str, Any], field: str
 ) -> None:
     team = unique("trbad")
     await load_jsonl(writes, jsonl(team_records(team)))
