@@ -16,11 +16,12 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import pgvector.asyncpg as pgvector_asyncpg
 import pytest
 import pytest_asyncio
 from starlette.applications import Starlette
@@ -169,6 +170,12 @@ async def fetch_one(conn: Conn, query: str, *args: Any) -> asyncpg.Record:
     assert row is not None, query
     row_: asyncpg.Record = row
     return row_
+
+
+async def register_vector(conn: Conn) -> None:
+    """pgvector's codecs on a test's connection. ``pgvector.asyncpg.register_vector``
+    is typed for a plain connection; a pool's proxy forwards every call to one."""
+    await pgvector_asyncpg.register_vector(cast(asyncpg.Connection, conn))
 
 
 async def analyze(conn: Conn, *tables: str) -> None:

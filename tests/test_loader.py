@@ -408,7 +408,8 @@ class _OtherModel:
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         v = np.ones((len(texts), 384), dtype=np.float32)
-        return v / np.linalg.norm(v, axis=1, keepdims=True)
+        unit: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+        return unit
 
     async def aclose(self) -> None:
         return None

@@ -61,7 +61,8 @@ class Spaces:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v)).astype(np.float32)
+    unit: np.ndarray = (v / np.linalg.norm(v)).astype(np.float32)
+    return unit
 
 
 async def _relationships(

@@ -6,6 +6,8 @@ policies stand between the caller and other teams' rows.
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import asyncpg
 import pytest
 
@@ -17,7 +19,7 @@ from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
 
-async def _spaces(conn: Conn, team: str) -> dict[str | None, object]:
+async def _spaces(conn: Conn, team: str) -> dict[str | None, UUID]:
     rows = await conn.fetch(
         "SELECT id, owner_principal_id FROM memory_spaces WHERE team_id = $1", team
     )

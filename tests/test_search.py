@@ -18,7 +18,6 @@ import asyncpg
 import numpy as np
 import pytest
 import pytest_asyncio
-from pgvector.asyncpg import register_vector
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
@@ -27,7 +26,7 @@ from gateway.store.connection import Conn
 from gateway.store.database import APP_ROLE, Database
 from gateway.store.search import BranchSearch, CandidateQuery, evidence_candidates
 
-from .conftest import load_jsonl, unique
+from .conftest import load_jsonl, register_vector, unique
 from .factories import jsonl
 
 
@@ -59,7 +58,9 @@ def _team(team: str, *principals: str) -> list[dict[str, Any]]:
     return out
 
 
-def _ev(team: str, evidence_id: str, content: str, *, source: str = "src", **extra: Any) -> dict:
+def _ev(
+    team: str, evidence_id: str, content: str, *, source: str = "src", **extra: Any
+) -> dict[str, Any]:
     return {
         "kind": "evidence",
         "team": team,
@@ -226,6 +227,7 @@ async def test_search_statistics_follow_inserts(writes: WriteService, admin_conn
         "WHERE team_id = $1",
         team,
     )
+    assert stats is not None
     actual = await admin_conn.fetchrow(
         "SELECT count(*) AS n, sum(doc_length) AS total FROM evidence WHERE team_id = $1", team
     )
@@ -504,7 +506,8 @@ def _near(query: np.ndarray, angles: np.ndarray, rng: np.random.Generator) -> np
     noise -= np.outer(noise @ query, query)  # orthogonal to the query
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
     out = np.cos(angles)[:, None] * query[None, :] + np.sin(angles)[:, None] * noise
-    return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    unit: np.ndarray = (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    return unit
 
 
 async def _insert_evidence_rows(
@@ -947,6 +950,7 @@ async def test_vector_settings_stay_inside_the_search(
             "SELECT current_setting('plan_cache_mode') AS m, "
             "current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS it"
         )
+        assert before is not None
         query = CandidateQuery(
             team, (branch,), None, await _embed(embedder, "text"), (), (), 500, None
         )

@@ -19,14 +19,13 @@ from datetime import datetime
 from uuid import UUID
 
 import numpy as np
-from pgvector.asyncpg import register_vector
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
 from gateway.store.connection import Conn
 from gateway.store.database import APP_ROLE, Database
 
-from .conftest import analyze, load_jsonl, unique
+from .conftest import analyze, load_jsonl, register_vector, unique
 from .factories import jsonl
 from .test_relationship_vectors import _relationships, _team, _vectors
 from .test_search import _branch, _insert_direct, _near, index_rows_fetched
@@ -52,7 +51,8 @@ class Walked:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v)).astype(np.float32)
+    unit: np.ndarray = (v / np.linalg.norm(v)).astype(np.float32)
+    return unit
 
 
 def _vectors_of(rng: np.random.Generator, query: np.ndarray) -> np.ndarray:
