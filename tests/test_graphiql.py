@@ -47,7 +47,7 @@ def test_the_examples_are_valid_and_cheap_enough_for_production() -> None:
 def test_the_page_loads_only_the_gateway_s_files(tmp_path: Path) -> None:
     page = GraphiQLPage()
     response = page.render("/graphql")
-    body = response.body.decode()
+    body = bytes(response.body).decode()
     assert response.status_code == 200
     sources = re.findall(r'(?:src|href)="([^"]+)"', body)
     assert sources and all(s.startswith("/graphiql/3.9.0/") for s in sources), sources

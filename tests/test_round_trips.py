@@ -317,6 +317,7 @@ async def test_hydration_and_discovery_come_as_columns_not_records(
         )
         conn.add_query_logger(lambda record: sent.append(record.query))
         combined = await round_trips.first_round(conn, cq, now, dq)
+        assert combined is not None
         await asyncio.sleep(0)  # query loggers are called soon, not at once
         (sql,) = [q for q in sent if q.startswith("WITH cands")]
         columns = (await conn.prepare(sql)).get_attributes()

@@ -143,7 +143,7 @@ async def test_a_claim_sends_the_statement_it_sent_before(dsn: str, writes: Writ
     text and arguments as the numbering it had of its own, and the same answers."""
     team = unique("placed-claim")
     await load_jsonl(writes, jsonl(team_records(team)))
-    reads: list[store.Read] = [
+    reads: list[store.ReadVisible | store.ReadSpace] = [
         store.ReadSpace(None),
         store.ReadVisible("source", ("src-handbook",)),
         store.ReadVisible("entity", ("billing", "payments-team", "nowhere")),
