@@ -24,6 +24,7 @@ import httpx
 import pgvector.asyncpg as pgvector_asyncpg
 import pytest
 import pytest_asyncio
+from hypothesis import settings as hypothesis_settings
 from starlette.applications import Starlette
 
 from gateway.app import create_app
@@ -52,6 +53,13 @@ os.environ.setdefault("RECALL_PG_EFFECTIVE_CACHE_SIZE_MB", "4096")
 # No start-up warm-up (its own tests ask for it): the suite's stores are small and
 # cached, and tests that start a gateway expect /readyz to say ready at once.
 os.environ.setdefault("RECALL_WARM_UP_MB", "0")
+
+# No timed assertions: hypothesis's default deadline (200 ms per example) is
+# one, and on a loaded 2-core machine a large example of tests/test_fusion.py
+# can outlast it and fail a correct run. Tests that want a bound on the number
+# of examples still set max_examples themselves.
+hypothesis_settings.register_profile("recall", deadline=None)
+hypothesis_settings.load_profile("recall")
 
 
 def _docker_answers() -> bool:
