@@ -24,7 +24,7 @@ from gateway.services.communities import build_communities
 from gateway.services.conflicts import MAX_CONFLICTS
 from gateway.services.writes import WriteService
 from gateway.store import round_trips
-from gateway.store.database import Database
+from gateway.store.database import Database, StatementCounter
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -49,7 +49,7 @@ query Recall($q: String, $limit: Int, $rels: Int, $communities: Int) {
 """
 
 
-async def recall(client: Any, tok: str, **variables: Any) -> dict[str, Any]:
+async def recall(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",
         json={"query": RECALL, "variables": variables},
@@ -82,7 +82,9 @@ def _records(team: str) -> list[dict[str, Any]]:
     return records
 
 
-async def _answer(client: Any, counter: Any, tok: str, **variables: Any) -> tuple[Any, int]:
+async def _answer(
+    client: httpx.AsyncClient, counter: StatementCounter, tok: str, **variables: Any
+) -> tuple[dict[str, Any], int]:
     before = counter.count
     got = await recall(client, tok, q=QUERY, **variables)
     return got, counter.count - before

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any, TypedDict
+from uuid import UUID
 
 import httpx
 import pytest
@@ -33,7 +34,7 @@ class Limits(TypedDict):
 LIMITS: Limits = {"max_nodes": 1000, "max_edges": 10_000}
 
 
-async def snapshot_rows(conn: Any, run_id: Any) -> list[tuple[Any, ...]]:
+async def snapshot_rows(conn: Conn, run_id: UUID) -> list[tuple[Any, ...]]:
     communities_ = await conn.fetch(
         "SELECT ordinal, summary, top_entities, top_predicates, group_count, relationship_count "
         "FROM communities WHERE run_id = $1 ORDER BY ordinal",
@@ -47,7 +48,7 @@ async def snapshot_rows(conn: Any, run_id: Any) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in communities_] + [tuple(r) for r in members]
 
 
-async def members_by_relationship(conn: Any, run_id: Any) -> dict[str, tuple[int, str]]:
+async def members_by_relationship(conn: Conn, run_id: UUID) -> dict[str, tuple[int, str]]:
     rows = await conn.fetch(
         "SELECT ordinal, semantic_group_key, relationship_id FROM community_members "
         "WHERE run_id = $1",
@@ -64,6 +65,7 @@ async def test_builder_is_deterministic_drops_singletons_and_reads_only_eligible
     first = await build_communities(db, team, **LIMITS)
     second = await build_communities(db, team, **LIMITS)
     assert first.status == second.status == "succeeded"
+    assert first.run_id is not None and second.run_id is not None
     assert first.run_id != second.run_id
     # eligible shared groups: ownership (2 owners), stripe, invoice->billing,
     # invoice->ledger, ledger, orders, pool, zebra

@@ -84,7 +84,7 @@ def error_of(body: dict[str, Any]) -> dict[str, Any]:
     return error
 
 
-async def feedback_rows(db: Any, team: str) -> tuple[int, int]:
+async def feedback_rows(db: Database, team: str) -> tuple[int, int]:
     async with db.pool.acquire() as conn:
         return (
             await conn.fetchval("SELECT count(*) FROM recall_feedback WHERE team_id = $1", team),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from graphql import parse, validate
@@ -92,7 +91,7 @@ def test_vendoring_refuses_a_package_that_is_not_the_recorded_one(tmp_path: Path
 async def test_production_serves_neither_page_nor_files(dsn: str) -> None:
     import httpx
 
-    app: Any = app_for(dsn, env="production")
+    app = app_for(dsn, env="production")
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:

@@ -112,7 +112,7 @@ def decisions(team: str) -> list[dict[str, Any]]:
     ]
 
 
-async def loaded(writes: Any) -> str:
+async def loaded(writes: WriteService) -> str:
     team, other = unique("hy"), unique("hyo")
     await load_jsonl(
         writes,

@@ -47,7 +47,7 @@ import json
 import os
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ query Leak($q: String, $limit: Int, $known: [ID!], $entities: [ID!], $knownRels:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def client(dsn: str) -> Any:
+async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
     app = app_for(dsn)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

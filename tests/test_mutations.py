@@ -116,7 +116,7 @@ def incident_memory(space: str = "SHARED", suffix: str = "") -> dict[str, Any]:
     }
 
 
-async def count(db: Any, table: str, team: str) -> int:
+async def count(db: Database, table: str, team: str) -> int:
     async with db.pool.acquire() as conn:
         n: int = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE team_id = $1", team)
         return n

@@ -96,7 +96,7 @@ async def test_rows_not_primed_are_loaded_and_answer_the_same(
     tok = await token(writes, team, "alice")
     primed = await _ask(client, tok, q="billing service owner invoices", limit=6)
 
-    def unprimed(db: Any, view: Any, nested: Any = None) -> ReadLoaders:
+    def unprimed(db: Database, view: Any, nested: Any = None) -> ReadLoaders:
         return ReadLoaders(db, view)
 
     monkeypatch.setattr(recall_schema, "ReadLoaders", unprimed)

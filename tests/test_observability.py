@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
+import pytest
 import pytest_asyncio
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -85,7 +86,9 @@ async def _recall(
 
 
 async def test_one_span_per_operation_with_recall_embedding_and_statements(
-    traced: tuple[httpx.AsyncClient, InMemorySpanExporter], writes: WriteService, caplog: Any
+    traced: tuple[httpx.AsyncClient, InMemorySpanExporter],
+    writes: WriteService,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     client, exporter = traced
     team = unique("otel")

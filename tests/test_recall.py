@@ -583,7 +583,7 @@ async def test_nested_fields_cost_no_statement_of_their_own(
 
 
 async def _hold_lock(
-    dsn_admin_db: Any, table: str, ready: asyncio.Event, release: asyncio.Event
+    dsn_admin_db: Database, table: str, ready: asyncio.Event, release: asyncio.Event
 ) -> None:
     async with dsn_admin_db.pool.acquire() as conn, conn.transaction():
         await conn.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')

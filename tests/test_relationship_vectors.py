@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
 import numpy as np
@@ -104,7 +103,7 @@ async def _vectors(conn: Conn, rows: list[tuple[str, UUID, str, int, str, np.nda
     )
 
 
-async def _team(writes: WriteService, conn: Conn, prefix: str) -> Any:
+async def _team(writes: WriteService, conn: Conn, prefix: str) -> tuple[str, UUID, int, int, str]:
     """A team with one relationship written by the loader (its space, current
     generation, active projection and model come from there)."""
     team = unique(prefix)

@@ -27,6 +27,7 @@ from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationError, MutationService, remember_items
 from gateway.services.writes import Actor, RecordError, WriteService
 from gateway.store import database
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -557,7 +558,7 @@ def _as_loader_lines(team: str, call: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def test_remember_writes_the_rows_the_loaders_set_based_path_writes(
-    writes: WriteService, admin_conn: Any
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     """Field by field, every table: a remember by alice against the same records
     loaded by the set-based path (gateway/services/bulk_writes.py, which shares no
@@ -649,7 +650,7 @@ async def test_remember_writes_the_rows_the_loaders_set_based_path_writes(
     ],
 )
 async def test_refusals_keep_their_codes_and_write_nothing(
-    writes: WriteService, admin_conn: Any, change: dict[str, Any], code: str, field: str
+    writes: WriteService, admin_conn: Conn, change: dict[str, Any], code: str, field: str
 ) -> None:
     """Bad references, including IDs of another team and of bob's private space
     (which look missing), a taken ID, a taken occurrence ID: the code and field of

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
 
 from gateway.services.writes import WriteService
 from gateway.store import placement
@@ -90,7 +91,10 @@ class CountingPattern:
 
 
 async def test_a_repeated_recall_rewrites_no_statement(
-    client: httpx.AsyncClient, gateway_app: Any, writes: WriteService, monkeypatch: Any
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     team = unique("placed")
     await load_jsonl(writes, jsonl(team_records(team)))

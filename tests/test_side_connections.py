@@ -21,6 +21,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import pytest
 
 from gateway.services.communities import build_communities
 from gateway.services.recall import RecallService
@@ -489,7 +490,7 @@ async def test_a_side_connection_is_read_only(dsn: str) -> None:
 
 
 async def test_a_side_answer_of_another_view_is_not_used(
-    dsn: str, writes: WriteService, db: Database, monkeypatch: Any
+    dsn: str, writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The guard of _DiscoveryBeside.result: a side statement that read another
     generation of the shared space, or read as another role, is not used (here it

@@ -141,13 +141,13 @@ def scenario(team: str) -> list[dict[str, Any]]:
     return records
 
 
-async def setup(writes: Any, prefix: str) -> tuple[str, str]:
+async def setup(writes: WriteService, prefix: str) -> tuple[str, str]:
     team = unique(prefix)
     await load_jsonl(writes, jsonl(scenario(team)))
     return team, await token(writes, team, "alice")
 
 
-async def later(writes: Any, team: str, *records: dict[str, Any]) -> None:
+async def later(writes: WriteService, team: str, *records: dict[str, Any]) -> None:
     await load_jsonl(writes, jsonl([{"team": team, **r} for r in records]))
 
 

@@ -37,8 +37,9 @@ import pytest_asyncio
 
 from gateway.services.writes import WriteService
 from gateway.store.connection import Conn
+from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import fetch_one, load_jsonl, unique
 from .factories import jsonl
 from .test_related import rel
 from .test_search import _ev, _spaces, _team
@@ -83,7 +84,7 @@ class Store:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def store(writes: WriteService, db: Any) -> Store:
+async def store(writes: WriteService, db: Database) -> Store:
     team = unique("walkset")
     async with db.pool.acquire() as conn:
         before = await conn.fetchval("SELECT clock_timestamp()")
@@ -94,7 +95,8 @@ async def store(writes: WriteService, db: Any) -> Store:
         records += [rel(team, f"r-{i}", "a", "weighs", value=str(i)) for i in range(8)]
         await load_jsonl(writes, jsonl(records))
         space = (await _spaces(conn, team))[None]
-        vector, projection = await conn.fetchrow(
+        vector, projection = await fetch_one(
+            conn,
             "SELECT re.embedding, re.projection_generation FROM relationship_embeddings re "
             "WHERE re.team_id = $1 LIMIT 1",
             team,

@@ -25,6 +25,7 @@ from typing import Any
 import asyncpg
 import httpx
 
+from gateway.services.writes import WriteService
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 
@@ -123,7 +124,7 @@ async def _counts_are_exact(conn: Conn, team: str) -> None:
 
 
 async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
-    dsn: str, writes: Any
+    dsn: str, writes: WriteService
 ) -> None:
     """Two owner transactions on connections of one old shard: A writes evidence
     into the shared space, B into a private one, then A into the private one
@@ -160,7 +161,9 @@ async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
         )
 
 
-async def test_remember_of_two_spaces_against_another_writer_commits(dsn: str, writes: Any) -> None:
+async def test_remember_of_two_spaces_against_another_writer_commits(
+    dsn: str, writes: WriteService
+) -> None:
     """What a user got: alice's ``remember`` writes evidence into the shared space
     (a source there) and a relationship into her private space, while an owner
     transaction on a connection of the same old shard has written a graph change
@@ -238,7 +241,7 @@ SHARD_LOCK = 1936220530
 
 
 async def test_a_transaction_keeps_its_shard_and_another_gets_another(
-    dsn: str, writes: Any
+    dsn: str, writes: WriteService
 ) -> None:
     """The shard is claimed at a transaction's first counter write, kept for its
     later statements, and not given to a transaction in flight at the same time,
@@ -279,7 +282,7 @@ async def _shard_waiter(observer: Conn) -> int | None:
 
 
 async def test_with_every_shard_held_a_write_waits_first_then_takes_the_first_freed(
-    dsn: str, writes: Any
+    dsn: str, writes: WriteService
 ) -> None:
     """When other sessions hold all 32 shards, a principal's write waits for one at
     its very start, holding no row of its own yet (so nothing can wait for it in
