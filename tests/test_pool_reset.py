@@ -10,7 +10,7 @@ check what that session holds between requests; other uses keep the reset."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +20,8 @@ import pytest
 import pytest_asyncio
 from starlette.applications import Starlette
 
+from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings.base import Vectors
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationService, remember_items
 from gateway.services.writes import WriteService
@@ -242,13 +244,13 @@ async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missin
 class _HeldEmbedder:
     """The app's provider, holding every call until the test cancels the write."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: EmbeddingProvider) -> None:
         self.inner = inner
         self.model = inner.model
         self.dimensions = inner.dimensions
         self.started = asyncio.Event()
 
-    async def embed(self, texts: Any) -> Any:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         self.started.set()
         await asyncio.Event().wait()  # until cancelled
         return await self.inner.embed(texts)  # pragma: no cover
