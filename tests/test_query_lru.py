@@ -3,8 +3,10 @@
 A store's first vectors (seen by the store-model watcher of a serving gateway)
 leave the space unchanged: the LRU keeps its vectors. A store moving to another
 model (``reembed``) changes it: no vector of the old model is served again
-(also checked by test_reembed.py's serving gateway). The store is the real
-PostgreSQL; the other model is test_reembed.py's deterministic double.
+(also checked by test_reembed.py's serving gateway); a process that names its
+model keeps its key, and the mismatch check before the LRU keeps its old
+vectors out. The store is the real PostgreSQL; the other model is
+test_reembed.py's deterministic double.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.embeddings import LOCAL_MODELS, EmbeddingProvider, LocalModel, Vectors
+from gateway.embeddings import LOCAL_MODELS, EmbeddingProvider, LocalModel, Vectors, by_model_id
+from gateway.services.recall import QueryEmbeddings
 from gateway.services.reembed import reembed
 from gateway.services.writes import WriteService
 
@@ -83,6 +86,33 @@ async def test_a_model_switch_empties_the_query_lru(
         assert embeddings.known(QUESTION) == (True, after)
 
 
+async def test_a_pinned_gateway_never_serves_a_cached_vector_after_a_switch(
+    fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that names its model keeps its LRU key when the store moves on:
+    the mismatch check, before the LRU, is what keeps the cached vector out."""
+    target = Double("double-pinned")
+    monkeypatch.setitem(
+        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
+    )
+    own = by_model_id(embedder.model)
+    assert own is not None
+    app = app_for(fresh_dsn, embedding_model=own.key)
+    async with app.router.lifespan_context(app):
+        services = app.state.services
+        embeddings = services.recall.embeddings
+        await load_jsonl(WriteService(services.db, embedder), jsonl(team_records(unique("pin"))))
+        await _until(lambda: embeddings.store_model.held == embedder.model)
+        assert await embeddings.vector(QUESTION, []) is not None
+        assert embeddings.known(QUESTION)[0]
+        assert (await reembed(services.db, Double(target.model))).switched
+        await _until(lambda: embeddings.store_model.held == target.model)
+        assert embeddings.known(QUESTION) == (False, None)
+        degradations: list[Any] = []
+        assert await embeddings.vector(QUESTION, degradations) is None
+        assert [d.code for d in degradations] == ["query_embedding_model_mismatch"]
+
+
 class _Switching:
     """A provider whose model changes while it embeds (a switch during the call)."""
 
@@ -99,8 +129,6 @@ class _Switching:
 
 
 async def test_a_vector_of_a_model_switched_to_during_the_call_is_not_kept() -> None:
-    from gateway.services.recall import QueryEmbeddings
-
     switching = _Switching()
     embeddings = QueryEmbeddings(switching)
     assert await embeddings.vector(QUESTION, []) is not None

@@ -133,12 +133,20 @@ class QueryEmbeddings:
     The LRU is keyed by the vector space as well as the text: the model the
     provider's next vector comes from (:func:`gateway.embeddings.query_model`:
     for a provider that follows the store, the store's model, which it
-    switches to at its next call) and its dimensions. A store moving to another
-    model (``reembed``) therefore never gets an old model's vector from here,
-    while what leaves the space unchanged (a store's first vectors, seen by the
-    store-model watcher) keeps the LRU. A vector is kept only if the provider
-    still embeds with the model of its key once it returns, so one that came
-    from a model switched to during the call is not filed under the old name.
+    switches to at its next call). The model identifier fixes the dimensions
+    (a local model's are its own; an OpenAI-compatible endpoint's requested
+    size is a setting, fixed for the process's life), so they are not part of
+    the key. What leaves the space unchanged (a store's first vectors, seen by
+    the store-model watcher) keeps the LRU.
+
+    A store moving to another model (``reembed``) never gets an old model's
+    vector from here: a following provider's key changes with the store's
+    model; a process that names its model keeps its key, and is kept from its
+    old vectors by the mismatch check, which must stay *before* the LRU in
+    :meth:`known` and :meth:`vector` (tests/test_query_lru.py). A vector is
+    filed only if the provider still embeds with the model of its key once it
+    returns, so one from a model switched to during the call is not filed
+    under the old name.
     """
 
     def __init__(
@@ -150,7 +158,7 @@ class QueryEmbeddings:
         self.embedder = embedder
         self.size = size
         self.store_model = store_model
-        self._cache: OrderedDict[tuple[str, int, str], np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
 
     def known(self, query: str | None) -> tuple[bool, np.ndarray | None]:
         """``(True, vector)`` when :meth:`vector` would answer without running the
@@ -158,14 +166,16 @@ class QueryEmbeddings:
         ``(False, None)``: what a recall may send before the embedding is done."""
         if query is None:
             return True, None
+        # Before the LRU: a process that names its model keeps its key when the
+        # store moves to another model; only this keeps its old vectors out.
         if self.store_model is not None and self.store_model.mismatch() is not None:
             return False, None
         cached = self._cache.get(self._key(query))
         return (True, cached) if cached is not None else (False, None)
 
-    def _key(self, query: str) -> tuple[str, int, str]:
-        """What decides a query's vector: the model and dimensions it is embedded with."""
-        return (query_model(self.embedder), self.embedder.dimensions, query)
+    def _key(self, query: str) -> tuple[str, str]:
+        """What decides a query's vector: the model it will be embedded with, and the text."""
+        return (query_model(self.embedder), query)
 
     @stage("query_embedding")
     async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
@@ -174,6 +184,8 @@ class QueryEmbeddings:
         # Never compare a question of one model with vectors of another: without
         # the question's vector, neither the evidence nor the relationship
         # vector lists run (the caller adds the relationships' degradation).
+        # Before the LRU, as in known(): it is what keeps a cached vector of a
+        # named model from a store that moved to another one.
         mismatch = self.store_model.mismatch() if self.store_model is not None else None
         if mismatch is not None:
             degradations.append(
@@ -216,7 +228,7 @@ class QueryEmbeddings:
             return None
         vector = np.array(vectors[0], dtype=np.float32)
         vector.setflags(write=False)
-        if (self.embedder.model, self.embedder.dimensions) == key[:2]:
+        if self.embedder.model == key[0]:
             self._cache[key] = vector
             if len(self._cache) > self.size:
                 self._cache.popitem(last=False)
