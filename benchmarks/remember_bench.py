@@ -58,7 +58,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,7 @@ from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
+from gateway.services.writes import Actor, WriteService, _Batch, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.database import Database, prepare  # noqa: E402
 
@@ -166,7 +167,9 @@ class Phases:
 
         phases = self
         apply, pending = service.WriteService._apply, service._Batch.embed_pending
-        store = service._Batch._store_vectors
+        from gateway.store import writes as store_writes
+
+        store = store_writes.insert_embeddings
         embedder = app.state.services.embedder
         embed = embedder.embed
 
@@ -204,9 +207,11 @@ class Phases:
             await pending(self)
             phases.marks["vectors"] = time.perf_counter()
 
-        async def timed_store(self: Any, *args: Any, **kwargs: Any) -> None:
+        async def timed_store(*args: Any, **kwargs: Any) -> None:
+            # the vectors' last statement (the one after the last embedding when
+            # the evidence's vectors are stored first)
             phases.marks["storing"] = time.perf_counter()
-            await store(self, *args, **kwargs)
+            await store(*args, **kwargs)
 
         async def timed_embed(texts: Any) -> Any:
             started = time.perf_counter()
@@ -217,7 +222,7 @@ class Phases:
 
         service.WriteService._apply = timed_apply  # type: ignore[method-assign]
         service._Batch.embed_pending = timed_pending  # type: ignore[method-assign]
-        service._Batch._store_vectors = timed_store  # type: ignore[method-assign]
+        setattr(store_writes, "insert_embeddings", timed_store)  # noqa: B010 - patched for marks
         embedder.embed = timed_embed
 
     def start(self) -> None:
@@ -234,7 +239,7 @@ class Phases:
             "  of which the resolver to the write service": m["apply"] - m["resolver"],
             "records' checks and inserts": m["records"] - m["apply"],
             "vectors (await, embed, store)": m["vectors"] - m["records"],
-            "  of which storing them (one statement)": m["vectors"] - m["storing"],
+            "  of which storing them (the last statement)": m["vectors"] - m["storing"],
             "commit": m["committed"] - m["vectors"],
             "answer back": m["received"] - m["committed"],
             "  of which to the resolver's return": m["resolved"] - m["committed"],
@@ -584,19 +589,22 @@ def measure(
     first: int,
     app: Any,
     phases: Phases | None = None,
+    ab: str = "lane",
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
     write's embedding lane's other rule: one call in flight where the default
     is two (a text added while a call runs waits for its end instead of
     queueing behind it in the provider at once), two where it is one: an A/B
-    of the lane's rule in one run."""
+    of the lane's rule in one run; or, with another ``ab`` (:data:`SWITCHES`),
+    ``full`` with that switch turned the other way."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
-    outstanding = _Lane.OUTSTANDING
+    switch = SWITCHES[ab]
+    default = switch.get()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
             # the two kinds of the A/B take turns at going first: the second
@@ -609,7 +617,7 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 if name == "serial":
-                    _Lane.OUTSTANDING = other_rule(outstanding)
+                    switch.set(switch.other(default))
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -617,7 +625,7 @@ def measure(
                 r = client.post("/graphql", json=body, headers=headers)
                 if phases is not None and name != "bare":
                     phases.finish(counter.seconds - seconds, name)
-                _Lane.OUTSTANDING = outstanding
+                switch.set(default)
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -631,6 +639,34 @@ def measure(
 def other_rule(outstanding: int) -> int:
     """The lane's other rule: one call in flight against two, whichever is the default."""
     return 1 if outstanding > 1 else 2
+
+
+@dataclass(frozen=True)
+class Switch:
+    """What the ``serial`` kind changes (``--ab``): a class attribute of the write
+    path that is no setting, read per call, switched for that kind's calls only."""
+
+    owner: Any
+    attribute: str
+    other: Callable[[Any], Any]
+    says: Callable[[Any], str]
+
+    def get(self) -> Any:
+        return getattr(self.owner, self.attribute)
+
+    def set(self, value: Any) -> None:
+        setattr(self.owner, self.attribute, value)
+
+
+SWITCHES = {
+    "lane": Switch(_Lane, "OUTSTANDING", other_rule, lambda v: f"{v} embedding call(s) in flight"),
+    "vectors": Switch(
+        _Batch,
+        "EVIDENCE_FIRST",
+        lambda v: not v,
+        lambda v: "the evidence's vectors stored first" if v else "the vectors in one statement",
+    ),
+}
 
 
 # The text the gateway renders for the benchmark's relationship (its entities' names
@@ -745,6 +781,13 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
     )
+    parser.add_argument(
+        "--ab",
+        choices=sorted(SWITCHES),
+        default="lane",
+        help="what the second evidence + relationship kind switches (default: the "
+        "lane's rule, one embedding call in flight or two)",
+    )
     parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.port is None:
@@ -768,7 +811,7 @@ def main() -> None:
             phases = Timeline(dsn) if timeline else Phases() if args.profile else None
             if phases is not None:
                 phases.install(app)
-            measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
+            measure(args.port, token, args.warmup, 0, app, None, args.ab)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
                 phases.by_kind.clear()
@@ -776,7 +819,7 @@ def main() -> None:
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
                     phases.loop_cpu.clear()
-            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases, args.ab)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
@@ -785,7 +828,8 @@ def main() -> None:
                     thread.join(timeout=10)
     floor, apart = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
-    other = f"{other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight"
+    switch = SWITCHES[args.ab]
+    other = switch.says(switch.other(switch.get()))
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         (f"  same, {other}", runs["serial"], statements["serial"]),
