@@ -36,11 +36,13 @@ CPU each call took per thread (the event loop, the model's threads, the
 client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
 writes each call's timeline and CPU as JSON lines, and ``--timeline`` prints
 the event loop's CPU between its marks. The default call and the same call
-with the embedding lane's other rule (one call in flight where the default
-is two, and two where it is one) are compared pair by pair (the median of
-the differences with a bootstrap interval), the two taking turns at going
-first: the second of two calls sent back to back was the faster by 0.3-0.6
-ms whatever its rule (docs/benchmarks.md).
+with one rule of the write path switched (``--ab``: ``lane``, the embedding
+lane's other rule, one call in flight where the default is two and two where
+it is one; ``vectors``, the evidence's vectors stored when their embedding
+ends or all vectors in one statement after the last embedding) are compared
+pair by pair (the median of the differences with a bootstrap interval), the
+two taking turns at going first: the second of two calls sent back to back
+was the faster by 0.3-0.6 ms whatever its rule (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -674,16 +676,18 @@ SWITCHES = {
 RELATIONSHIP_TEXT = "Billing service reviewed by Payments team"
 
 
-async def embedding_alone(calls: int) -> tuple[list[float], list[float]]:
+async def embedding_alone(calls: int) -> tuple[list[float], list[float], list[float]]:
     """The local model embedding two texts in this process: the floor of `remember`.
     First as printed since 2026-12-02 (an evidence text and a short second text,
     in one call); then the two texts a call embeds (its evidence and its
     relationship's rendered statement) as the gateway embeds them, one call each,
     back to back (texts of different lengths in one call are padded to the
-    longest: the short one costs as much as the long one)."""
+    longest: the short one costs as much as the long one); and those two texts in
+    one call (one model run, the relationship's text padded to the evidence's:
+    what waiting for the relationship's text to run both at once would cost)."""
     embedder = create_provider(Settings(embedding_provider="local"))
     try:
-        together, apart = [], []
+        together, apart, both = [], [], []
         for i in range(calls):
             evidence = remember_input(i, False)["evidence"][0]["content"]
             started = time.perf_counter()
@@ -693,7 +697,10 @@ async def embedding_alone(calls: int) -> tuple[list[float], list[float]]:
             await embedder.embed([evidence])
             await embedder.embed([RELATIONSHIP_TEXT])
             apart.append((time.perf_counter() - started) * 1000)
-        return together, apart
+            started = time.perf_counter()
+            await embedder.embed([evidence, RELATIONSHIP_TEXT])
+            both.append((time.perf_counter() - started) * 1000)
+        return together, apart, both
     finally:
         await embedder.aclose()
 
@@ -737,7 +744,7 @@ def compare(here: Path, there: Path, port: int, calls: int, warmup: int) -> None
             arm.close()
     # The floor, in this process once both gateways have stopped: the client has
     # no gateway in its process here, so this is also the model alone.
-    floor, apart = asyncio.run(embedding_alone(calls))
+    floor, apart, _ = asyncio.run(embedding_alone(calls))
     load = os.getloadavg()
     print(
         f"remember over HTTP on the demo data, {calls} calls of each kind, interleaved; "
@@ -826,7 +833,7 @@ def main() -> None:
             for thread in threading.enumerate():
                 if thread is not threading.current_thread() and thread.daemon:
                     thread.join(timeout=10)
-    floor, apart = asyncio.run(embedding_alone(args.calls))
+    floor, apart, both = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
     switch = SWITCHES[args.ab]
     other = switch.says(switch.other(switch.get()))
@@ -836,6 +843,7 @@ def main() -> None:
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
+        ("the call's 2 texts in one call, in-process", both, None),
     ):
         line = f"  {name:44} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
         if sql:
