@@ -36,10 +36,11 @@ CPU each call took per thread (the event loop, the model's threads, the
 client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
 writes each call's timeline and CPU as JSON lines, and ``--timeline`` prints
 the event loop's CPU between its marks. The default call and the same call
-with one rule of the write path switched (``--ab``: ``lane``, the embedding
-lane's other rule, one call in flight where the default is two and two where
-it is one; ``vectors``, the evidence's vectors stored when their embedding
-ends or all vectors in one statement after the last embedding) are compared
+with one rule of the write path switched (``--ab``, :data:`SWITCHES`: ``lane``,
+the embedding lane's other rule, one call in flight where the default is two
+and two where it is one; a candidate rule is added there as a class attribute
+of the write path read per call, as the evidence's vectors stored first was
+priced in docs/benchmarks.md) are compared
 pair by pair (the median of the differences with a bootstrap interval), the
 two taking turns at going first: the second of two calls sent back to back
 was the faster by 0.3-0.6 ms whatever its rule (docs/benchmarks.md).
@@ -78,7 +79,7 @@ from gateway.cli import DEMO_TEAM, demo_dataset  # noqa: E402
 from gateway.embeddings import create_provider  # noqa: E402
 from gateway.services import loader  # noqa: E402
 from gateway.services.records import TokenRecord  # noqa: E402
-from gateway.services.writes import Actor, WriteService, _Batch, _Lane  # noqa: E402
+from gateway.services.writes import Actor, WriteService, _Lane  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from gateway.store.database import Database, prepare  # noqa: E402
 
@@ -662,12 +663,6 @@ class Switch:
 
 SWITCHES = {
     "lane": Switch(_Lane, "OUTSTANDING", other_rule, lambda v: f"{v} embedding call(s) in flight"),
-    "vectors": Switch(
-        _Batch,
-        "EVIDENCE_FIRST",
-        lambda v: not v,
-        lambda v: "the evidence's vectors stored first" if v else "the vectors in one statement",
-    ),
 }
 
 

@@ -241,7 +241,7 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         claims = [s for s in before if "INSERT INTO write_log" in s]
         assert len(claims) == 1, before
         if entities == "existing":
-            assert len(sent) == 11, sent  # the names ride with the first claim
+            assert len(sent) == 10, sent  # the names ride with the first claim
         stored = await _stored_vectors(db, team, ev, rel)
         alone = {
             "evidence": (await embedder.embed([data["evidence"][0]["content"]]))[0],
@@ -437,7 +437,7 @@ async def _mutations(writes: WriteService, team: str, who: str = "alice") -> Any
     return MutationService(writes), await authenticate(writes.db, raw)
 
 
-async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
+async def test_a_remember_sends_ten_statements_and_a_rerun_five(
     dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The benchmark's call: BEGIN, the tenant settings, the evidence's claim with
@@ -445,9 +445,7 @@ async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
     store's model and the team's projection), the evidence with its lifecycle
     event, its occurrence with its mention, the relationship's claim with its
     entities, the relationship with its status event, the support with its
-    decision, the evidence's vector (once its embedding ends), the
-    relationship's vector, COMMIT: 11 statements (21 before; 10 when both
-    vectors went in one statement after the last embedding; 11 when the model
+    decision, both vectors, COMMIT: 10 statements (21 before; 11 when the model
     and projection were read in a statement of their own). The same call again
     writes nothing: BEGIN, settings, two claims, COMMIT (7 before, when a replay
     read the earlier claim in a statement of its own)."""
@@ -468,7 +466,7 @@ async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
             sent.append(list(recorder.statements))
             assert [r.kind for r in receipts] == ["evidence", "relationship"]
         first, again = sent
-        assert len(first) == 11, first
+        assert len(first) == 10, first
         assert len(again) == 5, again
         assert all(r.created is False for r in receipts)
         # nothing read in a statement of its own that the claims carry
@@ -476,59 +474,6 @@ async def test_a_remember_sends_eleven_statements_and_a_rerun_five(
             alone = [s for s in first + again if s.lstrip().startswith("SELECT") and table in s]
             assert not alone, alone
     finally:
-        await db.close()
-
-
-async def test_the_evidences_vector_is_stored_while_the_relationships_text_embeds(
-    dsn: str, writes: WriteService, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The evidence's vector goes in as soon as its embedding ends, while the
-    relationship's text is still embedding (held here until then): the statement
-    after the last embedding stores the relationship's vector alone, without
-    the evidence vector's HNSW insert (most of that statement's time,
-    docs/benchmarks.md). Before, both went in one statement after the last
-    embedding, and nothing was stored while it ran. Both rows are the
-    provider's vectors for each text alone, bit for bit, in the one
-    transaction."""
-    team = unique("rt-turn")
-    await load_jsonl(writes, jsonl(team_records(team)))
-    raw = await token(writes, team, "alice")
-    monkeypatch.setattr(database, "StatementCounter", _Recording)
-    db = await Database.open(dsn, min_size=1, max_size=2)
-    statement = "Billing service reviewed by Payments team"
-    recorder = db.counter
-    assert isinstance(recorder, _Recording)
-    held = _Held(embedder, recorder, statement)
-    try:
-        principal = await authenticate(db, raw)
-        mutations = MutationService(WriteService(db, held))  # type: ignore[arg-type]
-        data = _bench_like("t")
-        recorder.statements.clear()
-        call = asyncio.create_task(mutations.apply(principal, remember_items(principal, data)))
-
-        def vectors_sent() -> list[str]:
-            return [s for s in recorder.statements if "INSERT INTO evidence_embeddings" in s]
-
-        for _ in range(2000):
-            if vectors_sent() or call.done():
-                break
-            await asyncio.sleep(0.01)
-        assert not call.done(), "the call ended with the relationship's text held"
-        assert len(vectors_sent()) == 1, recorder.statements
-        assert [statement] in [texts for texts, _ in held.calls], held.calls
-        held.release.set()
-        receipts = await asyncio.wait_for(call, timeout=60)
-        assert all(r.created for r in receipts), receipts
-        assert len(vectors_sent()) == 2, recorder.statements
-        stored = await _stored_vectors(db, team, "ev-t", "rel-t")
-        alone = {
-            "evidence": (await embedder.embed([data["evidence"][0]["content"]]))[0],
-            "relationship": (await embedder.embed([statement]))[0],
-        }
-        for kind, vector in stored.items():
-            assert np.array_equal(vector.to_numpy(), alone[kind]), kind
-    finally:
-        held.release.set()
         await db.close()
 
 

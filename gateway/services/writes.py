@@ -958,9 +958,6 @@ class _Batch:
                 if self.relationship_texts and self.deferral is None
                 else {}
             )
-            if self._evidence_first():
-                await self._store_in_turn(dims, model, generations)
-                return
             vectors = await self._vectors(dims)
             if self.lane.model != model or self.embedder.model != model:
                 raise _moved(model)  # some of the vectors may be another model's
@@ -984,55 +981,6 @@ class _Batch:
                 "them; nothing was written: retry after it ends, or run "
                 "'recall-gateway build-vector-indexes'"
             ) from exc
-
-    EVIDENCE_FIRST = True
-    """Not a setting: :meth:`_evidence_first`'s rule, switched off only by
-    ``benchmarks/remember_bench.py`` to compare the two ways in one run."""
-
-    def _evidence_first(self) -> bool:
-        """A principal's batch with evidence and relationships to embed stores the
-        evidence's vectors as soon as their embedding ends, while the
-        relationships' embedding still runs (:meth:`_store_in_turn`), not in one
-        statement with them after the last embedding: that statement is on the
-        critical path of every ``remember``, and the evidence vector's HNSW insert
-        is most of it (0.57 of 0.93-0.99 ms in the server, docs/benchmarks.md).
-        Always so for such a batch, whatever the timing, so that its statements
-        are the same in every run. Only when every evidence text has gone to the
-        lane: a text still waiting would make :meth:`_Lane.vectors` stop the
-        relationships' call, which holds none of the texts it needs then."""
-        return (
-            self.EVIDENCE_FIRST
-            and not self.actor.is_operator
-            and self.deferral is None
-            and not self.supplied
-            and bool(self.evidence_texts)
-            and bool(self.relationship_texts)
-            and all(t[3] in self.lane.started for t in self.evidence_texts)
-        )
-
-    async def _store_in_turn(self, dims: int, model: str, generations: dict[str, int]) -> None:
-        """The evidence's vectors stored once their embedding ends, then the
-        relationships' once theirs does: two statements, the same rows as
-        :meth:`_store_vectors` (the same statement, each time with one kind), in
-        the same transaction, so a recall sees both at the commit or neither."""
-        empty = np.empty((0, dims), dtype=np.float32)
-        evidence = await self._vectors(dims, "evidence")
-        if self.lane.model != model or self.embedder.model != model:
-            raise _moved(model)
-        await store.insert_embeddings(
-            self.conn, [t[:3] for t in self.evidence_texts], evidence, [], empty, model
-        )
-        relationships = await self._vectors(dims, "relationship")
-        if self.lane.model != model or self.embedder.model != model:
-            raise _moved(model)
-        await store.insert_embeddings(
-            self.conn,
-            [],
-            empty,
-            [(t, s, r, generations[t]) for t, s, r, _ in self.relationship_texts],
-            relationships,
-            model,
-        )
 
     async def _generations(self, known: int | None = None) -> dict[str, int]:
         """Each team's active projection; ``known``: the actor's team's, already read."""
@@ -1139,18 +1087,13 @@ class _Batch:
                     into=vector_partitions.partition_name("relationship_embeddings", space),
                 )
 
-    async def _vectors(
-        self, dims: int, kind: Literal["evidence", "relationship"] | None = None
-    ) -> np.ndarray:
-        """Rows for the batch's evidence then relationships (or those of one
-        ``kind``): supplied ones as given (checked and normalised like a
-        provider's), the rest from the provider."""
-        rows = [("evidence", t) for t in self.evidence_texts] + [
-            ("relationship", t) for t in self.relationship_texts
+    async def _vectors(self, dims: int) -> np.ndarray:
+        """Rows for the batch's evidence then relationships: supplied ones as given
+        (checked and normalised like a provider's), the rest from the provider."""
+        keys = [("evidence", t, i) for t, _, i, _ in self.evidence_texts] + [
+            ("relationship", t, i) for t, _, i, _ in self.relationship_texts
         ]
-        rows = [(k, t) for k, t in rows if kind is None or k == kind]
-        keys = [(k, t[0], t[2]) for k, t in rows]
-        texts = [t[3] for _, t in rows]
+        texts = [t[3] for t in self.evidence_texts] + [t[3] for t in self.relationship_texts]
         missing = [k for k, key in enumerate(keys) if key not in self.supplied]
         out = np.empty((len(keys), dims), dtype=np.float32)
         if missing:
