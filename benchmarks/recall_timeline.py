@@ -2,6 +2,7 @@
 
     python benchmarks/recall_timeline.py --data-dir HELD100K --queries 60
     python benchmarks/recall_timeline.py --data-dir HELD100K --queries 60 --contention
+    python benchmarks/recall_timeline.py --data-dir HELD100K --queries 60 --evidence-only
 
 A recall embeds its question while it reads the view, and its first round (the
 candidate lists) needs the embedding. This script shows how the two overlap: a
@@ -108,7 +109,9 @@ def time_model_runs(provider: Any, out: list[tuple[str, float, float, float]]) -
     provider._embed_now = timed
 
 
-async def timeline(gw: ab.Gateway, questions: list[str]) -> list[dict[str, tuple[float, float]]]:
+async def timeline(
+    gw: ab.Gateway, questions: list[str], document: str = rb.FULL
+) -> list[dict[str, tuple[float, float]]]:
     counter: TimedStatements = gw.app.state.services.db.counter
     runs: list[tuple[str, float, float, float]] = []
     time_model_runs(_local_provider(gw.app.state.services.recall.embedder), runs)
@@ -122,7 +125,7 @@ async def timeline(gw: ab.Gateway, questions: list[str]) -> list[dict[str, tuple
         with stage_tracer(tracer):  # type: ignore[arg-type]
             r = await gw.client.post(
                 "/graphql",
-                json={"query": rb.FULL, "variables": {"q": question}},
+                json={"query": document, "variables": {"q": question}},
                 headers=gw.headers,
             )
         ended = time.perf_counter()
@@ -249,7 +252,7 @@ def _flat(statement: tuple[str, list[Any]]) -> list[Any]:
     return [sql, *args]
 
 
-async def run(dsn: str, n: int, contend: bool) -> None:
+async def run(dsn: str, n: int, contend: bool, evidence_only: bool = False) -> None:
     await database_module.prepare(dsn, migrate=True)
     data = await rb.reuse(dsn, 7)
     if data is None:
@@ -273,9 +276,10 @@ async def run(dsn: str, n: int, contend: bool) -> None:
             corpus.query(rng, int(rng.integers(0, len(rb.TOPICS)))) for _ in range(n + ab.WARM)
         ]
         load = os.getloadavg()[0]
-        recalls = await timeline(gw, questions)
+        document, kind = (rb.EVIDENCE_ONLY, "evidence-only") if evidence_only else (rb.FULL, "full")
+        recalls = await timeline(gw, questions, document)
         print(
-            f"{len(recalls)} full recalls of fresh questions (load average {load:.1f} -> "
+            f"{len(recalls)} {kind} recalls of fresh questions (load average {load:.1f} -> "
             f"{os.getloadavg()[0]:.1f}; {threading.active_count()} threads in this process)"
         )
         report_timeline(recalls)
@@ -290,9 +294,14 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--queries", type=int, default=60)
     parser.add_argument("--contention", action="store_true")
+    parser.add_argument(
+        "--evidence-only",
+        action="store_true",
+        help="evidence-only recalls (relationshipLimit 0, communityLimit 0) instead of full ones",
+    )
     args = parser.parse_args()
     with rb.database(args.data_dir) as dsn:
-        asyncio.run(run(dsn, args.queries, args.contention))
+        asyncio.run(run(dsn, args.queries, args.contention, args.evidence_only))
 
 
 if __name__ == "__main__":

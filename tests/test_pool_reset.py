@@ -10,7 +10,7 @@ check what that session holds between requests; other uses keep the reset."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,10 +18,14 @@ import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
+from starlette.applications import Starlette
 
+from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings.base import Vectors
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationService, remember_items
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -32,14 +36,15 @@ RESET_MARK = "RESET ALL"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def one_connection_app(dsn: str) -> AsyncIterator[Any]:
+async def one_connection_app(dsn: str) -> AsyncIterator[Starlette]:
     app = app_for(dsn, pool_min_size=1, pool_max_size=1)
     async with app.router.lifespan_context(app):
         yield app
 
 
-def _pool(app: Any) -> Any:
-    return app.state.services.db.pool
+def _pool(app: Starlette) -> asyncpg.Pool:
+    pool: asyncpg.Pool = app.state.services.db.pool
+    return pool
 
 
 async def _two_teams(writes: WriteService) -> tuple[str, str, str, str]:
@@ -48,7 +53,7 @@ async def _two_teams(writes: WriteService) -> tuple[str, str, str, str]:
     return a, await token(writes, a, "alice"), b, await token(writes, b, "alice")
 
 
-async def _session_state(app: Any) -> dict[str, Any]:
+async def _session_state(app: Starlette) -> dict[str, Any]:
     """What the next request would find on the pool's only connection. Read with
     the pool's own connection (acquired, so this use ends with a full reset)."""
     async with _pool(app).acquire() as conn:
@@ -93,7 +98,7 @@ async def _ask(client: httpx.AsyncClient, tok: str, **shape: Any) -> list[str]:
 
 
 async def test_recalls_release_their_connection_without_a_reset_statement(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     _, tok_a, _, tok_b = await _two_teams(writes)
     sent: list[str] = []
@@ -109,7 +114,7 @@ async def test_recalls_release_their_connection_without_a_reset_statement(
 
 
 async def test_one_teams_settings_never_reach_the_next_request(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     a, tok_a, b, tok_b = await _two_teams(writes)
     fresh = await _session_state(one_connection_app)
@@ -128,7 +133,7 @@ async def test_one_teams_settings_never_reach_the_next_request(
 
 
 async def test_other_uses_of_a_connection_keep_the_reset(
-    one_connection_app: Any,
+    one_connection_app: Starlette,
 ) -> None:
     """Session state set outside the read path (admin work may set a timeout or
     take a session lock) is still reset when the connection goes back."""
@@ -149,7 +154,7 @@ def _receipts(body: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 
 async def test_writes_of_two_teams_release_their_connection_without_a_reset_statement(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     """``remember`` of two teams, one after the other on the pool's only session:
     no reset statement between them, each write whole, each team's rows its own
@@ -186,7 +191,7 @@ async def test_writes_of_two_teams_release_their_connection_without_a_reset_stat
 
 
 async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missing(
-    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+    one_connection_app: Starlette, writes: WriteService, admin_conn: Conn
 ) -> None:
     """Team b names team a's evidence right after team a wrote it on the same
     session: refused as an evidence that does not exist (same code and message as
@@ -239,20 +244,20 @@ async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missin
 class _HeldEmbedder:
     """The app's provider, holding every call until the test cancels the write."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: EmbeddingProvider) -> None:
         self.inner = inner
         self.model = inner.model
         self.dimensions = inner.dimensions
         self.started = asyncio.Event()
 
-    async def embed(self, texts: Any) -> Any:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         self.started.set()
         await asyncio.Event().wait()  # until cancelled
         return await self.inner.embed(texts)  # pragma: no cover
 
 
 async def test_a_cancelled_write_keeps_the_reset(
-    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+    one_connection_app: Starlette, writes: WriteService, admin_conn: Conn
 ) -> None:
     """A ``remember`` cancelled in the middle of its transaction (a client gone
     while its texts embed: asyncio cancels the request's task): the transaction
@@ -293,7 +298,7 @@ async def test_a_cancelled_write_keeps_the_reset(
 
 
 async def test_the_suite_catches_session_state_left_behind_a_skipped_reset(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     """What a tenant block must never do (``Database.tenant``): a session-level
     setting and a session advisory lock, left by a committed tenant transaction,
