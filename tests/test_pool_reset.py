@@ -255,6 +255,9 @@ class _HeldEmbedder:
         await asyncio.Event().wait()  # until cancelled
         return await self.inner.embed(texts)  # pragma: no cover
 
+    async def aclose(self) -> None:
+        return None  # the app's provider is the app's to close
+
 
 async def test_a_cancelled_write_keeps_the_reset(
     one_connection_app: Starlette, writes: WriteService, admin_conn: Conn
@@ -267,7 +270,7 @@ async def test_a_cancelled_write_keeps_the_reset(
     team, tok, _, _ = await _two_teams(writes)
     db = one_connection_app.state.services.db
     held = _HeldEmbedder(one_connection_app.state.services.embedder)
-    mutations = MutationService(WriteService(db, held))  # type: ignore[arg-type]
+    mutations = MutationService(WriteService(db, held))
     principal = await authenticate(db, tok)
     fresh = await _session_state(one_connection_app)
     sent: list[str] = []
