@@ -66,6 +66,7 @@ __all__ = [
     "RelatedOutcome",
     "SharedBranch",
     "direct_fallback",
+    "discovers",
     "discovery_query",
     "select_communities",
 ]
@@ -125,6 +126,14 @@ def direct_fallback(
     return [g for g in anchors if g not in covered and g not in emitted][:limit]
 
 
+def discovers(request: RecallRequest) -> bool:
+    """Whether the frontiers run a discovery for ``request`` (given a shared space):
+    the relationships asked for, or communities outside a temporal view. Known
+    before the view is read, so that a recall can decide at its start whether to
+    take a side connection for it (gateway/services/recall.py, _DiscoveryBeside)."""
+    return request.relationship_limit > 0 or (request.community_limit > 0 and not request.temporal)
+
+
 def discovery_query(
     view: ReadView,
     shared: SharedBranch | None,
@@ -136,9 +145,7 @@ def discovery_query(
     none (both off, communities only in a temporal view, no shared space): so
     that the orchestrator can send it beside the evidence search. Coverage by
     ``returned_relationship_ids`` is empty when they are not known yet."""
-    rel_on = request.relationship_limit > 0
-    com_on = request.community_limit > 0 and not request.temporal
-    if not (rel_on or com_on) or shared is None:
+    if not discovers(request) or shared is None:
         return None
     return store.DiscoveryQuery(
         team_id=view.team_id,
