@@ -16,20 +16,23 @@ import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
+import pgvector.asyncpg as pgvector_asyncpg
 import pytest
 import pytest_asyncio
 from hypothesis import settings as hypothesis_settings
+from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.embeddings import EmbeddingProvider, create_provider
 from gateway.services import loader
 from gateway.services.writes import Actor, WriteService
 from gateway.settings import Settings
+from gateway.store.connection import Conn
 from gateway.store.database import Database, prepare
 
 from . import session_guard
@@ -168,7 +171,22 @@ async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -
     return await loader.load(writes, records, batch_size=batch_size, actor=Actor.operator())
 
 
-async def analyze(conn: asyncpg.Connection, *tables: str) -> None:
+async def fetch_one(conn: Conn, query: str, *args: Any) -> asyncpg.Record:
+    """The row a query returns: a test's check of one row, where no row is a failure
+    (``fetchrow`` says None)."""
+    row = await conn.fetchrow(query, *args)
+    assert row is not None, query
+    row_: asyncpg.Record = row
+    return row_
+
+
+async def register_vector(conn: Conn) -> None:
+    """pgvector's codecs on a test's connection. ``pgvector.asyncpg.register_vector``
+    is typed for a plain connection; a pool's proxy forwards every call to one."""
+    await pgvector_asyncpg.register_vector(cast(asyncpg.Connection, conn))
+
+
+async def analyze(conn: Conn, *tables: str) -> None:
     """ANALYZE a fixture's tables without the pool's statement timeout.
 
     The tests' database holds every earlier test's rows, and on a busy machine
@@ -181,29 +199,35 @@ async def analyze(conn: asyncpg.Connection, *tables: str) -> None:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def admin_conn(db: Database) -> AsyncIterator[asyncpg.Connection]:
+async def admin_conn(db: Database) -> AsyncIterator[Conn]:
     """A plain connection as the owner role, for checking what was written."""
     async with db.pool.acquire() as conn:
         yield conn
 
 
-def app_for(dsn: str, **settings: Any) -> Any:
+def app_for(dsn: str, **settings: Any) -> Starlette:
     """The gateway app on the test database (its lifespan is the caller's to run)."""
     return create_app(Settings(**{"database_url": dsn, "pool_max_size": 4, **settings}))
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def gateway_app(dsn: str) -> AsyncIterator[Any]:
+async def gateway_app(dsn: str) -> AsyncIterator[Starlette]:
     app = app_for(dsn)
     async with app.router.lifespan_context(app):
         yield app
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def client(gateway_app: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def client(gateway_app: Starlette) -> AsyncIterator[httpx.AsyncClient]:
     transport = httpx.ASGITransport(app=gateway_app)
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
         yield c
+
+
+class MakeClient(Protocol):
+    """A ``make_client`` fixture: a client of a new app with the given settings."""
+
+    async def __call__(self, **settings: Any) -> httpx.AsyncClient: ...
 
 
 @dataclass
@@ -211,11 +235,11 @@ class LiveServer:
     """A gateway served by uvicorn on a loopback port, in a thread of its own."""
 
     url: str
-    app: Any
+    app: Starlette
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any) -> Iterator[LiveServer]:
+def serve_in_thread(app: Starlette) -> Iterator[LiveServer]:
     """Run ``app`` with uvicorn on 127.0.0.1 (a free port) until the block ends.
 
     For clients that need a real socket (a browser, streaming HTTP clients);

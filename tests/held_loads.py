@@ -23,6 +23,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.embeddings.base import Vectors
 from gateway.services import loader
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 LONG_READ = "SELECT count(*) FROM evidence_embeddings WHERE team_id = 'nobody'"
@@ -135,7 +136,7 @@ async def served(db: Database, statement: str) -> bool:
 
 
 async def until_queued(
-    conn: asyncpg.Connection,
+    conn: Conn,
     mode: str,
     relations: Sequence[str],
     *,

@@ -13,11 +13,12 @@ skipped release would be blamed for them)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import asyncpg
 import pytest
+from asyncpg.connection import LoggedQuery
 
 from gateway.store import database
 
@@ -51,16 +52,26 @@ SELECT
 _reset = database._reset
 
 
+def _query_loggers(conn: asyncpg.Connection) -> set[Callable[[LoggedQuery], object]]:
+    """asyncpg's own set of the connection's query loggers (private: asyncpg has no
+    public way to list them, and asyncpg-stubs names the slot without a type)."""
+    loggers: set[Callable[[LoggedQuery], object]] = conn._query_loggers  # type: ignore[attr-defined]
+    return loggers
+
+
 async def _checked_reset(conn: asyncpg.Connection) -> None:
     if getattr(conn, "_skip_reset", False) and not conn.is_closed():
         # unseen by the connection's query loggers (the pool's statement counter,
         # tests' logs): not a statement of the request
-        loggers = set(conn._query_loggers)
-        conn._query_loggers.clear()
+        installed = _query_loggers(conn)
+        loggers = set(installed)
+        installed.clear()
         try:
-            row = dict(await conn.fetchrow(_CHECK))
+            found = await conn.fetchrow(_CHECK)
         finally:
-            conn._query_loggers.update(loggers)
+            installed.update(loggers)
+        assert found is not None  # one row, always
+        row = dict(found)
         if any(value for value in row.values()):
             LEAKS.append(row)
     await _reset(conn)
@@ -68,7 +79,7 @@ async def _checked_reset(conn: asyncpg.Connection) -> None:
 
 def install() -> None:
     """Check every skipped reset of the pools opened from now on."""
-    database._reset = _checked_reset  # type: ignore[assignment]
+    database._reset = _checked_reset
 
 
 @pytest.fixture(autouse=True)

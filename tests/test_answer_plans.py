@@ -21,12 +21,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
-
 from gateway.services import communities as community_builder
+from gateway.services.writes import WriteService
 from gateway.store import communities as community_store
 from gateway.store import conflicts as conflict_store
 from gateway.store import hypotheses as hypothesis_store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import analyze, load_jsonl, unique
@@ -40,7 +40,7 @@ COPIES = 300
 
 
 async def _copy(
-    admin_conn: asyncpg.Connection, table: str, where: str, renames: dict[str, str], *args: Any
+    admin_conn: Conn, table: str, where: str, renames: dict[str, str], *args: Any
 ) -> None:
     """COPIES copies of ``table``'s rows that match ``where``, each column in
     ``renames`` computed by its expression (``g``: the copy's number), so that
@@ -62,7 +62,7 @@ async def _copy(
     )
 
 
-async def _explain(conn: asyncpg.Connection, sql: str, args: Sequence[Any]) -> dict[str, Any]:
+async def _explain(conn: Conn, sql: str, args: Sequence[Any]) -> dict[str, Any]:
     """The statement's generic plan as JSON, run (``EXPLAIN (ANALYZE)`` of a
     ``PREPARE``d copy; its parameters as literals of their types)."""
     types = [
@@ -101,7 +101,7 @@ def _read(plan: dict[str, Any], table: str) -> tuple[int, int]:
 
 async def _generic_plan(
     db: Database,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     tables: Sequence[str],
     team: str,
     spaces: Sequence[UUID],
@@ -116,7 +116,7 @@ async def _generic_plan(
             return await _explain(conn, sql, args)
 
 
-async def _shared(admin_conn: asyncpg.Connection, team: str) -> tuple[UUID, int, datetime]:
+async def _shared(admin_conn: Conn, team: str) -> tuple[UUID, int, datetime]:
     row = await admin_conn.fetchrow(
         "SELECT s.id, max(g.generation) AS generation, now() AS now "
         "FROM memory_spaces s JOIN space_generations g ON g.space_id = s.id "
@@ -168,7 +168,9 @@ def _conflict_records(team: str) -> list[dict[str, Any]]:
     return records
 
 
-async def test_conflicts_are_found_from_the_answers_ids(db, writes, admin_conn) -> None:
+async def test_conflicts_are_found_from_the_answers_ids(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """One case and one evidence conflict reached, of CASES each in the space:
     the statements read the reached ones only (before: every case and every
     evidence conflict of the space, and their positions)."""
@@ -238,7 +240,9 @@ async def test_conflicts_are_found_from_the_answers_ids(db, writes, admin_conn) 
     assert [c.id for c in got_ev] == ["evc-004"]
 
 
-async def test_hypotheses_look_up_the_status_of_candidates_only(db, writes, admin_conn) -> None:
+async def test_hypotheses_look_up_the_status_of_candidates_only(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """Of 303 hypotheses in the space, one is linked and one shares a lexeme with
     the query: the latest status is looked up for those (before: for every
     hypothesis of the space, by the lexical list, before its lexeme test)."""
@@ -272,7 +276,9 @@ async def test_hypotheses_look_up_the_status_of_candidates_only(db, writes, admi
     assert (found.linked, found.lexical) == (("h-linked",), ("h-word",))
 
 
-async def test_community_members_are_read_by_community(db, writes, admin_conn) -> None:
+async def test_community_members_are_read_by_community(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """The snapshot reads each touched community's members by its ordinal
     (db/0185), not every member of the run once per community."""
     team = unique("complan")

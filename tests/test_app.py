@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 
 from gateway.app import create_app
+from gateway.services.writes import WriteService
 from gateway.settings import Settings
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
+from .test_recall import Binding
 
 VIEWER = "{ viewer { principalId displayName kind team { id name } tokenBinding readableSpaces } }"
 
@@ -27,7 +29,7 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
             yield c
 
 
-async def _token(writes: Any, team: str, principal: str, binding: str) -> str:
+async def _token(writes: WriteService, team: str, principal: str, binding: Binding) -> str:
     import asyncio
 
     from gateway import tokens
@@ -37,7 +39,7 @@ async def _token(writes: Any, team: str, principal: str, binding: str) -> str:
     token_id, secret = tokens.new_token_id(), tokens.new_secret()
     record = TokenRecord(
         kind="token", team=team, id=token_id, principal=principal, binding=binding, secret=secret
-    )  # type: ignore[arg-type]
+    )
     await writes.apply([record], Actor.operator())
     await asyncio.sleep(0)
     return tokens.format_token(token_id, secret)
@@ -48,7 +50,9 @@ async def _ask(client: httpx.AsyncClient, token: str | None, query: str = VIEWER
     return await client.post("/graphql", json={"query": query}, headers=headers)
 
 
-async def test_viewer_with_private_and_shared_only_tokens(client, writes) -> None:
+async def test_viewer_with_private_and_shared_only_tokens(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("app")
     await load_jsonl(writes, jsonl(team_records(team)))
     private = await _token(writes, team, "alice", "private")
@@ -79,7 +83,9 @@ async def test_viewer_with_private_and_shared_only_tokens(client, writes) -> Non
     "token",
     [None, "", "garbage", "rgt_t-0000000000000000_" + "A" * 43, "Basic abc"],
 )
-async def test_missing_or_bad_token_is_unauthenticated(client, token: str | None) -> None:
+async def test_missing_or_bad_token_is_unauthenticated(
+    client: httpx.AsyncClient, token: str | None
+) -> None:
     if token == "Basic abc":
         r = await client.post(
             "/graphql", json={"query": VIEWER}, headers={"Authorization": "Basic abc"}
@@ -94,7 +100,9 @@ async def test_missing_or_bad_token_is_unauthenticated(client, token: str | None
     assert "Traceback" not in r.text
 
 
-async def test_revoked_and_wrong_secret_tokens(client, writes, db) -> None:
+async def test_revoked_and_wrong_secret_tokens(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     from gateway import tokens
     from gateway.store.auth import revoke_token
 
@@ -111,7 +119,9 @@ async def test_revoked_and_wrong_secret_tokens(client, writes, db) -> None:
     assert (await _ask(client, good)).status_code == 401
 
 
-async def test_another_teams_principal_sees_only_its_team(client, writes) -> None:
+async def test_another_teams_principal_sees_only_its_team(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team_a, team_b = unique("va"), unique("vb")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
     token_b = await _token(writes, team_b, "bob", "private")
@@ -119,14 +129,14 @@ async def test_another_teams_principal_sees_only_its_team(client, writes) -> Non
     assert viewer["team"]["id"] == team_b
 
 
-async def test_syntax_and_validation_errors_have_codes(client) -> None:
+async def test_syntax_and_validation_errors_have_codes(client: httpx.AsyncClient) -> None:
     r = await _ask(client, None, "{ viewer { ")
     assert r.json()["errors"][0]["extensions"]["code"] == "GRAPHQL_PARSE_FAILED"
     r = await _ask(client, None, "{ viewer { nope } }")
     assert r.json()["errors"][0]["extensions"]["code"] == "GRAPHQL_VALIDATION_FAILED"
 
 
-async def test_health_and_readiness(client) -> None:
+async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json() == {"status": "ready"}

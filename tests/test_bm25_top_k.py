@@ -20,11 +20,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 import pytest
 
 from gateway.services.writes import WriteService
 from gateway.store import bm25, related
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 from gateway.store.search import (
     BranchSearch,
@@ -121,7 +121,7 @@ async def _documents_looked_up(db: Database, team: str, q: CandidateQuery) -> in
 
 
 async def test_evidence_top_k_is_the_top_of_full_scoring(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team, crowd = unique("topk"), unique("topk-crowd")
     docs = corpus(1, 90, "d")
@@ -139,7 +139,7 @@ async def test_evidence_top_k_is_the_top_of_full_scoring(
 
 
 async def test_evidence_top_k_when_the_best_bounds_are_not_visible(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """The documents of highest bound are excluded or recorded after known_at: the
     threshold comes from visible documents only, so nothing visible is lost."""
@@ -186,7 +186,7 @@ STRONG = "replica replica replica replica lag lag kafka"
 
 
 async def test_evidence_top_k_of_both_branches_in_one_statement(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """Shared and private in one statement, the private space holding the highest
     bounds: each branch is ranked with its own statistics and its own threshold."""
@@ -211,7 +211,7 @@ async def test_evidence_top_k_of_both_branches_in_one_statement(
 
 
 async def test_evidence_top_k_in_a_reset_space_scores_few_documents(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """After a reset the old generation keeps its postings and the highest bounds; the
     list is still that of full scoring, and the statement reads only a few documents
@@ -244,7 +244,7 @@ async def test_evidence_top_k_in_a_reset_space_scores_few_documents(
 
 
 async def test_evidence_top_k_scores_few_documents_when_later_ones_are_hidden(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """A knownAt instant before the writes of highest bound: few documents scored."""
     team = unique("topk-early")
@@ -336,7 +336,7 @@ async def _discover(
 
 
 async def test_discovery_top_k_is_the_top_of_full_scoring(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("topk-rel")
     early = corpus(3, 45, "r")
@@ -451,7 +451,7 @@ ESSENTIAL_ONLY = {"cut unguarded", "grouping above the cut"}
 LIMITS = (1, 3, 10, 30)
 
 
-async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: str) -> str:
+async def _broken_copy(admin_conn: Conn, function: str, breakage: str) -> str:
     """A temporary copy of ``function`` with ``breakage`` applied, on ``admin_conn``
     only; returns its name (``pg_temp.<name>``)."""
     definition = await admin_conn.fetchval(f"SELECT pg_get_functiondef('{function}'::regproc)")
@@ -473,7 +473,7 @@ async def _broken_copy(admin_conn: asyncpg.Connection, function: str, breakage: 
 async def test_a_broken_bound_changes_the_list(
     db: Database,
     writes: WriteService,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     prune_from: int,
     breakage: str,
 ) -> None:
@@ -516,7 +516,7 @@ async def test_a_broken_bound_changes_the_list(
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
 async def test_a_broken_relationship_bound_changes_the_list(
     writes: WriteService,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     prune_from: int,
     breakage: str,
 ) -> None:
@@ -560,7 +560,7 @@ async def test_a_broken_relationship_bound_changes_the_list(
 
 
 async def test_the_functions_use_the_modules_bm25_parameters(
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
 ) -> None:
     for function in ("evidence_fulltext_top_k", "relationship_fulltext_top_k"):
         body = await admin_conn.fetchval("SELECT prosrc FROM pg_proc WHERE proname = $1", function)
@@ -613,7 +613,7 @@ def adversarial_corpus(seed: int, n: int, prefix: str) -> dict[str, str]:
 
 
 async def test_evidence_top_k_on_adversarial_texts_and_views(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, prune_from: int
+    db: Database, writes: WriteService, admin_conn: Conn, prune_from: int
 ) -> None:
     """The evidence list equals BM25 over every document on texts and views that
     make db/0204's first try fail (a short best text against a rare lexeme held

@@ -37,6 +37,7 @@ import pytest
 
 from gateway.services.writes import WriteService
 from gateway.store import database
+from gateway.store.connection import Conn
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -110,7 +111,7 @@ KNOWN_GAPS: dict[str, str] = {
 }
 
 
-async def _tables(conn: asyncpg.Connection) -> list[str]:
+async def _tables(conn: Conn) -> list[str]:
     rows = await conn.fetch(
         "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') AND NOT c.relispartition "
@@ -119,7 +120,7 @@ async def _tables(conn: asyncpg.Connection) -> list[str]:
     return [r["relname"] for r in rows]
 
 
-async def _columns(conn: asyncpg.Connection, table: str) -> dict[str, str]:
+async def _columns(conn: Conn, table: str) -> dict[str, str]:
     """Column name -> type name (a domain's own name, not its base type)."""
     rows = await conn.fetch(
         "SELECT column_name, coalesce(domain_name, data_type) AS kind "
@@ -129,7 +130,7 @@ async def _columns(conn: asyncpg.Connection, table: str) -> dict[str, str]:
     return {r["column_name"]: r["kind"] for r in rows}
 
 
-async def _unique_keys(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+async def _unique_keys(conn: Conn) -> list[asyncpg.Record]:
     """Primary keys, unique constraints and unique indexes (a unique index is a
     constraint Citus must be able to check too), with their column names."""
     return await conn.fetch(
@@ -151,7 +152,7 @@ async def _unique_keys(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     )
 
 
-async def _foreign_keys(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+async def _foreign_keys(conn: Conn) -> list[asyncpg.Record]:
     return await conn.fetch(
         """
         SELECT src.relname AS table_name, dst.relname AS referenced,
@@ -176,7 +177,7 @@ def _team_column(table: str) -> str:
     return TEAM_COLUMN_EXCEPTIONS.get(table, TEAM_COLUMN)
 
 
-async def citus_violations(conn: asyncpg.Connection) -> list[str]:
+async def citus_violations(conn: Conn) -> list[str]:
     """Every breach of the rules above, as readable lines (empty: ready)."""
     tables = await _tables(conn)
     found: list[str] = []
@@ -221,7 +222,7 @@ async def citus_violations(conn: asyncpg.Connection) -> list[str]:
 
 
 async def test_schema_is_ready_for_distribution_by_team(
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
 ) -> None:
     found = await citus_violations(admin_conn)
     unexpected = [v for v in found if v not in KNOWN_GAPS]
@@ -246,7 +247,7 @@ def _triggers_in_the_plan() -> str:
     return plan[: plan.index("\n- **", 1)]
 
 
-async def statement_triggers(conn: asyncpg.Connection) -> list[str]:
+async def statement_triggers(conn: Conn) -> list[str]:
     """``table.trigger`` for every statement-level or transition-table trigger of
     the public schema (a partition's clones are checked through their parent)."""
     rows = await conn.fetch(
@@ -260,7 +261,7 @@ async def statement_triggers(conn: asyncpg.Connection) -> list[str]:
 
 
 async def test_every_statement_trigger_is_in_the_conversion_plan(
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
 ) -> None:
     """The write path must do these triggers' work (or, for the postings' guards of
     db/0115, the conversion must put the foreign keys back) before a store is
@@ -275,7 +276,7 @@ async def test_every_statement_trigger_is_in_the_conversion_plan(
     assert missing == [], "not named in docs/deploy.md, Triggers"
 
 
-async def test_the_check_catches_each_kind_of_breach(admin_conn: asyncpg.Connection) -> None:
+async def test_the_check_catches_each_kind_of_breach(admin_conn: Conn) -> None:
     """The rules fire on a table that breaks each one (made in a transaction that is
     rolled back, so the shared test database is left as it was)."""
     tx = admin_conn.transaction()

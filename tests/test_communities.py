@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
+from uuid import UUID
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
 from gateway.services import communities
 from gateway.services.communities import CommunityBuildFailed, build_communities
+from gateway.services.writes import WriteService
+from gateway.store import communities as community_store
+from gateway.store.connection import Conn
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -16,10 +23,18 @@ from .test_cli import run
 from .test_recall import token
 from .test_related import all_ids, codes, graph_records, load_graph, rel, related
 
-LIMITS = {"max_nodes": 1000, "max_edges": 10_000}
+
+class Limits(TypedDict):
+    """The builder's size limits, as keyword arguments of ``build_communities``."""
+
+    max_nodes: int
+    max_edges: int
 
 
-async def snapshot_rows(conn: Any, run_id: Any) -> list[tuple[Any, ...]]:
+LIMITS: Limits = {"max_nodes": 1000, "max_edges": 10_000}
+
+
+async def snapshot_rows(conn: Conn, run_id: UUID) -> list[tuple[Any, ...]]:
     communities_ = await conn.fetch(
         "SELECT ordinal, summary, top_entities, top_predicates, group_count, relationship_count "
         "FROM communities WHERE run_id = $1 ORDER BY ordinal",
@@ -33,7 +48,7 @@ async def snapshot_rows(conn: Any, run_id: Any) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in communities_] + [tuple(r) for r in members]
 
 
-async def members_by_relationship(conn: Any, run_id: Any) -> dict[str, tuple[int, str]]:
+async def members_by_relationship(conn: Conn, run_id: UUID) -> dict[str, tuple[int, str]]:
     rows = await conn.fetch(
         "SELECT ordinal, semantic_group_key, relationship_id FROM community_members "
         "WHERE run_id = $1",
@@ -43,13 +58,14 @@ async def members_by_relationship(conn: Any, run_id: Any) -> dict[str, tuple[int
 
 
 async def test_builder_is_deterministic_drops_singletons_and_reads_only_eligible_shared(
-    db, writes, admin_conn
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("com")
     await load_graph(writes, team)
     first = await build_communities(db, team, **LIMITS)
     second = await build_communities(db, team, **LIMITS)
     assert first.status == second.status == "succeeded"
+    assert first.run_id is not None and second.run_id is not None
     assert first.run_id != second.run_id
     # eligible shared groups: ownership (2 owners), stripe, invoice->billing,
     # invoice->ledger, ledger, orders, pool, zebra
@@ -95,7 +111,7 @@ async def test_builder_is_deterministic_drops_singletons_and_reads_only_eligible
 
 def test_clustering_is_pure_and_seeded() -> None:
     rels = [
-        communities.store.GraphRelationship(f"r{i}", f"g{i}", "p", f"e{i // 3}", None, ())
+        community_store.GraphRelationship(f"r{i}", f"g{i}", "p", f"e{i // 3}", None, ())
         for i in range(9)
     ]
     graph = communities.build_graph(rels)
@@ -110,7 +126,7 @@ def test_clustering_is_pure_and_seeded() -> None:
     assert not communities.build_graph(rels, max_edges=4).complete
 
 
-async def test_missing_snapshot_degrades(client, writes) -> None:
+async def test_missing_snapshot_degrades(client: httpx.AsyncClient, writes: WriteService) -> None:
     team = unique("comm")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -125,7 +141,9 @@ async def test_missing_snapshot_degrades(client, writes) -> None:
     )
 
 
-async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch) -> None:
+async def test_too_large_and_failed_runs_degrade(
+    client: httpx.AsyncClient, writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     team = unique("comt")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -138,6 +156,7 @@ async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch
         stored = await conn.fetchrow(
             "SELECT status, node_count, edge_count FROM community_runs WHERE id = $1", report.run_id
         )
+        assert stored is not None
     assert tuple(stored) == ("too_large", 4, 0)
     report = await build_communities(db, team, max_nodes=100, max_edges=2)
     assert report.status == "too_large"
@@ -153,21 +172,23 @@ async def test_too_large_and_failed_runs_degrade(client, writes, db, monkeypatch
     assert result["relatedCommunities"] == []
 
 
-async def test_node_limit_is_decided_before_the_graph_is_read(writes, db, monkeypatch) -> None:
+async def test_node_limit_is_decided_before_the_graph_is_read(
+    writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The shared graph has 8 eligible groups (and ineligible relationships of other
     groups, which must not count): 7 is too_large without reading the graph, 8 builds."""
     team = unique("comlim")
     await load_graph(writes, team)
-    read = communities.store.shared_graph
+    read = community_store.shared_graph
 
     def unread(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the whole graph was read for a space above the node limit")
 
-    monkeypatch.setattr(communities.store, "shared_graph", unread)
+    monkeypatch.setattr(community_store, "shared_graph", unread)
     above = await build_communities(db, team, max_nodes=7, max_edges=10_000)
     assert (above.status, above.node_count, above.edge_count) == ("too_large", 8, 0)
     assert above.error == "more than 7 semantic groups (limit 7)"
-    monkeypatch.setattr(communities.store, "shared_graph", read)
+    monkeypatch.setattr(community_store, "shared_graph", read)
     at = await build_communities(db, team, max_nodes=8, max_edges=10_000)
     assert (at.status, at.node_count) == ("succeeded", 8)
     assert at.communities == 3 and at.sizes == [3, 2, 2]
@@ -204,7 +225,9 @@ def hub_records(team: str, n: int) -> list[dict[str, Any]]:
     return records
 
 
-async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeypatch) -> None:
+async def test_edge_limit_is_decided_while_the_graph_is_read(
+    writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """40 groups under the node limit, 780 edges: with an edge limit of 100 the
     builder stops reading the graph at the relationship that makes the 101st edge
     (the 15th: C(14, 2) = 91, C(15, 2) = 105) and stores too_large, instead of
@@ -212,7 +235,7 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeyp
     statement timeout at 100,000 relationships per space)."""
     team = unique("comedge")
     await load_jsonl(writes, jsonl(hub_records(team, 40)))
-    read = communities.store.shared_graph
+    read = community_store.shared_graph
     seen: list[str] = []
 
     async def counted(*args: Any, **kwargs: Any) -> Any:
@@ -220,7 +243,7 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeyp
             seen.append(r.id)
             yield r
 
-    monkeypatch.setattr(communities.store, "shared_graph", counted)
+    monkeypatch.setattr(community_store, "shared_graph", counted)
     above = await build_communities(db, team, max_nodes=1000, max_edges=100)
     assert (above.status, above.node_count, above.edge_count) == ("too_large", 40, 101)
     assert above.error == "more than 100 edges"
@@ -231,10 +254,11 @@ async def test_edge_limit_is_decided_while_the_graph_is_read(writes, db, monkeyp
             "WHERE id = $1",
             above.run_id,
         )
+        assert stored is not None
     assert tuple(stored) == ("too_large", 40, 101, None)
 
 
-async def test_edge_limit_just_above_and_at_the_graph(writes, db) -> None:
+async def test_edge_limit_just_above_and_at_the_graph(writes: WriteService, db: Database) -> None:
     """The same graph of 780 edges: a limit of 779 is too_large, 780 builds it
     whole (one community of the 40 groups), the same as with no near limit."""
     team = unique("comedge")
@@ -257,7 +281,7 @@ async def test_edge_limit_just_above_and_at_the_graph(writes, db) -> None:
 def test_graph_builder_matches_whole_graph_pairs_in_any_order() -> None:
     """Edges and weights do not depend on the order the relationships come in:
     a pair sharing two evidence fragments and an entity weighs 3."""
-    rel_ = communities.store.GraphRelationship
+    rel_ = community_store.GraphRelationship
     rels = [
         rel_("r1", "g1", "p", "a", "b", ("e1", "e2")),
         rel_("r2", "g2", "p", "a", None, ("e1", "e2")),
@@ -274,7 +298,9 @@ def test_graph_builder_matches_whole_graph_pairs_in_any_order() -> None:
     assert communities.build_graph(rels, max_edges=2).complete
 
 
-async def test_stale_snapshot_degrades_until_rebuilt(client, writes, db) -> None:
+async def test_stale_snapshot_degrades_until_rebuilt(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("coms")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -309,7 +335,9 @@ async def test_stale_snapshot_degrades_until_rebuilt(client, writes, db) -> None
     assert codes(await related(client, tok, q=q, limit=1), "COMMUNITIES") == []
 
 
-async def test_temporal_recall_skips_communities(client, writes, db) -> None:
+async def test_temporal_recall_skips_communities(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("comv")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")
@@ -334,7 +362,7 @@ def frontier_groups(result: dict[str, Any]) -> dict[str, list[str]]:
 
 
 async def test_community_and_direct_frontiers_are_disjoint_when_they_overlap(
-    client, writes, db, admin_conn
+    client: httpx.AsyncClient, writes: WriteService, db: Database, admin_conn: Conn
 ) -> None:
     """Community members cut by communityRelationshipLimit fall back to the direct
     frontier; no semantic group is ever in two frontiers of one answer."""
@@ -381,7 +409,9 @@ async def test_community_and_direct_frontiers_are_disjoint_when_they_overlap(
             assert all(m["representative"]["spaceKind"] == "SHARED" for m in c["members"])
 
 
-async def test_statements_do_not_grow_with_related_limits(client, gateway_app, writes, db) -> None:
+async def test_statements_do_not_grow_with_related_limits(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
+) -> None:
     team = unique("comn")
     await load_graph(writes, team)
     await build_communities(db, team, **LIMITS)
@@ -425,7 +455,9 @@ def test_cli_builds_one_team_and_reports_too_large(dsn: str) -> None:
     assert missing.returncode == 1 and "no team" in missing.stderr
 
 
-async def test_unreadable_snapshot_degrades(client, gateway_app, writes, db) -> None:
+async def test_unreadable_snapshot_degrades(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
+) -> None:
     import asyncio
 
     from .test_recall import _hold_lock

@@ -14,9 +14,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
 
 from gateway.services.conflicts import MAX_CONFLICTS, MAX_SUPPORTERS
+from gateway.services.writes import WriteService
 from gateway.store import conflicts as store
+from gateway.store.connection import Conn
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -168,7 +172,9 @@ def change(team: str, kind: str, id_: str, **fields: Any) -> str:
     return jsonl([{"kind": kind, "team": team, "id": id_, **fields}])
 
 
-async def test_case_state_over_time_with_owners_and_supporters(client, writes) -> None:
+async def test_case_state_over_time_with_owners_and_supporters(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team, other = unique("cft"), unique("cfo")
     # Six extra supporters of the payments position: one authoritative, five low;
     # one more low one whose support is revoked and one withdrawn: neither counts.
@@ -264,7 +270,9 @@ async def test_case_state_over_time_with_owners_and_supporters(client, writes) -
     assert case(bob_view, "case") == c
 
 
-async def test_case_not_shown_before_it_was_opened(client, writes) -> None:
+async def test_case_not_shown_before_it_was_opened(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("cfb")
     base = ownership_case(team)
     await load_jsonl(writes, jsonl(base[:-1]))
@@ -276,7 +284,9 @@ async def test_case_not_shown_before_it_was_opened(client, writes) -> None:
     assert case(await recall(client, alice, q=q), "case") is not None
 
 
-async def test_case_only_reachable_from_returned_material(client, writes) -> None:
+async def test_case_only_reachable_from_returned_material(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     """A resolved case is reached from its winning side; when the winning side is
     not returned (here: the caller already knows it) and the losing side has no
     eligible path, nothing returned reaches the case and it is not shown."""
@@ -364,7 +374,9 @@ def private_case(team: str) -> list[dict[str, Any]]:
     ]
 
 
-async def test_private_conflicts_only_for_their_owner(client, writes) -> None:
+async def test_private_conflicts_only_for_their_owner(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("cfp")
     records = team_records(team)
     for r in records:  # give alice's private note an occurrence to cite
@@ -460,7 +472,9 @@ def evidence_conflict_records(team: str) -> list[dict[str, Any]]:
     ]
 
 
-async def test_evidence_conflict_citations_are_exact(client, writes) -> None:
+async def test_evidence_conflict_citations_are_exact(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("cfe")
     records = team_records(team) + evidence_conflict_records(team)
     conflicts = [r for r in records if r["kind"] == "evidence_conflict"]
@@ -508,7 +522,9 @@ async def test_evidence_conflict_citations_are_exact(client, writes) -> None:
     assert [p["id"] for p in then["conflicts"][0]["positions"]] == ["ep-b", "ep-c", "ep-d"]
 
 
-async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
+async def test_cap_and_deterministic_order(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService
+) -> None:
     """More reachable cases than the cap: the nearest ones, in (reach, ID) order,
     and the same answer twice. The statement count does not grow with the limit."""
     team = unique("cfc")
@@ -564,7 +580,9 @@ async def test_cap_and_deterministic_order(client, gateway_app, writes) -> None:
     assert counts[1] == counts[10] == counts[n], counts
 
 
-async def test_conflict_load_failure_is_an_error(client, gateway_app, writes, db) -> None:
+async def test_conflict_load_failure_is_an_error(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
+) -> None:
     """Conflicts decide eligibility: losing them is not an optional degradation."""
     team = unique("cff")
     await load_jsonl(writes, jsonl(team_records(team) + evidence_conflict_records(team)))
@@ -591,7 +609,9 @@ async def test_conflict_load_failure_is_an_error(client, gateway_app, writes, db
     assert "SELECT" not in str(body)
 
 
-async def test_row_level_security_is_the_second_wall(db, writes, admin_conn) -> None:
+async def test_row_level_security_is_the_second_wall(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
     """Called with another team's ID, or with spaces the transaction may not read,
     the store's statements return nothing: row-level security filters them even
     where the statement's own predicates would match."""
@@ -627,7 +647,9 @@ async def test_row_level_security_is_the_second_wall(db, writes, admin_conn) -> 
     assert await cases(team, [spaces[team, None]], other) == set()
 
 
-async def test_position_relationships_in_trace_memory(client, writes) -> None:
+async def test_position_relationships_in_trace_memory(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     """traceMemory shows the same position type: its relationships load through
     that request's view too."""
     team = unique("cftr")

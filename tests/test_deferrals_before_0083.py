@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 from uuid import UUID
 
-import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
@@ -24,6 +23,7 @@ from gateway.errors import MigrationError
 from gateway.services import loader, vector_indexes
 from gateway.services.writes import WriteService
 from gateway.store import migrations, vector_partitions
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import unique
@@ -31,7 +31,7 @@ from .test_index_after import _build, _parsed, _space, _state
 from .test_index_after_safety import _setup_only
 
 
-async def _detach_as_before_0083(conn: asyncpg.Connection, space: UUID) -> None:
+async def _detach_as_before_0083(conn: Conn, space: UUID) -> None:
     """What the first ``load --index-after`` did to an empty space: detach both
     partitions and drop their HNSW indexes, recording nothing."""
     async with conn.transaction():
@@ -48,7 +48,7 @@ async def _detach_as_before_0083(conn: asyncpg.Connection, space: UUID) -> None:
                 await conn.execute(f'DROP INDEX "{row["relname"]}"')
 
 
-async def _copy_under_the_name(conn: asyncpg.Connection, space: UUID) -> None:
+async def _copy_under_the_name(conn: Conn, space: UUID) -> None:
     """Someone's backup: the partition detached and renamed, and a copy made with
     CREATE TABLE ... AS under its name (no constraint, no key)."""
     table = vector_partitions.partition_name("evidence_embeddings", space)

@@ -8,13 +8,15 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import load_jsonl, unique
+from gateway.services.writes import WriteService
+
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, token
+from .test_recall import token
 
 
 async def test_unexpected_error_is_masked_and_logged_with_the_request_id(
-    dsn: str, writes, caplog: pytest.LogCaptureFixture
+    dsn: str, writes: WriteService, caplog: pytest.LogCaptureFixture
 ) -> None:
     team = unique("mask")
     await load_jsonl(writes, jsonl(team_records(team)))

@@ -7,13 +7,15 @@ stop it in the middle of the test and start it again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
+from starlette.applications import Starlette
 
 from gateway.app import create_app
 from gateway.embedded import EmbeddedPostgres
@@ -33,7 +35,7 @@ RECALL = '{ recallMemory(query: "billing") { results { evidenceId } } }'
 
 
 @pytest.fixture()
-def own_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
     server = EmbeddedPostgres(tmp_path_factory.mktemp("faults"), database="faults")
     server.start()
     try:
@@ -43,7 +45,9 @@ def own_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def seeded(own_server: EmbeddedPostgres, embedder: EmbeddingProvider) -> AsyncIterator[Any]:
+async def seeded(
+    own_server: EmbeddedPostgres, embedder: EmbeddingProvider
+) -> AsyncIterator[tuple[EmbeddedPostgres, str]]:
     """The own server, migrated, with a team and a token."""
     await prepare(own_server.dsn, migrate=True)
     db = await Database.open(own_server.dsn, min_size=1, max_size=2)
@@ -57,7 +61,9 @@ async def seeded(own_server: EmbeddedPostgres, embedder: EmbeddingProvider) -> A
     yield own_server, tok
 
 
-async def _client(dsn: str, **settings: Any) -> tuple[Any, httpx.AsyncClient, Any]:
+async def _client(
+    dsn: str, **settings: Any
+) -> tuple[Starlette, httpx.AsyncClient, AbstractAsyncContextManager[Any]]:
     app = create_app(Settings(database_url=dsn, **settings))
     lifespan = app.router.lifespan_context(app)
     await lifespan.__aenter__()

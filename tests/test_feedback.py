@@ -10,18 +10,21 @@ from uuid import UUID
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
+from gateway.embeddings import EmbeddingProvider
 from gateway.services.auth import authenticate
 from gateway.services.feedback import FeedbackService
 from gateway.services.recall import RecallService
 from gateway.services.recall_input import validate
 from gateway.services.recall_types import RecallOutcome
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (  # noqa: F401  (fixtures)
     _hold_lock,
-    app_for,
     ids,
     recall,
     token,
@@ -81,7 +84,7 @@ def error_of(body: dict[str, Any]) -> dict[str, Any]:
     return error
 
 
-async def feedback_rows(db: Any, team: str) -> tuple[int, int]:
+async def feedback_rows(db: Database, team: str) -> tuple[int, int]:
     async with db.pool.acquire() as conn:
         return (
             await conn.fetchval("SELECT count(*) FROM recall_feedback WHERE team_id = $1", team),
@@ -99,7 +102,9 @@ def feedback_degradations(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in result["degradations"] if d["frontier"] == "FEEDBACK"]
 
 
-async def test_recall_is_recorded_and_suggests_feedback(client, writes, db) -> None:
+async def test_recall_is_recorded_and_suggests_feedback(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("fbev")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -120,6 +125,7 @@ async def test_recall_is_recorded_and_suggests_feedback(client, writes, db) -> N
         event = await conn.fetchrow(
             "SELECT * FROM recall_events WHERE team_id = $1 AND id = $2", team, UUID(event_id)
         )
+        assert event is not None
         items = await conn.fetch(
             "SELECT frontier, item_id, rank FROM recall_event_items "
             "WHERE team_id = $1 AND recall_event_id = $2 ORDER BY rank",
@@ -138,7 +144,7 @@ async def test_recall_is_recorded_and_suggests_feedback(client, writes, db) -> N
 
 
 async def test_snapshot_failure_keeps_the_answer_without_the_suggestion(
-    client, gateway_app, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
 ) -> None:
     """A real fault: the recall_events table is locked past the lock timeout."""
     team = unique("fblock")
@@ -161,7 +167,10 @@ async def test_snapshot_failure_keeps_the_answer_without_the_suggestion(
         {"frontier": "FEEDBACK", "code": "recall_feedback_snapshot_unavailable", "optional": True}
     ]
     assert degraded["suggestedActions"] == [] and degraded["recallEventId"] is None
-    strip = lambda r: [(x["evidenceId"], x["rank"], x["context"]) for x in r["results"]]  # noqa: E731
+
+    def strip(r: dict[str, Any]) -> list[tuple[str, int, str]]:
+        return [(x["evidenceId"], x["rank"], x["context"]) for x in r["results"]]
+
     assert strip(degraded) == strip(normal)
     async with db.pool.acquire() as conn:
         assert not await conn.fetchval(
@@ -174,7 +183,7 @@ async def test_snapshot_failure_keeps_the_answer_without_the_suggestion(
     assert error_of(body)["extensions"]["code"] == "NOT_FOUND"
 
 
-async def test_feedback_can_be_switched_off(dsn, writes, db) -> None:
+async def test_feedback_can_be_switched_off(dsn: str, writes: WriteService, db: Database) -> None:
     team = unique("fboff")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -191,7 +200,9 @@ async def test_feedback_can_be_switched_off(dsn, writes, db) -> None:
         )
 
 
-async def test_returned_hypotheses_add_a_dream_feedback_suggestion(db, writes, embedder) -> None:
+async def test_returned_hypotheses_add_a_dream_feedback_suggestion(
+    db: Database, writes: WriteService, embedder: EmbeddingProvider
+) -> None:
     """The hypotheses frontier is built elsewhere: its IDs arrive on the outcome."""
     team = unique("fbhyp")
     await load_jsonl(
@@ -224,7 +235,9 @@ async def test_returned_hypotheses_add_a_dream_feedback_suggestion(db, writes, e
 # --- submitRecallSessionFeedback --------------------------------------------------------------
 
 
-async def test_feedback_on_what_the_recall_returned_is_idempotent(client, writes, db) -> None:
+async def test_feedback_on_what_the_recall_returned_is_idempotent(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("fbok")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -253,10 +266,12 @@ async def test_feedback_on_what_the_recall_returned_is_idempotent(client, writes
             "FROM recall_feedback WHERE team_id = $1",
             team,
         )
+        assert row is not None
         item = await conn.fetchrow(
             "SELECT frontier, item_id, judgement FROM recall_feedback_items WHERE team_id = $1",
             team,
         )
+        assert item is not None
     assert tuple(row) == (True, False, 2, "who is on call for billing", "alice")
     assert tuple(item) == ("evidence", second, "irrelevant")
     changed = await submit(client, tok, **{**fields, "rating": 3})
@@ -269,7 +284,9 @@ async def test_feedback_on_what_the_recall_returned_is_idempotent(client, writes
     assert await feedback_rows(db, team) == (1, 1)
 
 
-async def test_feedback_refuses_references_the_event_did_not_return(client, writes, db) -> None:
+async def test_feedback_refuses_references_the_event_did_not_return(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team, other_team = unique("fbref"), unique("fbrefx")
     await load_jsonl(writes, jsonl(team_records(team) + team_records(other_team)))
     alice = await token(writes, team, "alice")
@@ -332,7 +349,9 @@ async def test_feedback_refuses_references_the_event_did_not_return(client, writ
     assert await feedback_rows(db, other_team) == (0, 0)
 
 
-async def test_feedback_changes_no_ranking_and_no_lifecycle(client, writes, db) -> None:
+async def test_feedback_changes_no_ranking_and_no_lifecycle(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("fbrank")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -363,7 +382,9 @@ async def test_feedback_changes_no_ranking_and_no_lifecycle(client, writes, db) 
 # --- resolveDreamFeedback ----------------------------------------------------------------------
 
 
-async def test_dream_feedback_sets_status_with_checked_transitions(client, writes, db) -> None:
+async def test_dream_feedback_sets_status_with_checked_transitions(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team, other_team = unique("dream"), unique("dreamx")
     records = team_records(team) + [
         {"kind": "hypothesis", "team": team, "id": "h1", "statement": "deploys cause outages"}
@@ -433,7 +454,11 @@ async def test_dream_feedback_sets_status_with_checked_transitions(client, write
 
 @pytest.mark.parametrize("judgement", ["USEFUL", "WRONG"])
 async def test_hypothesis_judgements_need_a_returned_hypothesis(
-    client, writes, db, embedder, judgement
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    db: Database,
+    embedder: EmbeddingProvider,
+    judgement: str,
 ) -> None:
     team = unique("fbhj")
     await load_jsonl(
@@ -464,11 +489,12 @@ async def test_hypothesis_judgements_need_a_returned_hypothesis(
             "WHERE team_id = $1",
             team,
         )
+        assert row is not None
     assert tuple(row) == ("hypothesis", "h1", judgement.lower(), "checked")
 
 
 async def test_the_snapshot_costs_the_recall_no_statement(
-    client, gateway_app, dsn, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, dsn: str, writes: WriteService, db: Database
 ) -> None:
     """What feedback costs a recall: the snapshot is written in the recall's own
     transaction, in the statement that also reads the answer's nested rows
@@ -502,7 +528,9 @@ async def test_the_snapshot_costs_the_recall_no_statement(
     assert written == 1
 
 
-async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writes, db) -> None:
+async def test_feedback_may_cite_every_frontier_the_recall_returned(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     """Related relationships (representative and equivalents), conflicts and the
     evidence are all recorded in the recall event, so feedback may cite them;
     an ID the recall did not return in that frontier is refused."""
@@ -549,7 +577,7 @@ async def test_feedback_may_cite_every_frontier_the_recall_returned(client, writ
 
 
 async def test_an_event_is_citable_only_by_a_binding_that_reads_its_spaces(
-    client, writes, db
+    client: httpx.AsyncClient, writes: WriteService, db: Database
 ) -> None:
     """A shared-only token of the principal whose private-bound token made the
     event must not learn which private IDs it returned: for that token the

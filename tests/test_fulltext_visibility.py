@@ -34,7 +34,6 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
-import asyncpg
 import pytest
 
 from gateway.services.evidence import candidate_query
@@ -43,6 +42,7 @@ from gateway.services.recall_types import ReadView
 from gateway.services.related import SharedBranch, discovery_query
 from gateway.services.writes import WriteService
 from gateway.store import related
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 from gateway.store.params import Params
 from gateway.store.recall import resolve_view
@@ -76,7 +76,7 @@ def _relationship(
     ]
 
 
-async def _last_recorded(conn: asyncpg.Connection, team: str) -> datetime:
+async def _last_recorded(conn: Conn, team: str) -> datetime:
     at: datetime = await conn.fetchval(
         "SELECT greatest((SELECT max(recorded_at) FROM evidence WHERE team_id = $1),"
         " (SELECT max(recorded_at) FROM relationships WHERE team_id = $1))",
@@ -101,7 +101,7 @@ def _text(i: int) -> str:
 
 
 @pytest.fixture
-async def store(writes: WriteService, admin_conn: asyncpg.Connection) -> Store:
+async def store(writes: WriteService, admin_conn: Conn) -> Store:
     team, other = unique("vis"), unique("vis-other")
     # Generation 1 of the shared space, then a reset.
     gen1 = _team(team, "alice") + [
@@ -218,7 +218,7 @@ def _expected(view: str, prefix: str, current: int, late: int, old: int) -> set[
 
 
 async def _copies(
-    conn: asyncpg.Connection,
+    conn: Conn,
     functions: Sequence[str],
     table: str,
     params: dict[str, tuple[str, Any]],
@@ -260,13 +260,13 @@ async def _copies(
     return queries
 
 
-async def _ids(conn: asyncpg.Connection, sql: str, args: Sequence[Any]) -> set[str]:
+async def _ids(conn: Conn, sql: str, args: Sequence[Any]) -> set[str]:
     return {r[0] for r in await conn.fetch(sql, *args)}
 
 
 @pytest.mark.parametrize("view_name", VIEWS)
 async def test_evidence_function_filters_like_the_candidate_lists(
-    db: Database, admin_conn: asyncpg.Connection, store: Store, view_name: str
+    db: Database, admin_conn: Conn, store: Store, view_name: str
 ) -> None:
     request = _request(store, view_name)
     view, branches = await _view(db, store, request)
@@ -322,7 +322,7 @@ async def test_evidence_function_filters_like_the_candidate_lists(
 
 @pytest.mark.parametrize("view_name", VIEWS)
 async def test_relationship_function_filters_like_discovery(
-    db: Database, admin_conn: asyncpg.Connection, store: Store, view_name: str
+    db: Database, admin_conn: Conn, store: Store, view_name: str
 ) -> None:
     request = _request(store, view_name)
     view, branches = await _view(db, store, request)

@@ -174,7 +174,9 @@ def test_exact_ties_that_floats_get_wrong_are_still_ordered_by_id() -> None:
     assert fuse_equal(lists)[:2] == ["a", "b"]
 
 
-def test_runs_of_equal_terms_are_settled_without_python_sorting(monkeypatch) -> None:
+def test_runs_of_equal_terms_are_settled_without_python_sorting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Two disjoint lists make a tie at every rank (the same term, 1/(k + r), in
     each list): a recall's usual case. Those runs are recognised by array
     operations and need no per-item signatures; runs that differ still get them."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -22,9 +23,11 @@ import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from .conftest import REPO, load_jsonl, unique
+from gateway.services.writes import WriteService
+
+from .conftest import REPO, app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import app_for, token
+from .test_recall import token
 
 EXAMPLES = int(os.environ.get("RECALL_FUZZ_EXAMPLES", "200"))
 DOCUMENTED = set(
@@ -157,7 +160,9 @@ variables = st.one_of(
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def fuzz_client(dsn: str, writes) -> Any:
+async def fuzz_client(
+    dsn: str, writes: WriteService
+) -> AsyncIterator[tuple[httpx.AsyncClient, str]]:
     team = unique("fuzz")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -183,7 +188,12 @@ async def fuzz_client(dsn: str, writes) -> Any:
     method=st.sampled_from(["POST", "POST", "GET"]),
 )
 async def test_no_document_or_variables_break_the_gateway(
-    fuzz_client, document, values, authenticated, accept, method
+    fuzz_client: tuple[httpx.AsyncClient, str],
+    document: str,
+    values: dict[str, Any] | None,
+    authenticated: bool,
+    accept: str,
+    method: str,
 ) -> None:
     client, tok = fuzz_client
     headers = {"accept": accept}
@@ -259,7 +269,13 @@ raw_bodies = st.one_of(
     ),
     method=st.sampled_from(["POST", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"]),
 )
-async def test_no_body_breaks_the_gateway(fuzz_client, caplog, body, content_type, method) -> None:
+async def test_no_body_breaks_the_gateway(
+    fuzz_client: tuple[httpx.AsyncClient, str],
+    caplog: pytest.LogCaptureFixture,
+    body: bytes,
+    content_type: str,
+    method: str,
+) -> None:
     """Raw bodies: bytes, JSON of any shape, deep nesting, lone surrogates, hostile
     fragments, under any content type and method: a coded 4xx (or an answer),
     and nothing logged at ERROR level."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 from graphql import parse, validate
@@ -47,7 +46,7 @@ def test_the_examples_are_valid_and_cheap_enough_for_production() -> None:
 def test_the_page_loads_only_the_gateway_s_files(tmp_path: Path) -> None:
     page = GraphiQLPage()
     response = page.render("/graphql")
-    body = response.body.decode()
+    body = bytes(response.body).decode()
     assert response.status_code == 200
     sources = re.findall(r'(?:src|href)="([^"]+)"', body)
     assert sources and all(s.startswith("/graphiql/3.9.0/") for s in sources), sources
@@ -92,7 +91,7 @@ def test_vendoring_refuses_a_package_that_is_not_the_recorded_one(tmp_path: Path
 async def test_production_serves_neither_page_nor_files(dsn: str) -> None:
     import httpx
 
-    app: Any = app_for(dsn, env="production")
+    app = app_for(dsn, env="production")
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:

@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.services.writes import WriteService
@@ -145,7 +146,7 @@ async def test_the_example_recall_runs_in_graphiql_offline(
 
 @pytest.mark.parametrize("name", ["graphiql.min.js", "recall-graphiql.js"])
 async def test_assets_are_served_immutable_and_unknown_names_are_not(
-    client: Any, name: str
+    client: httpx.AsyncClient, name: str
 ) -> None:
     response = await client.get(f"/graphiql/3.9.0/{name}")
     assert response.status_code == 200

@@ -12,6 +12,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
+
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -108,7 +112,7 @@ def decisions(team: str) -> list[dict[str, Any]]:
     ]
 
 
-async def loaded(writes: Any) -> str:
+async def loaded(writes: WriteService) -> str:
     team, other = unique("hy"), unique("hyo")
     await load_jsonl(
         writes,
@@ -125,7 +129,9 @@ async def loaded(writes: Any) -> str:
 Q = "who owns the billing service"
 
 
-async def test_linked_and_lexical_hypotheses_in_fused_order(client, writes) -> None:
+async def test_linked_and_lexical_hypotheses_in_fused_order(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = await loaded(writes)
     alice = await token(writes, team, "alice")
     result = await recall(client, alice, q=Q, hl=20)
@@ -167,7 +173,9 @@ async def test_linked_and_lexical_hypotheses_in_fused_order(client, writes) -> N
     assert "h-both" in hyp_ids(await recall(client, alice, q=Q, hl=20))
 
 
-async def test_source_evidence_listed_only_while_readable(client, writes) -> None:
+async def test_source_evidence_listed_only_while_readable(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = await loaded(writes)
     alice = await token(writes, team, "alice", "shared_only")
     await load_jsonl(
@@ -189,7 +197,7 @@ async def test_source_evidence_listed_only_while_readable(client, writes) -> Non
     assert by_id["h-both"]["sourceRelationshipIds"] == ["rel-owner"]
 
 
-async def test_temporal_view_and_disabled(client, writes) -> None:
+async def test_temporal_view_and_disabled(client: httpx.AsyncClient, writes: WriteService) -> None:
     team = await loaded(writes)
     bob = await token(writes, team, "bob")
     await asyncio.sleep(0.02)
@@ -213,7 +221,9 @@ async def test_temporal_view_and_disabled(client, writes) -> None:
     assert off["searchStates"]["hypotheses"]["status"] == "DISABLED"
 
 
-async def test_without_query_only_linked_hypotheses(client, writes) -> None:
+async def test_without_query_only_linked_hypotheses(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = await loaded(writes)
     bob = await token(writes, team, "bob")
     r = await client.post(
@@ -238,7 +248,9 @@ async def test_without_query_only_linked_hypotheses(client, writes) -> None:
     ]
 
 
-async def test_store_failure_degrades(client, gateway_app, writes, db) -> None:
+async def test_store_failure_degrades(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
+) -> None:
     """A real fault: the hypotheses table is locked past the lock timeout."""
     team = await loaded(writes)
     alice = await token(writes, team, "alice")
@@ -270,7 +282,9 @@ async def test_store_failure_degrades(client, gateway_app, writes, db) -> None:
     assert {s["status"] for s in state["lists"]} == {"FAILED"}
 
 
-async def test_linked_only_through_the_evidence_answer(client, writes) -> None:
+async def test_linked_only_through_the_evidence_answer(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     """Links count from the returned shared evidence and the relationships it
     supports, not from the related-relationship frontier (which runs beside this
     one); the caller's private evidence links nothing (hypotheses cite shared

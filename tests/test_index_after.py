@@ -25,6 +25,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.services import loader, vector_indexes
 from gateway.services.writes import WriteService
 from gateway.store import vector_partitions
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import unique
@@ -90,7 +91,7 @@ async def _build(db: Database, progress: list[int] | None = None) -> vector_inde
     )
 
 
-async def _space(conn: asyncpg.Connection, team: str) -> UUID:
+async def _space(conn: Conn, team: str) -> UUID:
     space = await conn.fetchval(
         "SELECT id FROM memory_spaces WHERE team_id = $1 AND kind = 'shared'", team
     )
@@ -98,12 +99,12 @@ async def _space(conn: asyncpg.Connection, team: str) -> UUID:
     return space
 
 
-async def _vectors(conn: asyncpg.Connection, table: str, key: str, team: str) -> dict[str, Any]:
+async def _vectors(conn: Conn, table: str, key: str, team: str) -> dict[str, Any]:
     rows = await conn.fetch(f"SELECT {key} AS id, embedding FROM {table} WHERE team_id = $1", team)
     return {r["id"]: r["embedding"].to_numpy() for r in rows}
 
 
-async def _state(conn: asyncpg.Connection, space: UUID) -> Iterator[tuple[str, bool, list[str]]]:
+async def _state(conn: Conn, space: UUID) -> Iterator[tuple[str, bool, list[str]]]:
     """(table, attached, its index access methods) of the space's vector tables."""
     out = []
     for parent in vector_partitions.VECTOR_TABLES:
@@ -121,7 +122,7 @@ async def _state(conn: asyncpg.Connection, space: UUID) -> Iterator[tuple[str, b
     return iter(out)
 
 
-async def _constraints(conn: asyncpg.Connection, table: str) -> list[str]:
+async def _constraints(conn: Conn, table: str) -> list[str]:
     rows = await conn.fetch(
         "SELECT contype, pg_get_constraintdef(oid) AS def FROM pg_constraint "
         "WHERE conrelid = to_regclass($1) ORDER BY 1, 2",
@@ -130,7 +131,7 @@ async def _constraints(conn: asyncpg.Connection, table: str) -> list[str]:
     return [f"{r['contype']} {r['def']}" for r in rows]
 
 
-async def _neighbours(conn: asyncpg.Connection, team: str, space: UUID, seed: int) -> list[str]:
+async def _neighbours(conn: Conn, team: str, space: UUID, seed: int) -> list[str]:
     """The vector list as recall reads it, through the partition's HNSW index."""
     rows = await conn.fetch(
         "SELECT evidence_id FROM evidence_vector_candidates($1, $2, 1, $3, 10, "
@@ -143,7 +144,7 @@ async def _neighbours(conn: asyncpg.Connection, team: str, space: UUID, seed: in
 
 
 async def test_index_after_stores_the_same_vectors_and_attaches_indexed_partitions(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     plain, after = unique("ixplain"), unique("ixafter")
     await loader.load(writes, _parsed(_records(plain, embedder.model)), batch_size=20)
@@ -192,7 +193,7 @@ async def test_index_after_stores_the_same_vectors_and_attaches_indexed_partitio
 
 
 async def test_a_space_whose_vectors_readers_find_is_refused_and_kept(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     team = unique("ixfull")
     await loader.load(writes, _parsed(_records(team, embedder.model, docs=5)), batch_size=50)
@@ -210,7 +211,7 @@ async def test_a_space_whose_vectors_readers_find_is_refused_and_kept(
 
 
 async def test_a_load_aborted_between_batches_loses_nothing_and_a_rerun_finishes(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     team = unique("ixcrash")
     lines = _records(team, embedder.model)
@@ -318,7 +319,7 @@ def _kill_once_rows_are_committed(path: Path, dsn: str) -> int:
 
 
 async def test_a_killed_load_is_finished_by_running_it_again(
-    dsn: str, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, tmp_path: Path
+    dsn: str, embedder: EmbeddingProvider, admin_conn: Conn, tmp_path: Path
 ) -> None:
     """SIGKILL in the middle of a load (whatever its batch was doing): every
     committed evidence keeps its vector, detached; the same command again

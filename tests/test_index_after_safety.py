@@ -25,10 +25,11 @@ import pytest_asyncio
 from gateway.embeddings import EmbeddingProvider
 from gateway.errors import MigrationError, VectorIndexPending
 from gateway.services import loader, lock_waits, vector_indexes
-from gateway.services.reembed import reembed
+from gateway.services.reembed import ReembedBusy, reembed
 from gateway.services.writes import WriteService
 from gateway.store import migrations, vector_partitions
 from gateway.store import reembed as reembed_store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 from gateway.store.vector_partitions import VECTOR_TABLES
 
@@ -60,7 +61,7 @@ async def _interrupted(writes: WriteService, team: str, model: str) -> UUID:
             progress=StopAfter(batches=2),
         )
     async with writes.db.admin(readonly=True) as conn:
-        return await _space(conn, team)  # type: ignore[arg-type]
+        return await _space(conn, team)
 
 
 def _setup_only(team: str, model: str) -> list[dict[str, Any]]:
@@ -134,7 +135,7 @@ async def test_an_index_after_load_refuses_while_a_reembed_is_under_way(
         async with conn.transaction():
             await reembed_store.start_run(conn, embedder.model, "test-double-v1")
     team = unique("ixrr")
-    with pytest.raises(vector_indexes.ReembedBusy) as caught:
+    with pytest.raises(ReembedBusy) as caught:
         await loader.load(
             fresh, _parsed(_records(team, embedder.model, docs=3)), batch_size=50, index_after=True
         )
@@ -147,7 +148,7 @@ async def test_an_index_after_load_refuses_while_a_reembed_is_under_way(
 
 
 async def test_other_teams_read_the_parents_while_a_detach_waits_for_a_long_reader(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     team = unique("ixlock")
     await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
@@ -194,7 +195,7 @@ async def test_a_space_with_vectors_is_refused_without_waiting_for_the_parents(
 async def test_a_detach_that_never_gets_the_lock_gives_up_cleanly(
     writes: WriteService,
     embedder: EmbeddingProvider,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(lock_waits, "ATTEMPTS", 3)
@@ -220,7 +221,7 @@ async def test_a_detach_that_never_gets_the_lock_gives_up_cleanly(
 
 
 async def test_a_load_builds_only_its_spaces_and_nobody_attaches_a_space_still_filled(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     x, y = unique("ixconx"), unique("ixcony")
     x_lines = _records(x, embedder.model, docs=20)
@@ -255,7 +256,7 @@ async def test_a_load_builds_only_its_spaces_and_nobody_attaches_a_space_still_f
 
 
 async def test_two_claims_of_one_space_at_once_detach_it_once(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, db: Database
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn, db: Database
 ) -> None:
     team = unique("ixrace")
     await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
@@ -340,7 +341,7 @@ def test_a_table_that_cannot_attach_is_reported_with_a_code_and_the_others_go_on
 
 
 async def test_only_tables_the_store_detached_are_built(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     stranger = vector_partitions.partition_name("evidence_embeddings", UUID(int=0xABC))
     await admin_conn.execute(
@@ -353,7 +354,7 @@ async def test_only_tables_the_store_detached_are_built(
 
 
 async def test_the_build_makes_the_index_itself_and_stops_when_its_client_goes(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, db: Database
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn, db: Database
 ) -> None:
     """The index is the build's own (its name and parameters), not one ATTACH
     would have built under its lock with the server's default memory; and the
@@ -477,7 +478,7 @@ def _one_unknown_source(team: str, model: str) -> list[dict[str, Any]]:
     return [*lines, bad]
 
 
-async def _deferrals(conn: asyncpg.Connection, team: str) -> int:
+async def _deferrals(conn: Conn, team: str) -> int:
     return int(
         await conn.fetchval("SELECT count(*) FROM vector_deferrals WHERE team_id = $1", team)
     )
@@ -487,7 +488,7 @@ async def _deferrals(conn: asyncpg.Connection, team: str) -> int:
 async def test_a_refused_index_after_batch_leaves_its_spaces_attached_and_writable(
     writes: WriteService,
     embedder: EmbeddingProvider,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     new_team: bool,
 ) -> None:
     team = unique("ixrefuse")

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from uuid import UUID, uuid4
 
-import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services import loader, vector_indexes
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import unique
@@ -57,7 +57,7 @@ async def _finish(db: Database, space: UUID) -> vector_indexes.IndexReport:
     return await vector_indexes.build_pending(db, items, maintenance_work_mem_mb=256, workers=0)
 
 
-async def _assert_finished(conn: asyncpg.Connection, space: UUID) -> None:
+async def _assert_finished(conn: Conn, space: UUID) -> None:
     for _table, attached, methods in await _state(conn, space):
         assert attached is True
         assert "hnsw:True" in methods
@@ -67,7 +67,7 @@ async def _assert_finished(conn: asyncpg.Connection, space: UUID) -> None:
 
 
 async def test_a_space_s_two_tables_are_built_at_once(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     team = await _deferred_load(writes, embedder.model)
     space = await _space(admin_conn, team)
@@ -77,7 +77,7 @@ async def test_a_space_s_two_tables_are_built_at_once(
 
 
 async def test_without_a_spare_connection_they_are_built_one_after_the_other(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, dsn: str
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn, dsn: str
 ) -> None:
     team = await _deferred_load(writes, embedder.model)
     space = await _space(admin_conn, team)

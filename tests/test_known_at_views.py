@@ -23,15 +23,15 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import asyncpg
 import httpx
 import pytest
 
 from gateway.services.writes import WriteService
 from gateway.store import related as related_store
 from gateway.store import search
+from gateway.store.connection import Conn
 
-from .conftest import load_jsonl, unique
+from .conftest import fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_mutations import remember
 from .test_recall import token
@@ -189,7 +189,7 @@ def _remembered(space: str, n: int) -> dict[str, Any]:
 async def test_a_known_at_view_is_byte_identical_after_later_writes(
     client: httpx.AsyncClient,
     writes: WriteService,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     monkeypatch: pytest.MonkeyPatch,
     vectors: str,
 ) -> None:
@@ -238,7 +238,8 @@ async def test_a_known_at_view_is_byte_identical_after_later_writes(
         ("evidence_terms", "evidence", "evidence_id"),
         ("relationship_terms", "relationships", "relationship_id"),
     ):
-        postings, wrong = await admin_conn.fetchrow(
+        postings, wrong = await fetch_one(
+            admin_conn,
             f"SELECT count(*), count(*) FILTER (WHERE t.recorded_at <> d.recorded_at) "
             f"FROM {table} t JOIN {doc} d ON d.team_id = t.team_id "
             f"AND d.space_id = t.space_id AND d.id = t.{key} WHERE t.team_id = $1",
@@ -254,16 +255,16 @@ async def test_a_known_at_view_is_byte_identical_after_later_writes(
     # earlier view's have.
     now = await _ask(client, tok)
     was, seen = _lists(before), _lists(now)
-    for key in (
+    for list_key in (
         ("evidence", "SHARED", "FULLTEXT"),
         ("evidence", "PRIVATE", "FULLTEXT"),
         ("relationships", "SHARED", "FULLTEXT"),
     ):
-        assert seen[key] > was[key], (key, was, seen)
+        assert seen[list_key] > was[list_key], (list_key, was, seen)
     assert _order(now) != _order(before)
 
 
-def _lists(answer: str) -> dict[tuple[str, str], int]:
+def _lists(answer: str) -> dict[tuple[str, str, str], int]:
     states = json.loads(answer)["data"]["recallMemory"]["searchStates"]
     return {
         (f, x["spaceKind"], x["list"]): x["candidates"]

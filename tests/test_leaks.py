@@ -47,7 +47,7 @@ import json
 import os
 import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,14 +58,17 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gateway.services.communities import build_communities
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
-from .conftest import load_jsonl
+from .conftest import app_for, load_jsonl
 from .factories import jsonl
-from .test_recall import app_for, token
+from .test_communities import Limits
+from .test_recall import token
 
 EXAMPLES = int(os.environ.get("RECALL_LEAK_EXAMPLES", "50"))
 CALLERS_PER_WORLD = 4
-COMMUNITY_LIMITS = {"max_nodes": 1000, "max_edges": 10_000}
+COMMUNITY_LIMITS: Limits = {"max_nodes": 1000, "max_edges": 10_000}
 VOCABULARY = ["billing", "latency", "owner", "dock", "robot", "invoice", "deploy", "noon"]
 
 RECALL = """
@@ -93,7 +96,7 @@ query Leak($q: String, $limit: Int, $known: [ID!], $entities: [ID!], $knownRels:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def client(dsn: str) -> Any:
+async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
     app = app_for(dsn)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
@@ -593,7 +596,14 @@ asks = st.lists(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(world=worlds(), plan=asks, data=st.data())
-async def test_recall_never_leaks(client: httpx.AsyncClient, writes, db, world, plan, data) -> None:
+async def test_recall_never_leaks(
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    db: Database,
+    world: list[Team],
+    plan: list[Ask],
+    data: st.DataObject,
+) -> None:
     text = "".join(jsonl(records(t)) for t in world)
     await load_jsonl(writes, text)
     for t in world:  # so that recalls get communities (a snapshot is current until a change)
@@ -728,7 +738,13 @@ def _trace_ids(t: dict[str, Any]) -> list[tuple[str, str]]:
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 @given(world=worlds(), plan=asks, data=st.data())
-async def test_trace_never_leaks(client: httpx.AsyncClient, writes, world, plan, data) -> None:
+async def test_trace_never_leaks(
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    world: list[Team],
+    plan: list[Ask],
+    data: st.DataObject,
+) -> None:
     """traceMemory of a random relationship, the caller's or anybody's: a readable
     one answers with readable IDs only (withdrawn evidence may appear in a trace,
     it is history); any other one is NOT_FOUND, worded exactly like a missing ID."""

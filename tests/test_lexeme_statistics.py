@@ -24,6 +24,7 @@ import pytest
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
 from gateway.store import migrations
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -38,7 +39,7 @@ _TABLES = (
 )
 
 
-async def _mismatches(conn: asyncpg.Connection, team: str) -> dict[str, int]:
+async def _mismatches(conn: Conn, team: str) -> dict[str, int]:
     """Per statistics table: the (space, lexeme) rows where the kept df or max_tf
     differs from a count of the postings (0 each), and the number compared."""
     out: dict[str, int] = {}
@@ -121,7 +122,7 @@ def _assert_exact(found: dict[str, int]) -> None:
 
 
 async def test_statistics_are_the_count_of_the_postings(
-    client: httpx.AsyncClient, writes: WriteService, admin_conn: asyncpg.Connection
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("lexstat")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -154,7 +155,7 @@ BREAKAGES = {
 }
 
 
-async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> None:
+async def _insert_postings(conn: Conn, team: str, table: int) -> None:
     """Postings of a new lexeme for documents already stored, in two statements of
     several rows each: three documents with tf 3, 2 and 3, then two more with tf 1.
     The first statement's tfs differ, so that a trigger keeping a statement's
@@ -181,7 +182,7 @@ async def _insert_postings(conn: asyncpg.Connection, team: str, table: int) -> N
 @pytest.mark.parametrize("table", [0, 1], ids=["evidence", "relationships"])
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))
 async def test_a_broken_trigger_is_caught(
-    writes: WriteService, admin_conn: asyncpg.Connection, table: int, breakage: str
+    writes: WriteService, admin_conn: Conn, table: int, breakage: str
 ) -> None:
     """The comparison above fails when the trigger is wrong: the trigger function
     replaced by a broken copy and postings inserted, in a transaction rolled back;
@@ -208,7 +209,7 @@ async def test_a_broken_trigger_is_caught(
 
 
 async def test_statistics_are_walled_like_the_postings(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """The application role sees the rows of its team's allowed spaces only."""
     team_a, team_b = unique("lexwall-a"), unique("lexwall-b")
@@ -234,7 +235,7 @@ async def test_statistics_are_walled_like_the_postings(
 
 @pytest.mark.parametrize("table", [0, 1], ids=["evidence", "relationships"])
 async def test_owner_delete_and_update_of_postings_keep_them_exact(
-    writes: WriteService, admin_conn: asyncpg.Connection, table: int
+    writes: WriteService, admin_conn: Conn, table: int
 ) -> None:
     """db/0107: an owner's DELETE or UPDATE of postings recounts the lexemes it
     touched (df and max_tf exact again), and a lexeme left with no posting has no
@@ -277,7 +278,7 @@ async def test_owner_delete_and_update_of_postings_keep_them_exact(
 
 
 async def test_truncate_of_postings_empties_their_statistics(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     """db/0107: TRUNCATE of a postings table (docs/data-model.md tells the owner to
     name them in a TRUNCATE of documents) leaves no statistics row behind; in a
@@ -297,9 +298,7 @@ async def test_truncate_of_postings_empties_their_statistics(
         assert left == 0, (terms, left)
 
 
-async def test_statistics_reference_their_space(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_statistics_reference_their_space(writes: WriteService, admin_conn: Conn) -> None:
     """db/0107: a statistics row must name an existing space (as db/0002's
     evidence_search_stats must), so a TRUNCATE of spaces CASCADE reaches them."""
     team = unique("lexfk")
@@ -313,9 +312,7 @@ async def test_statistics_reference_their_space(
             )
 
 
-async def test_rebuild_recounts_the_statistics(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_rebuild_recounts_the_statistics(writes: WriteService, admin_conn: Conn) -> None:
     """db/0107's recall_rebuild_lexeme_stats() puts back exact rows after they were
     made wrong behind the triggers' back."""
     team = unique("lexrebuild")
@@ -385,6 +382,7 @@ async def test_backfill_and_rebuild_count_a_store_that_holds_postings(
                         f"SELECT count(*) AS n, count(*) FILTER (WHERE shard <> 0) AS sharded, "
                         f"count(DISTINCT team_id) AS teams FROM {stats}"
                     )
+                    assert rows is not None
                     keys = await conn.fetchval(
                         f"SELECT count(*) FROM (SELECT DISTINCT team_id, space_id, lexeme "
                         f"FROM {terms}) k"
@@ -399,9 +397,7 @@ async def test_backfill_and_rebuild_count_a_store_that_holds_postings(
         await db.close()
 
 
-async def _stats_rows(
-    conn: asyncpg.Connection, stats: str
-) -> dict[tuple[Any, ...], set[tuple[Any, ...]]]:
+async def _stats_rows(conn: Conn, stats: str) -> dict[tuple[Any, ...], set[tuple[Any, ...]]]:
     """Every row of ``stats`` by key (team, space, lexeme): its shard, counts, and
     where and by which transaction it was written (a rewrite changes both)."""
     rows = await conn.fetch(
@@ -416,9 +412,7 @@ async def _stats_rows(
     return out
 
 
-async def _damage(
-    conn: asyncpg.Connection, stats: str, team: str, seed: int
-) -> set[tuple[Any, ...]]:
+async def _damage(conn: Conn, stats: str, team: str, seed: int) -> set[tuple[Any, ...]]:
     """Make some keys of ``team`` wrong behind the triggers' back, each way a key can
     be wrong, and spread one right key over two shards (right sums: it must be
     left alone). Returns the damaged keys."""

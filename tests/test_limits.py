@@ -8,20 +8,25 @@ import json
 import secrets
 import tracemalloc
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 from graphql import GraphQLError, parse, specified_rules
+from starlette.applications import Starlette
+from strawberry.schema.schema import validate_document
 
 from gateway.app import create_app
 from gateway.http import cost as http_cost
 from gateway.http import limits as http_limits
 from gateway.http.documents import Documents
 from gateway.schema import build_schema
+from gateway.services.writes import WriteService
 from gateway.settings import Settings
 
+from .conftest import MakeClient
 from .graphql_docs import maximal_recall, selection
 
 GRJ = "application/graphql-response+json"
@@ -32,9 +37,9 @@ MAX_ARGS = (
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def make_client(dsn: str) -> AsyncIterator[Any]:
+async def make_client(dsn: str) -> AsyncIterator[MakeClient]:
     """Clients of apps with given settings; all closed at the end of the test."""
-    stack: list[Any] = []
+    stack: list[tuple[AbstractAsyncContextManager[Any], httpx.AsyncClient]] = []
 
     async def make(**settings: Any) -> httpx.AsyncClient:
         app = create_app(Settings(database_url=dsn, pool_max_size=2, **settings))
@@ -51,7 +56,7 @@ async def make_client(dsn: str) -> AsyncIterator[Any]:
         await lifespan.__aexit__(None, None, None)
 
 
-_apps: dict[int, Any] = {}
+_apps: dict[int, Starlette] = {}
 
 
 def documents_of(client: httpx.AsyncClient) -> Documents:
@@ -60,7 +65,9 @@ def documents_of(client: httpx.AsyncClient) -> Documents:
     return documents
 
 
-async def post(client: httpx.AsyncClient, query: str, accept: str = "application/json", **kw: Any):
+async def post(
+    client: httpx.AsyncClient, query: str, accept: str = "application/json", **kw: Any
+) -> httpx.Response:
     return await client.post("/graphql", json={"query": query, **kw}, headers={"accept": accept})
 
 
@@ -139,7 +146,9 @@ def test_production_admits_one_maximal_recall_and_not_two() -> None:
     assert http_cost.check(schema, parse(big), prod.max_cost)
 
 
-async def test_each_limit_is_refused_before_execution_with_its_code(make_client) -> None:
+async def test_each_limit_is_refused_before_execution_with_its_code(
+    make_client: MakeClient,
+) -> None:
     client = await make_client(
         max_depth=3, max_aliases=2, max_tokens=40, max_directives=2, max_cost=50
     )
@@ -167,7 +176,7 @@ async def test_each_limit_is_refused_before_execution_with_its_code(make_client)
     assert ok.json() == {"data": {"a": "Query"}}
 
 
-async def test_request_body_and_query_string_size(make_client) -> None:
+async def test_request_body_and_query_string_size(make_client: MakeClient) -> None:
     client = await make_client(max_body_bytes=2048)
     r = await post(client, "{ __typename }", variables={"pad": "x" * 4000})
     assert r.status_code == 413 and code(r) == "REQUEST_TOO_LARGE"
@@ -181,7 +190,7 @@ async def test_request_body_and_query_string_size(make_client) -> None:
     assert (await post(client, "{ __typename }")).json() == {"data": {"__typename": "Query"}}
 
 
-async def test_batching_off_by_default_and_capped_when_on(make_client) -> None:
+async def test_batching_off_by_default_and_capped_when_on(make_client: MakeClient) -> None:
     off = await make_client()
     r = await off.post("/graphql", json=[{"query": "{ __typename }"}])
     assert r.status_code == 400 and code(r) == "BATCHING_DISABLED"
@@ -193,7 +202,7 @@ async def test_batching_off_by_default_and_capped_when_on(make_client) -> None:
     assert r.status_code == 400 and code(r) == "BATCH_TOO_LARGE"
 
 
-async def test_production_hides_schema(make_client) -> None:
+async def test_production_hides_schema(make_client: MakeClient) -> None:
     prod = await make_client(env="production")
     r = await post(prod, "{ __schema { types { name } } }")
     assert code(r) == "INTROSPECTION_DISABLED"
@@ -214,7 +223,7 @@ async def test_production_hides_schema(make_client) -> None:
     assert r.status_code == 200 and "graphiql" in r.text.lower()
 
 
-async def test_cors_origins(make_client) -> None:
+async def test_cors_origins(make_client: MakeClient) -> None:
     client = await make_client(cors_origins="https://app.example, https://ops.example")
     r = await client.options(
         "/graphql",
@@ -232,7 +241,7 @@ async def test_cors_origins(make_client) -> None:
     assert "access-control-allow-origin" not in r.headers
 
 
-async def test_media_type_and_http_errors_are_graphql_shaped(make_client) -> None:
+async def test_media_type_and_http_errors_are_graphql_shaped(make_client: MakeClient) -> None:
     client = await make_client()
     r = await post(client, "{ __typename }", accept=f"{GRJ}, application/json")
     assert r.headers["content-type"].startswith(GRJ)
@@ -257,7 +266,7 @@ async def test_media_type_and_http_errors_are_graphql_shaped(make_client) -> Non
     assert json.loads(r.text).get("data") is None
 
 
-async def test_empty_selection_set_is_invalid_not_a_crash(make_client) -> None:
+async def test_empty_selection_set_is_invalid_not_a_crash(make_client: MakeClient) -> None:
     # graphql-core parses it; strawberry's depth rule used to crash on it
     client = await make_client()
     r = await post(client, '{ recallMemory(query: "x") { } }')
@@ -294,11 +303,11 @@ REPEATED_VIEWER = "{ " + " ".join(["viewer { principalId }"] * 490) + " }"
 class CountingValidation:
     """Counts what reaches graphql-core's rules (the expensive pass)."""
 
-    def __init__(self, monkeypatch: Any) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         from gateway.http import validation
 
         self.calls = 0
-        real = validation.validate_document
+        real = validate_document  # what gateway.http.validation calls
 
         def counted(*args: Any) -> Any:
             self.calls += 1
@@ -307,7 +316,9 @@ class CountingValidation:
         monkeypatch.setattr(validation, "validate_document", counted)
 
 
-async def test_exponential_fragments_are_refused_in_linear_time(make_client, monkeypatch) -> None:
+async def test_exponential_fragments_are_refused_in_linear_time(
+    make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     document = doubling_fragments(22)
     assert len(document) <= 900  # the attack: 878 bytes, four million selections
     counting = CountingValidation(monkeypatch)
@@ -324,7 +335,7 @@ async def test_exponential_fragments_are_refused_in_linear_time(make_client, mon
     assert counting.calls == 0  # refused before graphql-core's rules ran at all
 
 
-def test_each_fragment_is_measured_once(monkeypatch) -> None:
+def test_each_fragment_is_measured_once(monkeypatch: pytest.MonkeyPatch) -> None:
     from gateway.http import shape
 
     calls = 0
@@ -350,7 +361,9 @@ def fragment_chain(length: int) -> str:
     return " ".join(chain)
 
 
-async def test_long_fragment_chains_and_deep_fragments(make_client, caplog) -> None:
+async def test_long_fragment_chains_and_deep_fragments(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
     client = await make_client()
     r = await post(client, fragment_chain(100))
     assert r.json() == {"data": {"__typename": "Query"}}, r.text[:300]
@@ -373,7 +386,7 @@ async def test_long_fragment_chains_and_deep_fragments(make_client, caplog) -> N
 
 
 async def test_repeated_selections_are_refused_before_the_overlap_rule(
-    make_client, monkeypatch
+    make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert len(REPEATED_VIEWER) > 10_000
     counting = CountingValidation(monkeypatch)
@@ -393,7 +406,9 @@ async def test_repeated_selections_are_refused_before_the_overlap_rule(
     assert code(await post(client, many)) == "TOO_MANY_REPEATS"
 
 
-async def test_the_event_loop_answers_while_a_document_validates(make_client, monkeypatch) -> None:
+async def test_the_event_loop_answers_while_a_document_validates(
+    make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import asyncio
     import threading
 
@@ -401,7 +416,7 @@ async def test_the_event_loop_answers_while_a_document_validates(make_client, mo
 
     release = threading.Event()
     started = threading.Event()
-    real = validation.validate_document
+    real = validate_document  # what gateway.http.validation calls
 
     def held(*args: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():  # off the loop
@@ -427,7 +442,9 @@ async def test_the_event_loop_answers_while_a_document_validates(make_client, mo
     assert code(r) == "UNAUTHENTICATED"  # validated, then ran (no token)
 
 
-async def test_unknown_fragment_is_a_validation_error_without_a_trace(make_client, caplog) -> None:
+async def test_unknown_fragment_is_a_validation_error_without_a_trace(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
     client = await make_client()
     with caplog.at_level("DEBUG"):
         r = await post(client, "{ ...Nope }")
@@ -437,7 +454,7 @@ async def test_unknown_fragment_is_a_validation_error_without_a_trace(make_clien
 
 
 async def test_an_out_of_range_literal_is_the_same_error_as_the_variable(
-    make_client, writes
+    make_client: MakeClient, writes: WriteService
 ) -> None:
     from .conftest import load_jsonl, unique
     from .factories import jsonl, team_records
@@ -472,7 +489,7 @@ async def test_an_out_of_range_literal_is_the_same_error_as_the_variable(
 
 
 async def test_an_unparseable_datetime_names_its_argument_inline_and_as_a_variable(
-    make_client,
+    make_client: MakeClient,
 ) -> None:
     client = await make_client()
     for bad in ("yesterday", "2025-13-45T00:00:00Z"):
@@ -513,7 +530,9 @@ async def raw_post(
     return await client.post("/graphql", content=body, headers={"content-type": content_type})
 
 
-async def test_malformed_requests_are_coded_4xx_without_a_trace(make_client, caplog) -> None:
+async def test_malformed_requests_are_coded_4xx_without_a_trace(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
     client = await make_client(persisted_queries="apq")
     deep = b"[" * 1100 + b"]" * 1100
     surrogate_doc = "{ __typename } # \\ud800"
@@ -585,7 +604,9 @@ async def test_malformed_requests_are_coded_4xx_without_a_trace(make_client, cap
     assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
 
 
-async def test_nul_in_the_recall_query_is_bad_input(make_client, writes) -> None:
+async def test_nul_in_the_recall_query_is_bad_input(
+    make_client: MakeClient, writes: WriteService
+) -> None:
     from .conftest import load_jsonl, unique
     from .factories import jsonl, team_records
     from .test_recall import token
@@ -606,7 +627,7 @@ async def test_nul_in_the_recall_query_is_bad_input(make_client, writes) -> None
         assert "NUL" in error["message"]
 
 
-async def test_http_methods_and_headers(make_client) -> None:
+async def test_http_methods_and_headers(make_client: MakeClient) -> None:
     client = await make_client()
     r = await client.get(
         "/graphql",
@@ -675,7 +696,7 @@ async def test_a_get_query_string_over_64_kib_is_a_coded_413() -> None:
 
 
 async def test_a_repeated_document_is_parsed_once_and_an_oversized_one_refused_each_time(
-    make_client,
+    make_client: MakeClient,
 ) -> None:
     """Documents are parsed and validated once per process (gateway/http/documents.py);
     the token limit is part of the cache's key and a refusal is never cached."""
@@ -698,7 +719,7 @@ async def test_a_repeated_document_is_parsed_once_and_an_oversized_one_refused_e
 
 
 async def test_many_large_documents_keep_the_document_cache_within_its_budget(
-    make_client,
+    make_client: MakeClient,
 ) -> None:
     """Parsed documents and validation answers share one cache bounded in bytes
     (gateway/http/documents.py): many distinct large documents keep it under its
@@ -729,7 +750,7 @@ async def test_many_large_documents_keep_the_document_cache_within_its_budget(
 
 
 async def test_refusals_keep_their_code_whether_their_document_is_kept_or_not(
-    make_client,
+    make_client: MakeClient,
 ) -> None:
     """A validation refusal kept with its document answers with the same error
     (and extensions.code) the second time; a document too large to keep is

@@ -13,11 +13,11 @@ import json
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 import pytest
 
 from gateway.services import loader
 from gateway.services.writes import Actor, WriteService
+from gateway.store.connection import Conn
 
 from .conftest import REPO, unique
 from .factories import jsonl
@@ -81,7 +81,7 @@ async def _load(
     )
 
 
-async def _rows(conn: asyncpg.Connection, team: str) -> dict[str, list[dict[str, Any]]]:
+async def _rows(conn: Conn, team: str) -> dict[str, list[dict[str, Any]]]:
     """Every row of the team, with its space UUIDs replaced by (kind, owner)."""
     spaces = {
         r["id"]: f"{r['kind']}:{r['owner_principal_id']}"
@@ -201,7 +201,7 @@ def _generated(docs: int) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("source", ["example", "generated"])
 async def test_both_paths_write_the_same_rows(
-    writes: WriteService, admin_conn: asyncpg.Connection, source: str
+    writes: WriteService, admin_conn: Conn, source: str
 ) -> None:
     if source == "example":
         lines = [json.loads(x) for x in EXAMPLE.read_text().splitlines() if x.strip()]
@@ -226,7 +226,7 @@ async def test_both_paths_write_the_same_rows(
 
 
 async def test_rows_carry_their_batch_transaction_time(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("time")
     await _load(writes, _retarget(_generated(6), team), set_based=True, batch_size=10)
@@ -247,9 +247,7 @@ async def test_rows_carry_their_batch_transaction_time(
     assert times == 4, "one system time per batch"
 
 
-async def test_rerun_writes_nothing_and_says_so(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_rerun_writes_nothing_and_says_so(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("rerun")
     text = _retarget(_generated(8), team)
     first = await _load(writes, text, set_based=True)
@@ -281,7 +279,7 @@ def _broken(lines: list[dict[str, Any]], index: int, **change: Any) -> list[dict
     ],
 )
 async def test_refusals_are_the_same_and_write_nothing_of_their_batch(
-    writes: WriteService, admin_conn: asyncpg.Connection, case: str
+    writes: WriteService, admin_conn: Conn, case: str
 ) -> None:
     base = _generated(4)
     # records 4.. are per document: source, entity, evidence, relationship

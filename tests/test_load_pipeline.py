@@ -22,6 +22,7 @@ from gateway.services import bulk_writes, loader, vector_indexes
 from gateway.services.writes import Actor, PreviousRefused, Turn, TurnYielded, WriteService
 from gateway.store import bulk_writes as bulk_store
 from gateway.store import writes as store_writes
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -103,7 +104,7 @@ async def _load(
     return report
 
 
-async def _counters(conn: asyncpg.Connection, team: str) -> dict[str, list[Any]]:
+async def _counters(conn: Conn, team: str) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for table, key in _COUNTERS.items():
         if key is None:
@@ -159,7 +160,7 @@ def _relationships_last(docs: int) -> list[dict[str, Any]]:
     ],
 )
 async def test_batches_in_flight_write_the_same_rows(
-    writes: WriteService, admin_conn: asyncpg.Connection, shape: str
+    writes: WriteService, admin_conn: Conn, shape: str
 ) -> None:
     # "generated" has every record shape of the set-based path and a support at the
     # end; its documents straddle batches of 8, so each batch refers to the one
@@ -189,7 +190,7 @@ async def test_batches_in_flight_write_the_same_rows(
 
 
 async def test_system_times_follow_the_file_one_per_batch(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("times")
     lines = _documents("T", 40)
@@ -207,7 +208,7 @@ async def test_system_times_follow_the_file_one_per_batch(
 
 
 async def test_a_refusal_keeps_earlier_batches_and_writes_nothing_after_it(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     lines = _documents("T", 20)
     # document 9's relationship (batch 5 of 8 records, after the two space
@@ -248,7 +249,7 @@ async def test_a_refusal_keeps_earlier_batches_and_writes_nothing_after_it(
 
 
 async def test_a_pipelined_rerun_writes_nothing_and_says_so(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("rerun")
     lines = _documents("T", 16)
@@ -286,7 +287,7 @@ async def test_lanes_write_distinct_counter_shards_and_leave_the_pool_room(
 
 
 async def test_a_batch_gives_way_to_the_batch_before_it_waiting_for_its_locks(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("yield")
     await _load(writes, _documents("T", 0), team, concurrency=1)
@@ -334,7 +335,7 @@ async def test_a_batch_gives_way_to_the_batch_before_it_waiting_for_its_locks(
 
 
 async def test_a_batch_after_a_refused_one_is_rolled_back(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("after")
     await _load(writes, _documents("T", 0), team, concurrency=1)
@@ -352,7 +353,7 @@ async def test_a_batch_after_a_refused_one_is_rolled_back(
 
 
 async def test_a_file_changed_while_batches_are_in_flight_keeps_what_came_before(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     bad = 2 + 14 * 4  # document 14's source: the first line of the 8th batch of 8 records
     outcomes = []
@@ -380,9 +381,7 @@ async def test_a_file_changed_while_batches_are_in_flight_keeps_what_came_before
     assert outcomes[1] == (bad + 1, sorted(f"ev-{i}" for i in range(12)))
 
 
-async def _inversions(
-    conn: asyncpg.Connection, lines: list[dict[str, Any]], team: str
-) -> list[tuple[int, str]]:
+async def _inversions(conn: Conn, lines: list[dict[str, Any]], team: str) -> list[tuple[int, str]]:
     """(index, ID) of each line stamped earlier than the line before it."""
     times = {
         (r["kind"], r["client_id"]): r["recorded_at"]
@@ -395,7 +394,7 @@ async def _inversions(
 
 
 async def test_a_batch_applied_record_by_record_keeps_its_place_in_system_time(
-    writes: WriteService, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+    writes: WriteService, admin_conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch holding the same record twice (accepted) cannot take the set-based
     path: it is applied again record by record, in a second transaction. The
@@ -438,7 +437,7 @@ async def test_a_batch_applied_record_by_record_keeps_its_place_in_system_time(
 
 
 async def test_three_lanes_keep_system_times_in_file_order_after_a_batch_gives_way(
-    embedder: EmbeddingProvider, admin_conn: asyncpg.Connection, dsn: str
+    embedder: EmbeddingProvider, admin_conn: Conn, dsn: str
 ) -> None:
     """Three batches in flight: another session holds the claim of the first record
     of the load's second batch, so the third gives way, and is applied again
@@ -453,7 +452,7 @@ async def test_three_lanes_keep_system_times_in_file_order_after_a_batch_gives_w
         await db.close()
 
 
-async def _three_lanes(writes: WriteService, admin_conn: asyncpg.Connection, dsn: str) -> None:
+async def _three_lanes(writes: WriteService, admin_conn: Conn, dsn: str) -> None:
     team = unique("three")
     lines = _documents("T", 60)
     await _load(writes, lines[:2], team, concurrency=1)

@@ -24,7 +24,6 @@ import re
 import uuid
 from typing import Any
 
-import asyncpg
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
@@ -32,6 +31,7 @@ from gateway.services import loader, lock_waits
 from gateway.services.writes import Actor, WriteService
 from gateway.store import vector_partitions
 from gateway.store import writes as store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import unique
@@ -70,7 +70,7 @@ def _new_team(team: str) -> list[dict[str, Any]]:
     return out
 
 
-async def _writes_in_progress(conn: asyncpg.Connection) -> int:
+async def _writes_in_progress(conn: Conn) -> int:
     """Sessions other than this one with an open transaction that has written evidence."""
     return int(
         await conn.fetchval(
@@ -84,7 +84,7 @@ async def _writes_in_progress(conn: asyncpg.Connection) -> int:
 async def test_other_teams_recall_while_a_new_teams_first_batch_is_written(
     writes: WriteService,
     embedder: EmbeddingProvider,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     dsn: str,
     index_after: bool,
 ) -> None:
@@ -123,7 +123,7 @@ async def test_other_teams_recall_while_a_new_teams_first_batch_is_written(
     )
 
 
-async def _events_sequence(conn: asyncpg.Connection) -> int:
+async def _events_sequence(conn: Conn) -> int:
     """How many evidence lifecycle events were ever inserted, committed or rolled
     back: an identity sequence is never rolled back."""
     value = await conn.fetchval(
@@ -134,7 +134,7 @@ async def _events_sequence(conn: asyncpg.Connection) -> int:
 
 
 async def test_the_first_batch_into_an_existing_space_is_applied_once(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     team = unique("ixonce")
     await loader.load(writes, _parsed(_setup_only(team, embedder.model)), batch_size=50)
@@ -155,7 +155,7 @@ async def test_the_first_batch_into_an_existing_space_is_applied_once(
 async def test_a_space_batch_gives_way_to_writers_and_gives_up_cleanly(
     writes: WriteService,
     embedder: EmbeddingProvider,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     db: Database,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -184,7 +184,7 @@ async def test_a_space_batch_gives_way_to_writers_and_gives_up_cleanly(
 
 
 async def test_a_space_being_created_blocks_no_reader_of_the_vector_tables(
-    db: Database, admin_conn: asyncpg.Connection
+    db: Database, admin_conn: Conn
 ) -> None:
     """db/0102: the partitions of a new space are attached (SHARE UPDATE EXCLUSIVE
     on the parents), not created with PARTITION OF (ACCESS EXCLUSIVE), so a read
@@ -209,7 +209,7 @@ async def test_a_space_being_created_blocks_no_reader_of_the_vector_tables(
         assert attached is True and "hnsw:True" in methods
 
 
-async def _partition_shape(conn: asyncpg.Connection, table: str) -> dict[str, Any]:
+async def _partition_shape(conn: Conn, table: str) -> dict[str, Any]:
     """What a vector partition is, with its space's ID taken out of every name:
     owner, privileges, row-level security, bound, columns (storage, defaults),
     constraints, indexes (and the parent index each belongs to), triggers."""
@@ -224,6 +224,7 @@ async def _partition_shape(conn: asyncpg.Connection, table: str) -> dict[str, An
         "FROM pg_class c WHERE c.oid = to_regclass($1)",
         table,
     )
+    assert klass is not None
     columns = await conn.fetch(
         "SELECT a.attnum, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, "
         "a.attstorage, a.attcompression, a.attislocal, a.attinhcount, "
@@ -265,7 +266,7 @@ async def _partition_shape(conn: asyncpg.Connection, table: str) -> dict[str, An
 
 
 async def test_a_new_spaces_partitions_are_what_partition_of_made(
-    db: Database, admin_conn: asyncpg.Connection
+    db: Database, admin_conn: Conn
 ) -> None:
     """The attached partitions of db/0102 against those db/0001's CREATE TABLE ...
     PARTITION OF made (for a space made up here, rolled back): the same owner,
@@ -314,7 +315,7 @@ def _count_tries(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 async def test_a_space_batch_that_gets_its_locks_after_a_few_tries_is_written_once(
     writes: WriteService,
     embedder: EmbeddingProvider,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     db: Database,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -358,7 +359,7 @@ async def test_a_space_batch_refused_for_its_content_is_tried_once(
 
 
 async def test_a_mixed_batch_is_applied_once_outside_the_retry_mode(
-    writes: WriteService, admin_conn: asyncpg.Connection, monkeypatch: pytest.MonkeyPatch
+    writes: WriteService, admin_conn: Conn, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Only a batch of nothing but space records is retried with short lock waits:
     a direct caller's batch of a team and its memory would embed again on every

@@ -21,6 +21,7 @@ from gateway.services import bulk_writes, loader
 from gateway.services.writes import Actor, WriteService
 from gateway.store import bulk_writes as bulk_store
 from gateway.store import recall as recall_store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -38,7 +39,7 @@ _AUTOVACUUM_OFF = (
 """For a test's own store: no analysis but the loader's."""
 
 
-async def _planned(conn: asyncpg.Connection, tables: tuple[str, ...]) -> dict[str, bool]:
+async def _planned(conn: Conn, tables: tuple[str, ...]) -> dict[str, bool]:
     """Whether each table has planner statistics (a row count and column stats)."""
     rows = await conn.fetch(
         "SELECT c.relname, c.reltuples > 0 AND EXISTS (SELECT 1 FROM pg_stats s "
@@ -161,7 +162,7 @@ _CHECK = (
 )
 
 
-async def _check_plan(conn: asyncpg.Connection, table: str = "evidence") -> str:
+async def _check_plan(conn: Conn, table: str = "evidence") -> str:
     """The generic plan of a foreign-key check of a row of ``table`` (by default a
     posting's of its evidence)."""
     async with conn.transaction():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import asyncpg
 import numpy as np
 import pytest
 
@@ -13,6 +12,8 @@ from gateway.errors import EmbeddingMismatch
 from gateway.services import loader
 from gateway.services.records import RECORD_KINDS
 from gateway.services.writes import Actor, WriteService
+from gateway.store.connection import Conn
+from gateway.store.database import Database
 
 from .conftest import REPO, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -39,9 +40,7 @@ def _retarget(text: str, team: str) -> str:
     return "\n".join(out)
 
 
-async def test_example_file_round_trips_every_kind(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_example_file_round_trips_every_kind(writes: WriteService, admin_conn: Conn) -> None:
     text = _retarget(EXAMPLE.read_text(), unique("ex"))
     kinds = {json.loads(line)["kind"] for line in text.splitlines()}
     assert kinds == set(RECORD_KINDS), "the documented example uses every record kind"
@@ -90,7 +89,7 @@ _TABLES = (
 )
 
 
-async def _snapshot(conn: asyncpg.Connection, teams: list[str]) -> dict[str, int]:
+async def _snapshot(conn: Conn, teams: list[str]) -> dict[str, int]:
     counts = {}
     for table in _TABLES:
         counts[table] = await conn.fetchval(
@@ -99,9 +98,7 @@ async def _snapshot(conn: asyncpg.Connection, teams: list[str]) -> dict[str, int
     return counts
 
 
-async def test_every_kind_lands_in_its_tables(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_every_kind_lands_in_its_tables(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("kinds")
     text = _retarget(EXAMPLE.read_text(), team)
     await load_jsonl(writes, text)
@@ -114,13 +111,12 @@ async def test_every_kind_lands_in_its_tables(
         "SELECT model, dimensions, embedding FROM evidence_embeddings WHERE team_id = $1 LIMIT 1",
         teams[0],
     )
+    assert row is not None
     assert row["dimensions"] == 384
     assert abs(float(np.linalg.norm(row["embedding"].to_numpy())) - 1.0) < 1e-3
 
 
-async def test_bad_lines_write_nothing(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_bad_lines_write_nothing(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("bad")
     good = team_records(team)
     lines = [json.dumps(r) for r in good]
@@ -140,7 +136,7 @@ async def test_bad_lines_write_nothing(
 
 
 async def test_database_refusal_rolls_back_its_batch_only(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("refuse")
     records = team_records(team)
@@ -200,9 +196,7 @@ async def test_same_id_other_content_is_refused(writes: WriteService) -> None:
     assert caught.value.errors[0].field == "id"
 
 
-async def test_lifecycle_history_is_kept(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_lifecycle_history_is_kept(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("hist")
     await load_jsonl(writes, jsonl(team_records(team)))
     changes = [
@@ -414,13 +408,14 @@ class _OtherModel:
 
     async def embed(self, texts: list[str]) -> np.ndarray:
         v = np.ones((len(texts), 384), dtype=np.float32)
-        return v / np.linalg.norm(v, axis=1, keepdims=True)
+        unit: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+        return unit
 
     async def aclose(self) -> None:
         return None
 
 
-async def test_embedding_model_mismatch_is_refused(writes: WriteService, db) -> None:
+async def test_embedding_model_mismatch_is_refused(writes: WriteService, db: Database) -> None:
     team = unique("mix")
     await load_jsonl(writes, jsonl(team_records(team)))  # the store now holds MiniLM vectors
     other = WriteService(db, _OtherModel())  # type: ignore[arg-type]

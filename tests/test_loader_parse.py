@@ -105,7 +105,7 @@ def test_a_valid_record_is_decoded_once(monkeypatch: pytest.MonkeyPatch) -> None
         decoded.append(text)
         return real(text, *args, **kwargs)
 
-    monkeypatch.setattr(loader.json, "loads", counting)
+    monkeypatch.setattr(json, "loads", counting)  # the module loader reads with
     lines = [
         _MODEL,
         '{"kind": "team", "id": "t1", "name": "T"}',

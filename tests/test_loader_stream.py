@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import asyncpg
 import pytest
 
 from gateway.services import loader
+from gateway.store.connection import Conn
 
 from .conftest import unique
 from .factories import jsonl, team_records
@@ -60,7 +60,7 @@ def test_invalid_utf8_is_named_by_line() -> None:
 
 
 async def test_a_bad_last_line_of_a_long_file_writes_nothing(
-    dsn: str, tmp_path: Path, admin_conn: asyncpg.Connection
+    dsn: str, tmp_path: Path, admin_conn: Conn
 ) -> None:
     team = unique("streambad")
     records = team_records(team)

@@ -15,6 +15,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
@@ -101,7 +102,7 @@ async def test_recall_keeps_rank_space_and_marks_text_untrusted(
 
 
 async def test_the_same_answer_as_graphql(
-    mcp_server: LiveServer, writes: WriteService, client: Any
+    mcp_server: LiveServer, writes: WriteService, client: httpx.AsyncClient
 ) -> None:
     team, _ = await two_teams(writes)
     secret = await token(writes, team, "alice")
@@ -213,7 +214,7 @@ async def test_stdio_with_the_sdk_client(dsn: str, writes: WriteService) -> None
 
 
 async def test_tool_calls_are_logged_and_counted_like_requests(
-    mcp_server: LiveServer, writes: WriteService, caplog: Any
+    mcp_server: LiveServer, writes: WriteService, caplog: pytest.LogCaptureFixture
 ) -> None:
     from prometheus_client import REGISTRY
 
@@ -225,6 +226,6 @@ async def test_tool_calls_are_logged_and_counted_like_requests(
             failed, _ = await call(client, "recall_memory", {"query": "billing"})
     assert not failed
     assert REGISTRY.get_sample_value("recall_gateway_requests_total", labels) == before + 1
-    (line,) = [r for r in caplog.records if r.name == "gateway.request"]
-    assert line.method == "MCP" and line.path == "recall_memory"  # type: ignore[attr-defined]
-    assert line.operation == "McpRecall" and line.statements > 0  # type: ignore[attr-defined]
+    (line,) = [vars(r) for r in caplog.records if r.name == "gateway.request"]  # its extra fields
+    assert line["method"] == "MCP" and line["path"] == "recall_memory"
+    assert line["operation"] == "McpRecall" and line["statements"] > 0

@@ -13,6 +13,7 @@ import pytest_asyncio
 
 from gateway.errors import MigrationError
 from gateway.store import migrations
+from gateway.store.connection import Conn
 
 from .conftest import Server, _with_database
 
@@ -31,7 +32,7 @@ async def empty_db(pg_server: Server) -> AsyncIterator[asyncpg.Connection]:
         await admin.close()
 
 
-async def test_from_empty_then_idempotent(empty_db: asyncpg.Connection) -> None:
+async def test_from_empty_then_idempotent(empty_db: Conn) -> None:
     known = migrations.discover()
     first = await migrations.migrate(empty_db)
     assert [m.version for m in first] == [m.version for m in known]
@@ -87,7 +88,7 @@ async def test_from_empty_then_idempotent(empty_db: asyncpg.Connection) -> None:
     assert not [name for name, d in defs.items() if "USING gin" in d]
 
 
-async def test_changed_file_is_refused(empty_db: asyncpg.Connection, tmp_path: Path) -> None:
+async def test_changed_file_is_refused(empty_db: Conn, tmp_path: Path) -> None:
     folder = tmp_path / "db"
     shutil.copytree(migrations.migrations_dir(), folder)
     await migrations.migrate(empty_db, folder)
@@ -97,9 +98,7 @@ async def test_changed_file_is_refused(empty_db: asyncpg.Connection, tmp_path: P
         await migrations.migrate(empty_db, folder)
 
 
-async def test_unknown_applied_version_is_refused(
-    empty_db: asyncpg.Connection, tmp_path: Path
-) -> None:
+async def test_unknown_applied_version_is_refused(empty_db: Conn, tmp_path: Path) -> None:
     await migrations.migrate(empty_db)
     await empty_db.execute(
         "INSERT INTO schema_migrations (version, name, sha256) VALUES (9999, 'future', 'x')"
@@ -108,9 +107,7 @@ async def test_unknown_applied_version_is_refused(
         await migrations.pending(empty_db)
 
 
-async def test_failing_migration_leaves_nothing(
-    empty_db: asyncpg.Connection, tmp_path: Path
-) -> None:
+async def test_failing_migration_leaves_nothing(empty_db: Conn, tmp_path: Path) -> None:
     folder = tmp_path / "db"
     shutil.copytree(migrations.migrations_dir(), folder)
     (folder / "9000_broken.sql").write_text("CREATE TABLE half_made (x int);\nSELECT 1/0;\n")
@@ -127,7 +124,7 @@ def test_file_names_are_checked(tmp_path: Path) -> None:
 
 
 async def test_posting_key_checks_use_the_whole_key_on_a_new_store(
-    empty_db: asyncpg.Connection,
+    empty_db: Conn,
 ) -> None:
     """Every new posting's foreign-key check looks its document up by (team, space,
     id). On tables without statistics (a new store's first bulk load) the planner

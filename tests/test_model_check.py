@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 import pytest_asyncio
+from starlette.applications import Starlette
 
 from gateway.embeddings import FollowingProvider, LocalModel, StoreModel, by_key, create_provider
 from gateway.services.writes import WriteService
@@ -112,7 +113,9 @@ def _remote(endpoint: Endpoint, **more: Any) -> dict[str, Any]:
     }
 
 
-async def _recall(app: Any, tok: str, **variables: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+async def _recall(
+    app: Starlette, tok: str, **variables: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The recall's answer and the /readyz body, from the app running its lifespan."""
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

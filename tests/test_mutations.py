@@ -11,14 +11,16 @@ from typing import Any
 import asyncpg
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 from gateway.errors import EmbeddingError
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import app_for, fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import (
     _hold_lock,
-    app_for,
     ids,
     recall,
     token,
@@ -114,7 +116,7 @@ def incident_memory(space: str = "SHARED", suffix: str = "") -> dict[str, Any]:
     }
 
 
-async def count(db: Any, table: str, team: str) -> int:
+async def count(db: Database, table: str, team: str) -> int:
     async with db.pool.acquire() as conn:
         n: int = await conn.fetchval(f"SELECT count(*) FROM {table} WHERE team_id = $1", team)
         return n
@@ -124,7 +126,7 @@ async def count(db: Any, table: str, team: str) -> int:
 
 
 async def test_remember_writes_everything_with_embeddings_and_is_idempotent(
-    client, writes, db
+    client: httpx.AsyncClient, writes: WriteService, db: Database
 ) -> None:
     team = unique("mrem")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -154,7 +156,8 @@ async def test_remember_writes_everything_with_embeddings_and_is_idempotent(
             team,
             "rel-export",
         )
-        owner, by = await conn.fetchrow(
+        owner, by = await fetch_one(
+            conn,
             "SELECT owner_principal_id, recorded_by FROM relationships WHERE team_id = $1 "
             "AND id = $2",
             team,
@@ -182,7 +185,9 @@ async def test_remember_writes_everything_with_embeddings_and_is_idempotent(
     assert await count(db, "write_log", team) == rows
 
 
-async def test_remember_is_all_or_nothing(client, writes, db) -> None:
+async def test_remember_is_all_or_nothing(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("matomic")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -205,7 +210,9 @@ async def test_remember_is_all_or_nothing(client, writes, db) -> None:
         )
 
 
-async def test_remember_bad_input_names_the_input_field(client, writes) -> None:
+async def test_remember_bad_input_names_the_input_field(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("mbad")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -238,7 +245,9 @@ async def test_remember_bad_input_names_the_input_field(client, writes) -> None:
 # --- spaces and authorisation ---------------------------------------------------------------------
 
 
-async def test_private_memory_goes_to_the_callers_own_space(client, writes, db) -> None:
+async def test_private_memory_goes_to_the_callers_own_space(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("mpriv")
     await load_jsonl(writes, jsonl(team_records(team)))
     alice = await token(writes, team, "alice")
@@ -257,7 +266,9 @@ async def test_private_memory_goes_to_the_callers_own_space(client, writes, db) 
     assert await count(db, "write_log", team) == rows
 
 
-async def test_foreign_and_unreadable_ids_look_missing(client, writes) -> None:
+async def test_foreign_and_unreadable_ids_look_missing(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team, other = unique("mauth"), unique("mauthx")
     await load_jsonl(writes, jsonl(team_records(team) + team_records(other)))
     alice = await token(writes, team, "alice")
@@ -298,7 +309,9 @@ async def test_foreign_and_unreadable_ids_look_missing(client, writes) -> None:
     assert r.status_code == 401 and r.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
 
 
-async def test_a_replay_by_another_writer_is_not_the_same_write(client, writes, db) -> None:
+async def test_a_replay_by_another_writer_is_not_the_same_write(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     """Otherwise bob could confirm the exact content of alice's private writes."""
     team = unique("mrep")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -312,7 +325,9 @@ async def test_a_replay_by_another_writer_is_not_the_same_write(client, writes, 
     assert replay["created"] is False
 
 
-async def test_id_collisions_do_not_tell_which_space_holds_the_id(client, writes) -> None:
+async def test_id_collisions_do_not_tell_which_space_holds_the_id(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     """Occurrence, support and position IDs are unique per team: a collision with an
     ID in alice's private space reads exactly like one in bob's own shared space."""
     team = unique("mcoll")
@@ -344,7 +359,9 @@ async def test_id_collisions_do_not_tell_which_space_holds_the_id(client, writes
 # --- the lifecycle mutations, and knownAt views that stay as they were ------------------------------
 
 
-async def test_lifecycle_mutations_and_earlier_views_stay_exact(client, writes, db) -> None:
+async def test_lifecycle_mutations_and_earlier_views_stay_exact(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     team = unique("mlife")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -476,10 +493,11 @@ async def test_lifecycle_mutations_and_earlier_views_stay_exact(client, writes, 
             "SELECT proposed_by, recorded_by FROM hypotheses WHERE team_id = $1 AND id = 'h-x'",
             team,
         )
+        assert hyp is not None
     assert tuple(hyp) == ("alice", "principal:alice")
 
 
-async def test_transitions_are_checked(client, writes) -> None:
+async def test_transitions_are_checked(client: httpx.AsyncClient, writes: WriteService) -> None:
     team = unique("mtrans")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -518,7 +536,9 @@ async def test_transitions_are_checked(client, writes) -> None:
     assert self_supersede["extensions"]["code"] == "BAD_USER_INPUT"
 
 
-async def test_principal_writes_run_under_row_level_security(client, writes, db) -> None:
+async def test_principal_writes_run_under_row_level_security(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     """The role of a principal's write transaction sees only its team and spaces,
     and may register the embedding model of an empty store."""
     team, other = unique("mrls"), unique("mrlsx")
@@ -549,7 +569,11 @@ async def test_principal_writes_run_under_row_level_security(client, writes, db)
 
 
 async def test_remember_without_embeddings_writes_nothing(
-    client, gateway_app, writes, db, monkeypatch
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    db: Database,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Evidence is never stored without its vector: when the provider fails, the call
     fails with EMBEDDING_UNAVAILABLE and nothing of it is written."""
@@ -571,7 +595,9 @@ async def test_remember_without_embeddings_writes_nothing(
     assert await count(db, "sources", team) == 2  # the handbook and alice's notes only
 
 
-async def test_a_busy_database_is_not_bad_input(dsn, writes, db) -> None:
+async def test_a_busy_database_is_not_bad_input(
+    dsn: str, writes: WriteService, db: Database
+) -> None:
     """A write that cannot get its lock within the statement timeout is refused as
     DATABASE_UNAVAILABLE with nothing written; the same call later succeeds."""
     team = unique("mbusy")
@@ -596,7 +622,9 @@ async def test_a_busy_database_is_not_bad_input(dsn, writes, db) -> None:
             assert done["created"] is True
 
 
-async def test_concurrent_identical_remembers_write_once(client, writes, db) -> None:
+async def test_concurrent_identical_remembers_write_once(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
     """Two clients retrying the same call at once: one writes, the other gets the
     earlier result when the first commits; nothing is written twice."""
     team = unique("mrace")

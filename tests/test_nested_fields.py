@@ -6,14 +6,18 @@ What the recall did not read is still loaded, and answers the same."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Generator, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
+import httpx
 import pytest
 
 from gateway.schema import recall as recall_schema
 from gateway.services.loaders import ReadLoaders
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
+from gateway.store.recall import RelationshipRow
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -25,6 +29,8 @@ NESTED = """query Nested($q: String, $limit: Int) { recallMemory(query: $q, limi
   relatedRelationships { representativeId representative { statement subject { name } } }
   conflicts { id ... on RelationshipConflict { positions { id relationships { id } } } } } }"""
 
+T = TypeVar("T")
+
 
 @contextmanager
 def counted_tasks() -> Iterator[list[int]]:
@@ -34,8 +40,11 @@ def counted_tasks() -> Iterator[list[int]]:
     created = [0]
 
     def factory(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
-    ) -> asyncio.Future[Any]:
+        loop: asyncio.AbstractEventLoop,
+        coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
+        /,
+        **kwargs: Any,
+    ) -> asyncio.Future[T]:
         created[0] += 1
         return asyncio.Task(coro, loop=loop, **kwargs)
 
@@ -46,7 +55,7 @@ def counted_tasks() -> Iterator[list[int]]:
         loop.set_task_factory(previous)
 
 
-async def _ask(client: Any, tok: str, **variables: Any) -> dict[str, Any]:
+async def _ask(client: httpx.AsyncClient, tok: str, **variables: Any) -> dict[str, Any]:
     r = await client.post(
         "/graphql",
         json={"query": NESTED, "variables": variables},
@@ -57,7 +66,9 @@ async def _ask(client: Any, tok: str, **variables: Any) -> dict[str, Any]:
     return body
 
 
-async def test_nested_fields_take_no_task_per_result(client, writes) -> None:
+async def test_nested_fields_take_no_task_per_result(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     """The tasks of a request do not grow with its results: a nested field of a
     primed row is a value, not an awaitable graphql-core must run as a task."""
     team = unique("nestedtasks")
@@ -76,7 +87,7 @@ async def test_nested_fields_take_no_task_per_result(client, writes) -> None:
 
 
 async def test_rows_not_primed_are_loaded_and_answer_the_same(
-    client, writes, monkeypatch: pytest.MonkeyPatch
+    client: httpx.AsyncClient, writes: WriteService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without the recall's rows (a loader that was not primed), every nested
     field reads its rows through the loaders: the answer is the same."""
@@ -85,7 +96,7 @@ async def test_rows_not_primed_are_loaded_and_answer_the_same(
     tok = await token(writes, team, "alice")
     primed = await _ask(client, tok, q="billing service owner invoices", limit=6)
 
-    def unprimed(db: Any, view: Any, nested: Any = None) -> ReadLoaders:
+    def unprimed(db: Database, view: Any, nested: Any = None) -> ReadLoaders:
         return ReadLoaders(db, view)
 
     monkeypatch.setattr(recall_schema, "ReadLoaders", unprimed)
@@ -100,7 +111,7 @@ async def test_rows_not_primed_are_loaded_and_answer_the_same(
     )
 
 
-async def test_primed_rows_are_handed_over_whole_or_not_at_all(db) -> None:
+async def test_primed_rows_are_handed_over_whole_or_not_at_all(db: Database) -> None:
     """``primed_many`` answers only when every key was primed (else the loader reads
     them all, in one batch); ``primed`` is None for a key that was not."""
     from datetime import UTC, datetime
@@ -109,9 +120,11 @@ async def test_primed_rows_are_handed_over_whole_or_not_at_all(db) -> None:
 
     view = ReadView(team_id="t", space_kinds={}, t_sys=datetime.now(UTC), t_valid=datetime.now(UTC))
     loaders = ReadLoaders(db, view)
-    loaders.relationships.prime_rows({"a": "row-a", "b": "row-b"})  # type: ignore[dict-item]
-    assert loaders.relationships.primed("a") == "row-a"
+    # stand-ins: the loader hands rows over, it does not read them
+    row_a, row_b = cast(RelationshipRow, "row-a"), cast(RelationshipRow, "row-b")
+    loaders.relationships.prime_rows({"a": row_a, "b": row_b})
+    assert loaders.relationships.primed("a") == row_a
     assert loaders.relationships.primed("c") is None
-    assert loaders.relationships.primed_many(["b", "a"]) == ["row-b", "row-a"]
+    assert loaders.relationships.primed_many(["b", "a"]) == [row_b, row_a]
     assert loaders.relationships.primed_many(["a", "c"]) is None
     assert loaders.relationships.primed_many([]) == []

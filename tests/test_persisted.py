@@ -6,6 +6,7 @@ import hashlib
 import json
 import secrets
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from gateway.settings import Settings
 from gateway.store import persisted as store
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import MakeClient, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import token
 
@@ -36,8 +37,8 @@ def code(r: httpx.Response) -> str:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def make_client(dsn: str) -> AsyncIterator[Any]:
-    stack: list[Any] = []
+async def make_client(dsn: str) -> AsyncIterator[MakeClient]:
+    stack: list[tuple[AbstractAsyncContextManager[Any], httpx.AsyncClient]] = []
 
     async def make(**settings: Any) -> httpx.AsyncClient:
         app = create_app(Settings(database_url=dsn, pool_max_size=2, **settings))
@@ -65,7 +66,9 @@ def fresh_document() -> str:
     return "{ q" + secrets.token_hex(6) + ": __typename }"
 
 
-async def test_apq_register_then_run_by_hash_over_post_and_get(make_client, writes) -> None:
+async def test_apq_register_then_run_by_hash_over_post_and_get(
+    make_client: MakeClient, writes: WriteService
+) -> None:
     worker_a = await make_client()
     worker_b = await make_client()  # another process: shares only the database
     _, auth = await caller(writes)
@@ -94,7 +97,9 @@ async def test_apq_register_then_run_by_hash_over_post_and_get(make_client, writ
     assert r.status_code == 200 and r.json() == {"data": {alias: "Query"}}
 
 
-async def test_apq_refuses_bad_hashes_and_junk(make_client, db: Database, writes) -> None:
+async def test_apq_refuses_bad_hashes_and_junk(
+    make_client: MakeClient, db: Database, writes: WriteService
+) -> None:
     client = await make_client()
     team, auth = await caller(writes)
     document = fresh_document()
@@ -119,7 +124,9 @@ async def test_apq_refuses_bad_hashes_and_junk(make_client, db: Database, writes
             assert await store.get(conn, team, sha(text)) is None  # never takes a slot
 
 
-async def test_anonymous_callers_never_register(make_client, db: Database, writes) -> None:
+async def test_anonymous_callers_never_register(
+    make_client: MakeClient, db: Database, writes: WriteService
+) -> None:
     client = await make_client()
     _, auth = await caller(writes)
     async with db.admin() as conn:
@@ -155,7 +162,7 @@ async def test_anonymous_callers_never_register(make_client, db: Database, write
 
 
 async def test_entries_belong_to_a_team_and_are_bounded_per_team(
-    make_client, db: Database, writes
+    make_client: MakeClient, db: Database, writes: WriteService
 ) -> None:
     client = await make_client(persisted_query_max_entries=10, persisted_query_max_bytes=512)
     team_a, alice = await caller(writes)
@@ -199,7 +206,7 @@ async def test_entries_belong_to_a_team_and_are_bounded_per_team(
         assert await store.get(conn, team_a, sha(big)) is None
 
 
-async def test_store_is_bounded_least_recently_used_out(db: Database, writes) -> None:
+async def test_store_is_bounded_least_recently_used_out(db: Database, writes: WriteService) -> None:
     team, _ = await caller(writes)
     documents = [fresh_document() for _ in range(15)]
     async with db.admin() as conn:
@@ -211,7 +218,7 @@ async def test_store_is_bounded_least_recently_used_out(db: Database, writes) ->
         assert await store.get(conn, team, sha(documents[0])) is None
 
 
-async def test_off_mode_refuses_persisted_queries(make_client) -> None:
+async def test_off_mode_refuses_persisted_queries(make_client: MakeClient) -> None:
     client = await make_client(persisted_queries="off")
     r = await client.post("/graphql", json={"extensions": apq(sha("{ __typename }"))})
     assert code(r) == "PERSISTED_QUERY_NOT_SUPPORTED"
@@ -220,7 +227,9 @@ async def test_off_mode_refuses_persisted_queries(make_client) -> None:
     }
 
 
-async def test_allowlist_runs_only_registered_operations(make_client, tmp_path: Path) -> None:
+async def test_allowlist_runs_only_registered_operations(
+    make_client: MakeClient, tmp_path: Path
+) -> None:
     allowed = "{ allowed: __typename }"
     manifest = tmp_path / "manifest.json"
     manifest.write_text(json.dumps({sha(allowed): allowed}))

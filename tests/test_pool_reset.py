@@ -18,10 +18,12 @@ import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
+from starlette.applications import Starlette
 
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationService, remember_items
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 
 from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
@@ -32,14 +34,15 @@ RESET_MARK = "RESET ALL"
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def one_connection_app(dsn: str) -> AsyncIterator[Any]:
+async def one_connection_app(dsn: str) -> AsyncIterator[Starlette]:
     app = app_for(dsn, pool_min_size=1, pool_max_size=1)
     async with app.router.lifespan_context(app):
         yield app
 
 
-def _pool(app: Any) -> Any:
-    return app.state.services.db.pool
+def _pool(app: Starlette) -> asyncpg.Pool:
+    pool: asyncpg.Pool = app.state.services.db.pool
+    return pool
 
 
 async def _two_teams(writes: WriteService) -> tuple[str, str, str, str]:
@@ -48,7 +51,7 @@ async def _two_teams(writes: WriteService) -> tuple[str, str, str, str]:
     return a, await token(writes, a, "alice"), b, await token(writes, b, "alice")
 
 
-async def _session_state(app: Any) -> dict[str, Any]:
+async def _session_state(app: Starlette) -> dict[str, Any]:
     """What the next request would find on the pool's only connection. Read with
     the pool's own connection (acquired, so this use ends with a full reset)."""
     async with _pool(app).acquire() as conn:
@@ -93,7 +96,7 @@ async def _ask(client: httpx.AsyncClient, tok: str, **shape: Any) -> list[str]:
 
 
 async def test_recalls_release_their_connection_without_a_reset_statement(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     _, tok_a, _, tok_b = await _two_teams(writes)
     sent: list[str] = []
@@ -109,7 +112,7 @@ async def test_recalls_release_their_connection_without_a_reset_statement(
 
 
 async def test_one_teams_settings_never_reach_the_next_request(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     a, tok_a, b, tok_b = await _two_teams(writes)
     fresh = await _session_state(one_connection_app)
@@ -128,7 +131,7 @@ async def test_one_teams_settings_never_reach_the_next_request(
 
 
 async def test_other_uses_of_a_connection_keep_the_reset(
-    one_connection_app: Any,
+    one_connection_app: Starlette,
 ) -> None:
     """Session state set outside the read path (admin work may set a timeout or
     take a session lock) is still reset when the connection goes back."""
@@ -149,7 +152,7 @@ def _receipts(body: dict[str, Any]) -> list[tuple[str, str, bool]]:
 
 
 async def test_writes_of_two_teams_release_their_connection_without_a_reset_statement(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     """``remember`` of two teams, one after the other on the pool's only session:
     no reset statement between them, each write whole, each team's rows its own
@@ -186,7 +189,7 @@ async def test_writes_of_two_teams_release_their_connection_without_a_reset_stat
 
 
 async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missing(
-    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+    one_connection_app: Starlette, writes: WriteService, admin_conn: Conn
 ) -> None:
     """Team b names team a's evidence right after team a wrote it on the same
     session: refused as an evidence that does not exist (same code and message as
@@ -252,7 +255,7 @@ class _HeldEmbedder:
 
 
 async def test_a_cancelled_write_keeps_the_reset(
-    one_connection_app: Any, writes: WriteService, admin_conn: asyncpg.Connection
+    one_connection_app: Starlette, writes: WriteService, admin_conn: Conn
 ) -> None:
     """A ``remember`` cancelled in the middle of its transaction (a client gone
     while its texts embed: asyncio cancels the request's task): the transaction
@@ -293,7 +296,7 @@ async def test_a_cancelled_write_keeps_the_reset(
 
 
 async def test_the_suite_catches_session_state_left_behind_a_skipped_reset(
-    one_connection_app: Any, writes: WriteService
+    one_connection_app: Starlette, writes: WriteService
 ) -> None:
     """What a tenant block must never do (``Database.tenant``): a session-level
     setting and a session advisory lock, left by a committed tenant transaction,

@@ -12,11 +12,11 @@ the record-at-a-time load field by field, postings included.
 
 from __future__ import annotations
 
-import asyncpg
 import httpx
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -32,7 +32,7 @@ _DOCUMENTS = (
 )
 
 
-async def _as_before_0055(conn: asyncpg.Connection, team: str) -> dict[str, int]:
+async def _as_before_0055(conn: Conn, team: str) -> dict[str, int]:
     """For each table, rows that differ from what the old definitions made (0 each),
     and the number of postings checked (more than 0 each)."""
     out: dict[str, int] = {}
@@ -75,7 +75,7 @@ def _assert_as_before(found: dict[str, int]) -> None:
 
 
 async def test_bulk_load_writes_the_rows_the_old_definitions_made(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("post")
     # batches of 60 records: COPYs of many evidence and relationships at once,
@@ -87,7 +87,7 @@ async def test_bulk_load_writes_the_rows_the_old_definitions_made(
 
 
 async def test_single_writes_write_the_rows_the_old_definitions_made(
-    client: httpx.AsyncClient, writes: WriteService, admin_conn: asyncpg.Connection
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("postm")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -98,7 +98,7 @@ async def test_single_writes_write_the_rows_the_old_definitions_made(
     _assert_as_before(await _as_before_0055(admin_conn, team))
 
 
-async def test_postings_are_written_per_statement(admin_conn: asyncpg.Connection) -> None:
+async def test_postings_are_written_per_statement(admin_conn: Conn) -> None:
     """The bulk path's premise: one trigger call per COPY, not per row."""
     rows = await admin_conn.fetch(
         "SELECT tgname, (tgtype & 1) = 1 AS per_row FROM pg_trigger "
@@ -142,7 +142,7 @@ async def test_a_first_load_leaves_the_foreign_key_checks_lookups_by_key(
 
 
 async def test_the_search_document_does_not_depend_on_the_writers_search_path(
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
 ) -> None:
     """db/0056: the triggers find tsvector_token_count and the postings tables
     whatever the inserting session's search_path (here one without public),

@@ -23,9 +23,10 @@ import httpx
 import pytest
 
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_lexeme_statistics import _assert_exact, _mismatches
 from .test_load_paths import EXAMPLE, _generated, _load, _retarget
@@ -50,7 +51,7 @@ _POSTINGS = (
 )
 
 
-async def _team_with_memory(writes: WriteService, conn: asyncpg.Connection) -> tuple[str, Any]:
+async def _team_with_memory(writes: WriteService, conn: Conn) -> tuple[str, Any]:
     team = unique("guard")
     await load_jsonl(writes, jsonl(team_records(team)))
     shared = await conn.fetchval(
@@ -59,7 +60,7 @@ async def _team_with_memory(writes: WriteService, conn: asyncpg.Connection) -> t
     return team, shared
 
 
-async def test_the_postings_are_checked_per_statement(admin_conn: asyncpg.Connection) -> None:
+async def test_the_postings_are_checked_per_statement(admin_conn: Conn) -> None:
     """No per-posting foreign key is left; statement-level triggers over the
     statement's rows check new postings and keep documents that postings name."""
     fks = await admin_conn.fetch(
@@ -89,7 +90,7 @@ async def test_the_postings_are_checked_per_statement(admin_conn: asyncpg.Connec
 
 @pytest.mark.parametrize("which", [0, 1], ids=["evidence", "relationships"])
 async def test_a_posting_must_name_a_document_of_its_team_and_space(
-    writes: WriteService, admin_conn: asyncpg.Connection, which: int
+    writes: WriteService, admin_conn: Conn, which: int
 ) -> None:
     table, terms, column, constraint = _POSTINGS[which]
     team, shared = await _team_with_memory(writes, admin_conn)
@@ -131,7 +132,7 @@ async def test_a_posting_must_name_a_document_of_its_team_and_space(
 
 
 async def test_the_application_role_writes_postings_only_through_their_documents(
-    client: httpx.AsyncClient, writes: WriteService, db: Database, admin_conn: asyncpg.Connection
+    client: httpx.AsyncClient, writes: WriteService, db: Database, admin_conn: Conn
 ) -> None:
     """db/0130: the application role (a principal's transaction, recall_app under
     row-level security) reads the postings but may not insert, update, delete or
@@ -151,9 +152,10 @@ async def test_the_application_role_writes_postings_only_through_their_documents
             "has_table_privilege('recall_app', $1, 'TRUNCATE') AS t",
             terms,
         )
+        assert grants is not None
         assert tuple(grants) == (True, False, False, False, False), terms
         counted = f"SELECT count(*), sum(tf) FROM {terms} WHERE team_id = ANY ($1::text[])"
-        before = tuple(await admin_conn.fetchrow(counted, [team, other]))
+        before = tuple(await fetch_one(admin_conn, counted, [team, other]))
         for victim, space in ((team, shared), (other, other_shared)):
             changes = (
                 (
@@ -170,7 +172,7 @@ async def test_the_application_role_writes_postings_only_through_their_documents
                     async with db.tenant(team, [shared], readonly=False) as conn:
                         assert await conn.fetchval("SELECT current_user") == "recall_app"
                         await conn.execute(sql, *args)
-        assert tuple(await admin_conn.fetchrow(counted, [team, other])) == before, terms
+        assert tuple(await fetch_one(admin_conn, counted, [team, other])) == before, terms
         async with db.tenant(team, [shared]) as conn:
             assert await conn.fetchval(f"SELECT count(*) FROM {terms}") > 0
 
@@ -202,7 +204,7 @@ async def test_the_application_role_writes_postings_only_through_their_documents
 
 @pytest.mark.parametrize("which", [0, 1], ids=["evidence", "relationships"])
 async def test_a_document_that_postings_name_cannot_go(
-    writes: WriteService, admin_conn: asyncpg.Connection, which: int
+    writes: WriteService, admin_conn: Conn, which: int
 ) -> None:
     """The foreign key's NO ACTION: a document goes only once no posting names it."""
     table, terms, column, constraint = _POSTINGS[which]
@@ -286,7 +288,7 @@ async def test_a_document_that_postings_name_cannot_go(
 
 
 async def test_the_check_locks_the_document_as_the_foreign_key_did(
-    writes: WriteService, db: Database, admin_conn: asyncpg.Connection
+    writes: WriteService, db: Database, admin_conn: Conn
 ) -> None:
     """FOR KEY SHARE on the document until the writer ends: another session cannot
     delete it or change its key meanwhile, but may update its other columns."""
@@ -314,7 +316,7 @@ async def test_the_check_locks_the_document_as_the_foreign_key_did(
 
 
 async def test_no_write_path_leaves_an_orphan_or_a_missing_posting(
-    client: httpx.AsyncClient, writes: WriteService, admin_conn: asyncpg.Connection
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: Conn
 ) -> None:
     """Loads on both paths (every record kind: supersede, withdraw, quarantine,
     space reset, conflicts, hypotheses, a retraction), then the mutations (remember
@@ -383,7 +385,7 @@ async def test_no_write_path_leaves_an_orphan_or_a_missing_posting(
         assert orphans == 0, terms
 
 
-async def _bare_document(conn: asyncpg.Connection, table: str, team: str, doc: str) -> str:
+async def _bare_document(conn: Conn, table: str, team: str, doc: str) -> str:
     """A copy of ``doc`` under a new ID that nothing but its own postings name
     (made by the document's fill trigger), so that it may be deleted."""
     new = unique("zz-race")
@@ -407,7 +409,7 @@ async def _bare_document(conn: asyncpg.Connection, table: str, team: str, doc: s
     return new
 
 
-async def _waiting(admin: asyncpg.Connection, pid: int) -> None:
+async def _waiting(admin: Conn, pid: int) -> None:
     """Until the backend ``pid`` waits for a lock (it has reached the conflict)."""
     for _ in range(400):
         if await admin.fetchval(
@@ -433,7 +435,7 @@ async def _waiting(admin: asyncpg.Connection, pid: int) -> None:
 async def test_no_orphan_when_a_posting_and_a_delete_race(
     writes: WriteService,
     dsn: str,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     which: int,
     change: str,
     isolation: str,
@@ -519,7 +521,7 @@ async def test_no_orphan_when_a_posting_and_a_delete_race(
 
 
 async def test_only_a_key_change_fires_the_document_update_guard(
-    writes: WriteService, admin_conn: asyncpg.Connection
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     """An UPDATE that keeps every key fires no guard (review L2: it captured
     every updated row and anti-joined them); it even passes under REPEATABLE
@@ -558,7 +560,7 @@ async def test_only_a_key_change_fires_the_document_update_guard(
     ("table", "text"), [("evidence", "content"), ("relationships", "statement")]
 )
 async def test_a_document_text_cannot_change_after_it_is_written(
-    writes: WriteService, admin_conn: asyncpg.Connection, table: str, text: str
+    writes: WriteService, admin_conn: Conn, table: str, text: str
 ) -> None:
     """The postings are written from a row's parsed text at insert only (db/0130),
     and the evidence full-text function scores a picked document from its
@@ -567,8 +569,10 @@ async def test_a_document_text_cannot_change_after_it_is_written(
     db/0196 refuses it, and an update of another column keeps the parsed text
     (the parse trigger ran on every UPDATE). Before: the UPDATE went through."""
     team, _ = await _team_with_memory(writes, admin_conn)
-    doc, parsed = await admin_conn.fetchrow(
-        f"SELECT id, search_document FROM {table} WHERE team_id = $1 ORDER BY id LIMIT 1", team
+    doc, parsed = await fetch_one(
+        admin_conn,
+        f"SELECT id, search_document FROM {table} WHERE team_id = $1 ORDER BY id LIMIT 1",
+        team,
     )
     for column, value in (
         (text, "'completely unrelated words'"),

@@ -14,11 +14,12 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import httpx
@@ -112,7 +113,7 @@ async def _replay(dsn: str) -> int:
         await conn.close()
 
 
-async def _until_replica(ask: Any) -> Any:
+async def _until_replica(ask: Callable[[], Awaitable[Body]]) -> Body:
     """Ask until a replica serves the answer (bounded: fails after 60 s). On a loaded
     machine a read may still find the replica's pool busy right after it replayed."""
     deadline = time.monotonic() + 60
@@ -132,6 +133,10 @@ async def _caught_up(standby: EmbeddedPostgres, position: str) -> None:
         await asyncio.sleep(0.02)
 
 
+Body = dict[str, Any]
+"""A GraphQL response's JSON body (the tests assert its shape)."""
+
+
 class Gateway:
     """An app on the primary (with or without the replica) and a client on it."""
 
@@ -139,7 +144,7 @@ class Gateway:
         self.client = client
         self.tok = tok
 
-    async def post(self, query: str, position: str | None = None, **variables: Any) -> Any:
+    async def post(self, query: str, position: str | None = None, **variables: Any) -> Body:
         headers = {"Authorization": f"Bearer {self.tok}"}
         if position is not None:
             headers[POSITION] = position
@@ -147,7 +152,7 @@ class Gateway:
             "/graphql", json={"query": query, "variables": variables}, headers=headers
         )
         assert r.status_code == 200, r.text
-        body = r.json()
+        body: Body = r.json()
         assert "errors" not in body, body
         return body
 
@@ -156,15 +161,24 @@ class Gateway:
         position: str = body["extensions"]["consistency"]["position"]
         return position
 
-    async def recall(self, position: str | None = None, **variables: Any) -> Any:
+    async def recall(self, position: str | None = None, **variables: Any) -> Body:
         return await self.post(RECALL, position, q="nightly export job warehouse", **variables)
+
+
+class MakeGateway(Protocol):
+    """The ``gateway_factory`` fixture: a gateway on the primary, with the given
+    replicas (default: the standby) and settings."""
+
+    async def __call__(
+        self, *, replicas: list[EmbeddedPostgres] | None = None, **settings: Any
+    ) -> Gateway: ...
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway_factory(
     replicated: Replicated, team_token: tuple[str, str]
-) -> AsyncIterator[Any]:
-    stack: list[Any] = []
+) -> AsyncIterator[MakeGateway]:
+    stack: list[AbstractAsyncContextManager[Any]] = []
 
     async def make(*, replicas: list[EmbeddedPostgres] | None = None, **settings: Any) -> Gateway:
         urls = ",".join(s.dsn for s in (replicas if replicas is not None else [replicated.standby]))
@@ -187,18 +201,18 @@ async def gateway_factory(
             await item.__aexit__(None, None, None)
 
 
-def _ids(body: Any) -> list[str]:
+def _ids(body: Body) -> list[str]:
     return [r["evidenceId"] for r in body["data"]["recallMemory"]["results"]]
 
 
-def _served(body: Any) -> dict[str, Any]:
+def _served(body: Body) -> dict[str, Any]:
     reads: list[dict[str, Any]] = body["extensions"]["consistency"]["reads"]
     assert len(reads) == 1, reads
     return reads[0]
 
 
 async def test_a_read_right_after_a_write_sees_it(
-    gateway_factory: Any, replicated: Replicated
+    gateway_factory: MakeGateway, replicated: Replicated
 ) -> None:
     gw = await gateway_factory(replica_wait_ms=500)
     for _ in range(4):
@@ -227,7 +241,7 @@ async def test_a_read_right_after_a_write_sees_it(
 
 
 async def test_a_known_at_view_is_identical_on_primary_and_replica(
-    gateway_factory: Any, replicated: Replicated
+    gateway_factory: MakeGateway, replicated: Replicated
 ) -> None:
     # settle: a knownAt instant 1 s old has settled (request deadline 1 s)
     gw = await gateway_factory(request_timeout_ms=1000, replica_wait_ms=500)
@@ -244,7 +258,7 @@ async def test_a_known_at_view_is_identical_on_primary_and_replica(
     on_primary = await primary_only.recall(knownAt=stamp)
     assert "consistency" not in on_primary.get("extensions", {})
 
-    def view(body: Any) -> Any:
+    def view(body: Body) -> dict[str, Any]:
         answer = dict(body["data"]["recallMemory"])
         answer.pop("recallEventId")
         return answer
@@ -254,7 +268,7 @@ async def test_a_known_at_view_is_identical_on_primary_and_replica(
 
 
 async def test_a_paused_replica_is_bypassed_then_leaves_and_rejoins_the_rotation(
-    gateway_factory: Any, replicated: Replicated
+    gateway_factory: MakeGateway, replicated: Replicated
 ) -> None:
     gw = await gateway_factory(replica_max_lag_ms=300)
     standby = await asyncpg.connect(replicated.standby.dsn)
@@ -288,7 +302,7 @@ async def test_a_paused_replica_is_bypassed_then_leaves_and_rejoins_the_rotation
 
 
 async def test_a_replica_stopped_mid_run_fails_no_request(
-    gateway_factory: Any, replicated: Replicated
+    gateway_factory: MakeGateway, replicated: Replicated
 ) -> None:
     second = replicated.primary.start_standby(replicated.root / unique("standby"))
     try:
@@ -320,7 +334,7 @@ async def test_a_replica_stopped_mid_run_fails_no_request(
 
 
 async def test_an_older_position_reads_the_replica_and_an_unsettled_instant_the_primary(
-    gateway_factory: Any, replicated: Replicated
+    gateway_factory: MakeGateway, replicated: Replicated
 ) -> None:
     """Where a read ran, shown by what it returns: with replay paused, a current view
     with an older position is the replica's (it lacks the newer write; a router
@@ -429,7 +443,7 @@ def _server_pids(server: EmbeddedPostgres) -> list[int]:
 
 
 async def test_a_replica_that_stops_answering_fails_no_request(
-    gateway_factory: Any, replicated: Replicated
+    gateway_factory: MakeGateway, replicated: Replicated
 ) -> None:
     """A replica that hangs without dropping its connections (every process of it
     stopped, as a paused VM): the read gives up on it within a share of the

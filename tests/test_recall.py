@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
+from starlette.applications import Starlette
 
 from gateway import tokens
 from gateway.services.communities import build_communities
 from gateway.services.records import TokenRecord
 from gateway.services.writes import Actor, WriteService
+from gateway.store.database import Database
 
-from .conftest import app_for, load_jsonl, unique  # noqa: F401  (app_for: imported from here by other tests)
+from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
 RECALL = """
@@ -37,11 +39,17 @@ query Recall($q: String, $limit: Int, $knownAt: DateTime, $validAt: DateTime,
 """
 
 
-async def token(writes: WriteService, team: str, principal: str, binding: str = "private") -> str:
+Binding = Literal["private", "shared_only"]
+"""A token's binding (gateway.services.records.TokenRecord)."""
+
+
+async def token(
+    writes: WriteService, team: str, principal: str, binding: Binding = "private"
+) -> str:
     token_id, secret = tokens.new_token_id(), tokens.new_secret()
     record = TokenRecord(
         kind="token", team=team, id=token_id, principal=principal, binding=binding, secret=secret
-    )  # type: ignore[arg-type]
+    )
     await writes.apply([record], Actor.operator())
     return tokens.format_token(token_id, secret)
 
@@ -131,7 +139,7 @@ def more_evidence(team: str, n: int, *, space: str = "shared") -> list[dict[str,
 
 
 async def test_finds_supported_evidence_with_its_source_and_relationships(
-    client, writes, db
+    client: httpx.AsyncClient, writes: WriteService, db: Database
 ) -> None:
     team = unique("rc")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -157,7 +165,9 @@ async def test_finds_supported_evidence_with_its_source_and_relationships(
     assert result["searchStates"]["evidence"]["complete"] is True
 
 
-async def test_private_material_only_for_its_owner_with_a_private_token(client, writes) -> None:
+async def test_private_material_only_for_its_owner_with_a_private_token(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("rcp")
     await load_jsonl(writes, jsonl(team_records(team)))
     alice = await token(writes, team, "alice")
@@ -173,7 +183,7 @@ async def test_private_material_only_for_its_owner_with_a_private_token(client, 
     assert {entry["spaceKind"] for entry in lists} == {"SHARED"}
 
 
-async def test_another_team_never_appears(client, writes) -> None:
+async def test_another_team_never_appears(client: httpx.AsyncClient, writes: WriteService) -> None:
     team_a, team_b = unique("rca"), unique("rcb")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
     tok_b = await token(writes, team_b, "alice")
@@ -185,7 +195,7 @@ async def test_another_team_never_appears(client, writes) -> None:
     )
 
 
-async def test_stale_hits_are_dropped(client, writes) -> None:
+async def test_stale_hits_are_dropped(client: httpx.AsyncClient, writes: WriteService) -> None:
     """Search documents stay; canonical state decides."""
     team = unique("stale")
     records = team_records(team) + [
@@ -281,7 +291,9 @@ async def test_stale_hits_are_dropped(client, writes) -> None:
     assert "ev-expired" in ids(then) and "ev-current" in ids(then)
 
 
-async def test_known_at_view_is_unchanged_by_later_writes(client, writes) -> None:
+async def test_known_at_view_is_unchanged_by_later_writes(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("kat")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -307,14 +319,19 @@ async def test_known_at_view_is_unchanged_by_later_writes(client, writes) -> Non
     after = await recall(client, tok, q=q)
     assert "ev-owner" in ids(before) and "ev-owner" not in ids(after)
     past = await recall(client, tok, q=q, knownAt=t)
-    strip = lambda r: [(x["evidenceId"], x["rank"], x["source"]) for x in r["results"]]  # noqa: E731
+
+    def strip(r: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+        return [(x["evidenceId"], x["rank"], x["source"]) for x in r["results"]]
+
     assert strip(past) == strip(before)
     # and before the team existed, nothing at all
     early = await recall(client, tok, q=q, knownAt="2000-01-01T00:00:00Z")
     assert early["results"] == []
 
 
-async def test_conflict_resolution_changes_eligible_paths(client, writes) -> None:
+async def test_conflict_resolution_changes_eligible_paths(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("conf")
     records = team_records(team) + [
         {
@@ -378,7 +395,9 @@ async def test_conflict_resolution_changes_eligible_paths(client, writes) -> Non
     assert "ev-alt" in ids(await recall(client, tok, q=q))
 
 
-async def test_hypotheses_never_satisfy_support(client, writes) -> None:
+async def test_hypotheses_never_satisfy_support(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("hyp")
     records = team_records(team) + [
         {
@@ -402,7 +421,9 @@ async def test_hypotheses_never_satisfy_support(client, writes) -> None:
     assert "ev-hunch" not in ids(await recall(client, tok, q="billing outage payments deploy"))
 
 
-async def test_known_ids_and_entity_expansion(client, writes) -> None:
+async def test_known_ids_and_entity_expansion(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("known")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -411,7 +432,9 @@ async def test_known_ids_and_entity_expansion(client, writes) -> None:
     assert ids(by_entity) == ["ev-owner"]
 
 
-async def test_private_before_shared_on_equal_fused_score(client, writes) -> None:
+async def test_private_before_shared_on_equal_fused_score(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("tie")
     text = "Zebra unicorn quartz rhapsody."
     records = team_records(team) + [
@@ -468,7 +491,9 @@ async def test_private_before_shared_on_equal_fused_score(client, writes) -> Non
         ({"q": "x", "known": ["bad id!"]}, "knownEvidenceIds"),
     ],
 )
-async def test_bad_input_is_a_clear_error(client, writes, variables, field) -> None:
+async def test_bad_input_is_a_clear_error(
+    client: httpx.AsyncClient, writes: WriteService, variables: dict[str, Any], field: str
+) -> None:
     team = unique("bad")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -477,7 +502,9 @@ async def test_bad_input_is_a_clear_error(client, writes, variables, field) -> N
     assert error["extensions"]["field"] == field
 
 
-async def test_statements_do_not_grow_with_limit(client, gateway_app, writes) -> None:
+async def test_statements_do_not_grow_with_limit(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService
+) -> None:
     team = unique("stmts")
     await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 40)))
     tok = await token(writes, team, "alice")
@@ -517,7 +544,9 @@ NESTED = """query Nested($q: String) { recallMemory(query: $q) {
   relatedRelationships { representativeId representative { subject { name } } } } }"""
 
 
-async def test_nested_fields_cost_no_statement_of_their_own(client, gateway_app, writes) -> None:
+async def test_nested_fields_cost_no_statement_of_their_own(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService
+) -> None:
     """Sources, supporting relationships and their entities are read with the
     answer (one statement in the recall's transaction) and prime the request's
     loaders: asking for them sends no more statements than not asking, and they
@@ -554,7 +583,7 @@ async def test_nested_fields_cost_no_statement_of_their_own(client, gateway_app,
 
 
 async def _hold_lock(
-    dsn_admin_db: Any, table: str, ready: asyncio.Event, release: asyncio.Event
+    dsn_admin_db: Database, table: str, ready: asyncio.Event, release: asyncio.Event
 ) -> None:
     async with dsn_admin_db.pool.acquire() as conn, conn.transaction():
         await conn.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
@@ -563,7 +592,7 @@ async def _hold_lock(
 
 
 async def test_vector_failure_degrades_and_required_failure_fails(
-    client, gateway_app, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
 ) -> None:
     """Real faults: a lock that the search cannot get within its lock timeout."""
     team = unique("lock")

@@ -39,7 +39,7 @@ ab = _ab()
 
 @pytest.mark.parametrize("arms", [1, 2, 3, 4])
 @pytest.mark.parametrize("start", [0, 1, 5])
-def test_every_arm_takes_every_position_once_in_any_run_of_questions(arms, start) -> None:
+def test_every_arm_takes_every_position_once_in_any_run_of_questions(arms: int, start: int) -> None:
     """Load from elsewhere falls on the arms alike only if no arm keeps a position
     (the first asked after a pause, the last before the next question)."""
     orders = [ab.arm_order(arms, q) for q in range(start, start + arms)]
@@ -83,28 +83,26 @@ def test_statements_of_one_step_add_up_and_unknown_ones_are_other() -> None:
     assert times == pytest.approx({"commit": 3.0, "first round": 10.0, "other": 4.0})
 
 
-async def test_every_statement_of_a_real_recall_has_its_step(dsn, writes: WriteService) -> None:
+async def test_every_statement_of_a_real_recall_has_its_step(
+    dsn: str, writes: WriteService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The step names follow the store's statements: a full recall (evidence,
     relationships, hypotheses and conflicts asked) names every statement it
     sends, in the order of :data:`STEPS`, none of them "other"."""
     team = unique("abstep")
     await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
     tok = await token(writes, team, "alice")
-    original = database_module.StatementCounter
-    database_module.StatementCounter = ab.RecordingCounter
-    try:
-        app = app_for(dsn, pool_max_size=1)
-        async with app.router.lifespan_context(app):
-            counter = app.state.services.db.counter
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-                counter.take()
-                before = counter.count
-                assert (await recall(client, tok, q="billing note invoices"))["results"]
-                records = counter.take()
-                counted = counter.count - before
-    finally:
-        database_module.StatementCounter = original
+    monkeypatch.setattr(database_module, "StatementCounter", ab.RecordingCounter)
+    app = app_for(dsn, pool_max_size=1)
+    async with app.router.lifespan_context(app):
+        counter = app.state.services.db.counter
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            counter.take()
+            before = counter.count
+            assert (await recall(client, tok, q="billing note invoices"))["results"]
+            records = counter.take()
+            counted = counter.count - before
     steps = [ab.statement_step(sql) for sql, _ in records]
     assert "other" not in steps, [sql[:80] for sql, _ in records]
     order = [name for _, name in ab.STEPS]
@@ -119,28 +117,26 @@ async def test_every_statement_of_a_real_recall_has_its_step(dsn, writes: WriteS
     assert all(seconds > 0 for _, seconds in records)
 
 
-async def test_the_answer_round_with_handles_has_its_step(dsn, writes: WriteService) -> None:
+async def test_the_answer_round_with_handles_has_its_step(
+    dsn: str, writes: WriteService, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A recall whose related relationships have handles reads them in the answer
     round (``WITH handles``): it is named, not "other", and comes where the
     hypotheses and conflicts do."""
     team = unique("abhandles")
     await load_jsonl(writes, jsonl(answer_round_records(team)))
     tok = await token(writes, team, "alice", "shared_only")
-    original = database_module.StatementCounter
-    database_module.StatementCounter = ab.RecordingCounter
-    try:
-        app = app_for(dsn, pool_max_size=1)
-        async with app.router.lifespan_context(app):
-            counter = app.state.services.db.counter
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
-                counter.take()
-                got = await answer_round_recall(
-                    client, tok, q=ANSWER_ROUND_QUERY, limit=1, rels=20, communities=0
-                )
-                records = counter.take()
-    finally:
-        database_module.StatementCounter = original
+    monkeypatch.setattr(database_module, "StatementCounter", ab.RecordingCounter)
+    app = app_for(dsn, pool_max_size=1)
+    async with app.router.lifespan_context(app):
+        counter = app.state.services.db.counter
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+            counter.take()
+            got = await answer_round_recall(
+                client, tok, q=ANSWER_ROUND_QUERY, limit=1, rels=20, communities=0
+            )
+            records = counter.take()
     assert got["relatedRelationships"], got
     steps = [ab.statement_step(sql) for sql, _ in records]
     assert "other" not in steps, [sql[:80] for sql, _ in records]

@@ -29,14 +29,16 @@ from contextlib import asynccontextmanager
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 import httpx
 import pytest
 import pytest_asyncio
 
-from .conftest import load_jsonl, unique
+from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
+
+from .conftest import app_for, load_jsonl, unique
 from .factories import jsonl, team_records
-from .test_recall import RECALL, app_for, ids, recall, token
+from .test_recall import RECALL, ids, recall, token
 
 FAULTY_TABLES = ("evidence", "supports")
 
@@ -51,7 +53,7 @@ async def client(dsn: str) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @asynccontextmanager
-async def unreadable(conn: asyncpg.Connection, table: str, space: UUID) -> AsyncIterator[None]:
+async def unreadable(conn: Conn, table: str, space: UUID) -> AsyncIterator[None]:
     """Make reading ``table``'s rows of ``space`` fail in the server, as the app role."""
     name = f"test_fault_{secrets.token_hex(4)}"
     await conn.execute(
@@ -72,7 +74,7 @@ async def unreadable(conn: asyncpg.Connection, table: str, space: UUID) -> Async
         await conn.execute(f"DROP FUNCTION {name}()")
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str, UUID]:
+async def _spaces(conn: Conn, team: str) -> dict[str, UUID]:
     """'shared' and each owner's private space."""
     rows = await conn.fetch(
         "SELECT id, kind, owner_principal_id FROM memory_spaces WHERE team_id = $1", team
@@ -85,7 +87,7 @@ def evidence_degradations(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in result["degradations"] if d["frontier"] == "EVIDENCE"]
 
 
-async def _post(c: Any, tok: str, **variables: Any) -> tuple[dict[str, Any], str]:
+async def _post(c: httpx.AsyncClient, tok: str, **variables: Any) -> tuple[dict[str, Any], str]:
     r = await c.post(
         "/graphql",
         json={"query": RECALL, "variables": variables},
@@ -97,10 +99,10 @@ async def _post(c: Any, tok: str, **variables: Any) -> tuple[dict[str, Any], str
 
 @pytest.mark.parametrize("table", FAULTY_TABLES)
 async def test_private_branch_lost_answers_shared_with_degradation(
-    client,
-    writes,
-    admin_conn,
-    table,
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    admin_conn: Conn,
+    table: str,
 ) -> None:
     team = unique("privfault")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -140,10 +142,10 @@ async def test_private_branch_lost_answers_shared_with_degradation(
 
 @pytest.mark.parametrize("table", FAULTY_TABLES)
 async def test_shared_branch_lost_is_an_error_without_partial_answer(
-    client,
-    writes,
-    admin_conn,
-    table,
+    client: httpx.AsyncClient,
+    writes: WriteService,
+    admin_conn: Conn,
+    table: str,
 ) -> None:
     team = unique("sharedfault")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -156,7 +158,9 @@ async def test_shared_branch_lost_is_an_error_without_partial_answer(
     assert "fault injected" not in text and "SELECT" not in text and "Traceback" not in text
 
 
-async def test_fault_of_another_team_changes_nothing(client, writes, admin_conn) -> None:
+async def test_fault_of_another_team_changes_nothing(
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: Conn
+) -> None:
     """The fault is confined to one space: another team's recall is untouched."""
     victim, bystander = unique("victim"), unique("bystander")
     await load_jsonl(writes, jsonl(team_records(victim)))

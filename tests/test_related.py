@@ -9,8 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
 
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -235,7 +238,9 @@ def codes(result: dict[str, Any], frontier: str) -> list[str]:
     return [d["code"] for d in result["degradations"] if d["frontier"] == frontier]
 
 
-async def test_related_relationships_collapse_equivalents_and_keep_owners(client, writes) -> None:
+async def test_related_relationships_collapse_equivalents_and_keep_owners(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("rel")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")  # bob's private space is empty
@@ -265,7 +270,9 @@ async def test_related_relationships_collapse_equivalents_and_keep_owners(client
     assert codes(result, "RELATIONSHIPS") == []
 
 
-async def test_ineligible_private_and_other_team_relationships_never_appear(client, writes) -> None:
+async def test_ineligible_private_and_other_team_relationships_never_appear(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team, other = unique("relx"), unique("rely")
     await load_graph(writes, team)
     await load_graph(writes, other, secret=True)
@@ -287,7 +294,7 @@ async def test_ineligible_private_and_other_team_relationships_never_appear(clie
 
 
 async def test_known_equivalents_and_known_evidence_suppress_the_whole_group(
-    client, writes
+    client: httpx.AsyncClient, writes: WriteService
 ) -> None:
     team = unique("relk")
     await load_graph(writes, team)
@@ -311,7 +318,9 @@ async def test_known_equivalents_and_known_evidence_suppress_the_whole_group(
     assert rep_ids(other) == rep_ids(base)
 
 
-async def test_order_is_deterministic_and_limit_cuts_it(client, writes) -> None:
+async def test_order_is_deterministic_and_limit_cuts_it(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("relo")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")  # bob's private space is empty
@@ -327,7 +336,7 @@ async def test_order_is_deterministic_and_limit_cuts_it(client, writes) -> None:
 
 
 async def test_vectors_of_an_inactive_projection_degrade_to_lexical(
-    client, writes, admin_conn
+    client: httpx.AsyncClient, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("relw")
     await load_graph(writes, team)
@@ -359,7 +368,9 @@ async def test_vectors_of_an_inactive_projection_degrade_to_lexical(
     assert "r-zebra" in all_ids(ready)  # the vector list returns the nearest, however far
 
 
-async def test_temporal_view_of_related_relationships(client, writes) -> None:
+async def test_temporal_view_of_related_relationships(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("relt")
     await load_graph(writes, team)
     tok = await token(writes, team, "bob")  # bob's private space is empty
@@ -370,7 +381,7 @@ async def test_temporal_view_of_related_relationships(client, writes) -> None:
 
 
 async def test_lost_relationship_vectors_degrade_and_lost_lexical_list_fails(
-    client, gateway_app, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
 ) -> None:
     """Real faults: a lock that discovery cannot get within its lock timeout."""
     import asyncio
@@ -419,7 +430,9 @@ async def test_lost_relationship_vectors_degrade_and_lost_lexical_list_fails(
         services.db.lock_timeout = "2s"
 
 
-async def test_known_at_view_of_related_is_unchanged_by_later_writes(client, writes) -> None:
+async def test_known_at_view_of_related_is_unchanged_by_later_writes(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     import asyncio
     from datetime import UTC, datetime
 
@@ -456,7 +469,8 @@ async def test_known_at_view_of_related_is_unchanged_by_later_writes(client, wri
     after = await related(client, tok, q=q, limit=1, rel=20, com=0)
     assert not {"r-ledger", "r-orders"} & all_ids(after)
     past = await related(client, tok, q=q, limit=1, rel=20, com=0, knownAt=t)
-    strip = lambda r: [  # noqa: E731
-        (h["representativeId"], h["equivalentIds"]) for h in r["relatedRelationships"]
-    ]
+
+    def strip(r: dict[str, Any]) -> list[tuple[str, list[str]]]:
+        return [(h["representativeId"], h["equivalentIds"]) for h in r["relatedRelationships"]]
+
     assert strip(past) == strip(before)

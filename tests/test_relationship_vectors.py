@@ -17,15 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-import asyncpg
 import numpy as np
 import pytest
 import pytest_asyncio
 
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import APP_ROLE, Database
 from gateway.store.related import EXACT_SEARCH_BELOW
 
@@ -61,11 +60,12 @@ class Spaces:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v)).astype(np.float32)
+    unit: np.ndarray = (v / np.linalg.norm(v)).astype(np.float32)
+    return unit
 
 
 async def _relationships(
-    conn: asyncpg.Connection, team: str, space: UUID, generation: int, ids: list[str]
+    conn: Conn, team: str, space: UUID, generation: int, ids: list[str]
 ) -> None:
     await conn.copy_records_to_table(
         "relationships",
@@ -87,9 +87,7 @@ async def _relationships(
     )
 
 
-async def _vectors(
-    conn: asyncpg.Connection, rows: list[tuple[str, UUID, str, int, str, np.ndarray]]
-) -> None:
+async def _vectors(conn: Conn, rows: list[tuple[str, UUID, str, int, str, np.ndarray]]) -> None:
     await conn.copy_records_to_table(
         "relationship_embeddings",
         columns=[
@@ -105,7 +103,7 @@ async def _vectors(
     )
 
 
-async def _team(writes: WriteService, conn: asyncpg.Connection, prefix: str) -> Any:
+async def _team(writes: WriteService, conn: Conn, prefix: str) -> tuple[str, UUID, int, int, str]:
     """A team with one relationship written by the loader (its space, current
     generation, active projection and model come from there)."""
     team = unique(prefix)
@@ -295,7 +293,7 @@ async def test_the_walk_is_read_whole_then_sorted(spaces: Spaces, db: Database) 
 
 
 async def test_both_vector_lists_sort_their_walk_without_trusting_its_order(
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
 ) -> None:
     """An incremental sort trusts the index's order between batches of about 32
     rows, which relaxed_order does not promise: both functions turn it off, so
@@ -314,7 +312,7 @@ async def test_both_vector_lists_sort_their_walk_without_trusting_its_order(
 
 @pytest.mark.slow
 async def test_hnsw_walk_of_a_large_relationship_space_uses_the_space_size_ef(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """db/0061: relationship discovery's vector list follows the ef_search rule of
     db/0060. In a recall's own transaction (tenant role, row-level security), a
@@ -349,7 +347,7 @@ async def test_hnsw_walk_of_a_large_relationship_space_uses_the_space_size_ef(
 
 @pytest.mark.slow
 async def test_hnsw_walk_of_a_10000_relationship_space_is_150_wide(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """db/0110: a space of 10,000 relationships (the smallest that takes the HNSW
     path) walks its graph 150 rows wide for the list of 10 and for the list of 40

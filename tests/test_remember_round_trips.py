@@ -27,6 +27,7 @@ from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationError, MutationService, remember_items
 from gateway.services.writes import Actor, RecordError, WriteService
 from gateway.store import database
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
@@ -120,7 +121,7 @@ async def test_remember_embeds_its_relationship_early_and_sends_no_needless_stat
         recorder = db.counter
         assert isinstance(recorder, _Recording)
         watched = _Watched(embedder, recorder)
-        mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
+        mutations = MutationService(WriteService(db, watched))
         principal = await authenticate(db, raw)
         recorder.statements.clear()
         data = _remember("a")
@@ -209,7 +210,7 @@ async def test_the_relationships_text_is_embedded_before_the_evidence_is_written
         recorder = db.counter
         assert isinstance(recorder, _Recording)
         watched = _Watched(embedder, recorder)
-        mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
+        mutations = MutationService(WriteService(db, watched))
         principal = await authenticate(db, raw)
         handed: list[tuple[tuple[str, ...], list[str]]] = []
         add = writes_service._Lane.add
@@ -292,7 +293,7 @@ async def test_a_text_embedded_ahead_that_its_record_did_not_need_is_not_waited_
         await MutationService(WriteService(db, embedder)).apply(
             principal, remember_items(principal, first)
         )
-        mutations = MutationService(WriteService(db, held))  # type: ignore[arg-type]
+        mutations = MutationService(WriteService(db, held))
         second = _bench_like("v")
         second["relationships"] = first["relationships"]  # the same relationship again
         receipts = await asyncio.wait_for(
@@ -335,7 +336,7 @@ async def test_a_whole_rerun_naming_its_entities_in_the_call_embeds_no_relations
     watched = _Watched(embedder, recorder)
     try:
         principal = await authenticate(db, raw)
-        mutations = MutationService(WriteService(db, watched))  # type: ignore[arg-type]
+        mutations = MutationService(WriteService(db, watched))
         data = _remember("g")
         evidence_text = data["evidence"][0]["content"]
         first = await mutations.apply(principal, remember_items(principal, data))
@@ -360,7 +361,7 @@ async def test_a_reset_in_the_batch_forgets_what_the_batch_knew(writes: WriteSer
     although the batch itself wrote the evidence a moment before."""
     team = unique("rt-reset")
     await load_jsonl(writes, jsonl(team_records(team)))
-    lines = [
+    lines: list[dict[str, Any]] = [
         {
             "kind": "evidence",
             "team": team,
@@ -557,7 +558,7 @@ def _as_loader_lines(team: str, call: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def test_remember_writes_the_rows_the_loaders_set_based_path_writes(
-    writes: WriteService, admin_conn: Any
+    writes: WriteService, admin_conn: Conn
 ) -> None:
     """Field by field, every table: a remember by alice against the same records
     loaded by the set-based path (gateway/services/bulk_writes.py, which shares no
@@ -649,7 +650,7 @@ async def test_remember_writes_the_rows_the_loaders_set_based_path_writes(
     ],
 )
 async def test_refusals_keep_their_codes_and_write_nothing(
-    writes: WriteService, admin_conn: Any, change: dict[str, Any], code: str, field: str
+    writes: WriteService, admin_conn: Conn, change: dict[str, Any], code: str, field: str
 ) -> None:
     """Bad references, including IDs of another team and of bob's private space
     (which look missing), a taken ID, a taken occurrence ID: the code and field of

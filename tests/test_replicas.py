@@ -20,6 +20,7 @@ import pytest
 import pytest_asyncio
 
 from gateway import tokens
+from gateway.services.writes import WriteService
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -78,7 +79,7 @@ def code(body: dict[str, Any]) -> str | None:
 
 
 async def test_two_gateways_on_one_database_answer_alike(
-    pair: list[str], writes: Any, dsn: str
+    pair: list[str], writes: WriteService, dsn: str
 ) -> None:
     a, b = pair
     team = unique("replica")

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 
 from gateway.http.view import encode_json
+from gateway.services.writes import WriteService
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -50,7 +52,9 @@ def test_what_orjson_refuses_is_still_encoded() -> None:
         assert encode_json(other) == json.dumps(other, separators=(",", ":")).encode()
 
 
-async def test_an_answer_with_non_ascii_text_is_utf8(client, writes) -> None:
+async def test_an_answer_with_non_ascii_text_is_utf8(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("utf8")
     records = [
         *team_records(team),

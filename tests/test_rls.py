@@ -6,16 +6,20 @@ policies stand between the caller and other teams' rows.
 
 from __future__ import annotations
 
+from uuid import UUID
+
 import asyncpg
 import pytest
 
+from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, object]:
+async def _spaces(conn: Conn, team: str) -> dict[str | None, UUID]:
     rows = await conn.fetch(
         "SELECT id, owner_principal_id FROM memory_spaces WHERE team_id = $1", team
     )
@@ -28,12 +32,13 @@ async def test_app_role_cannot_bypass(db: Database) -> None:
             "SELECT current_user AS who, rolbypassrls, rolsuper FROM pg_roles "
             "WHERE rolname = current_user"
         )
+        assert row is not None
     assert row["who"] == "recall_app"
     assert row["rolbypassrls"] is False and row["rolsuper"] is False
 
 
 async def test_no_predicate_still_confined_to_team_and_spaces(
-    db: Database, writes, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team_a, team_b = unique("rls-a"), unique("rls-b")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
@@ -68,7 +73,7 @@ async def test_no_predicate_still_confined_to_team_and_spaces(
         assert await conn.fetchval("SELECT count(*) FROM evidence") == 0
 
 
-async def test_unset_tenancy_sees_nothing(db: Database, writes) -> None:
+async def test_unset_tenancy_sees_nothing(db: Database, writes: WriteService) -> None:
     await load_jsonl(writes, jsonl(team_records(unique("rls-c"))))
     async with db.pool.acquire() as conn, conn.transaction():
         await conn.execute("SET LOCAL ROLE recall_app")
@@ -78,7 +83,7 @@ async def test_unset_tenancy_sees_nothing(db: Database, writes) -> None:
 
 
 async def test_writes_into_another_team_are_refused(
-    db: Database, writes, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team_a, team_b = unique("rls-d"), unique("rls-e")
     await load_jsonl(writes, jsonl(team_records(team_a) + team_records(team_b)))
@@ -98,7 +103,7 @@ async def test_writes_into_another_team_are_refused(
     assert count == 2  # only the two initial 'active' events
 
 
-async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -> None:
+async def test_every_tenant_table_has_a_policy(admin_conn: Conn) -> None:
     """A table added later without row-level security fails here, not in production."""
     rows = await admin_conn.fetch(
         """
@@ -121,11 +126,12 @@ async def test_every_tenant_table_has_a_policy(admin_conn: asyncpg.Connection) -
     teams = await admin_conn.fetchrow(
         "SELECT relrowsecurity FROM pg_class WHERE relname = 'teams' AND relkind = 'r'"
     )
+    assert teams is not None
     assert teams["relrowsecurity"]
 
 
 async def test_space_wall_reads_the_spaces_once_per_statement(
-    db: Database, writes, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """The space wall's readable spaces are a parameter of the statement (an
     InitPlan evaluated once), not an expression every scanned row evaluates

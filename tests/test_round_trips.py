@@ -13,11 +13,15 @@ import asyncio
 import uuid
 from typing import Any
 
+import asyncpg
+import httpx
 import numpy as np
 import pytest
+from starlette.applications import Starlette
 
 from gateway.embeddings import EmbeddingProvider, embed_queries
 from gateway.services.recall_types import overfetch
+from gateway.services.writes import WriteService
 from gateway.store import conflicts, hypotheses, related, round_trips, search
 from gateway.store import recall as hydration
 from gateway.store.database import Database
@@ -31,7 +35,9 @@ from .test_recall import more_evidence
 QUERY = "who owns the billing service and its invoices"
 
 
-async def _setup(writes: Any, db: Database) -> tuple[str, list[search.BranchSearch], Any]:
+async def _setup(
+    writes: WriteService, db: Database
+) -> tuple[str, list[search.BranchSearch], list[asyncpg.Record]]:
     team = unique("rt")
     records = (
         ownership_case(team)  # the team's records and a relationship conflict case
@@ -53,7 +59,7 @@ async def _setup(writes: Any, db: Database) -> tuple[str, list[search.BranchSear
 
 
 async def test_first_round_is_the_three_statements(
-    writes: Any, db: Database, embedder: EmbeddingProvider
+    writes: WriteService, db: Database, embedder: EmbeddingProvider
 ) -> None:
     team, branches, _ = await _setup(writes, db)
     vector = np.asarray((await embed_queries(embedder, [QUERY]))[0], dtype=np.float32)
@@ -118,7 +124,9 @@ async def test_first_round_is_the_three_statements(
     assert applied == with_returned.covered_groups and applied
 
 
-async def test_answer_and_last_rounds_are_their_statements(writes: Any, db: Database) -> None:
+async def test_answer_and_last_rounds_are_their_statements(
+    writes: WriteService, db: Database
+) -> None:
     team, branches, _ = await _setup(writes, db)
     spaces = [b.space_id for b in branches]
     shared = branches[0]
@@ -188,7 +196,11 @@ async def test_answer_and_last_rounds_are_their_statements(writes: Any, db: Data
     ],
 )
 async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
-    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any, failing: tuple[str, ...]
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    monkeypatch: pytest.MonkeyPatch,
+    failing: tuple[str, ...],
 ) -> None:
     """When a combined statement fails, its parts run one by one (each with its
     own fallbacks): the answer is the same, it only costs more statements. The
@@ -231,7 +243,7 @@ async def test_a_failed_combined_statement_falls_back_to_the_same_answer(
 
 
 async def test_a_first_round_that_finds_nothing_has_empty_lists_and_groups(
-    writes: Any, db: Database
+    writes: WriteService, db: Database
 ) -> None:
     """The combined statement's empty shapes: no candidate (each list's record
     absent, the lists' array NULL), nothing hydrated, and discovery asked for with
@@ -269,7 +281,7 @@ async def test_a_first_round_that_finds_nothing_has_empty_lists_and_groups(
 
 
 async def test_hydration_and_discovery_come_as_columns_not_records(
-    writes: Any, db: Database, embedder: EmbeddingProvider
+    writes: WriteService, db: Database, embedder: EmbeddingProvider
 ) -> None:
     """The first round's hydrated rows and discovery's rows come back as one array
     per column, each a column of the statement's own row: the driver decodes a
@@ -317,6 +329,7 @@ async def test_hydration_and_discovery_come_as_columns_not_records(
         )
         conn.add_query_logger(lambda record: sent.append(record.query))
         combined = await round_trips.first_round(conn, cq, now, dq)
+        assert combined is not None
         await asyncio.sleep(0)  # query loggers are called soon, not at once
         (sql,) = [q for q in sent if q.startswith("WITH cands")]
         columns = (await conn.prepare(sql)).get_attributes()

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.applications import Starlette
 
 from gateway.services.writes import WriteService
 from gateway.store import placement
@@ -90,7 +91,10 @@ class CountingPattern:
 
 
 async def test_a_repeated_recall_rewrites_no_statement(
-    client: httpx.AsyncClient, gateway_app: Any, writes: WriteService, monkeypatch: Any
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     team = unique("placed")
     await load_jsonl(writes, jsonl(team_records(team)))
@@ -143,7 +147,7 @@ async def test_a_claim_sends_the_statement_it_sent_before(dsn: str, writes: Writ
     text and arguments as the numbering it had of its own, and the same answers."""
     team = unique("placed-claim")
     await load_jsonl(writes, jsonl(team_records(team)))
-    reads: list[store.Read] = [
+    reads: list[store.ReadVisible | store.ReadSpace] = [
         store.ReadSpace(None),
         store.ReadVisible("source", ("src-handbook",)),
         store.ReadVisible("entity", ("billing", "payments-team", "nowhere")),

@@ -21,10 +21,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from starlette.applications import Starlette
 
 from gateway.embeddings import EmbeddingProvider, embed_queries
 from gateway.embeddings.local import LocalEmbeddingProvider
 from gateway.services.recall_types import overfetch
+from gateway.services.writes import WriteService
 from gateway.store import database as database_module
 from gateway.store import recall as view_store
 from gateway.store import related, round_trips, search
@@ -72,7 +74,7 @@ def _queries(
 
 @pytest.mark.parametrize("view", ["current", "knownAt", "validAt", "vector known"])
 async def test_scope_and_vector_rounds_answer_the_first_round(
-    writes: Any, db: Database, embedder: EmbeddingProvider, view: str
+    writes: WriteService, db: Database, embedder: EmbeddingProvider, view: str
 ) -> None:
     team, branches, _ = await _setup(writes, db)
     vector = np.asarray((await embed_queries(embedder, [QUERY]))[0], dtype=np.float32)
@@ -156,7 +158,9 @@ async def test_scope_and_vector_rounds_answer_the_first_round(
     assert merged.path_groups == whole.path_groups and whole.path_groups
 
 
-async def test_a_space_without_a_generation_has_no_lists(writes: Any, db: Database) -> None:
+async def test_a_space_without_a_generation_has_no_lists(
+    writes: WriteService, db: Database
+) -> None:
     """A knownAt view before the private space existed: its branch gets NULL for
     a generation in the statement, and empty lists."""
     team, branches, _ = await _setup(writes, db)
@@ -199,7 +203,7 @@ class HeldBackProvider(LocalEmbeddingProvider):
 
 @pytest.mark.parametrize("side_connections", [0, 2])
 async def test_the_full_text_lists_are_sent_before_the_query_embedding_returns(
-    dsn: str, writes: Any, monkeypatch: Any, side_connections: int
+    dsn: str, writes: WriteService, monkeypatch: pytest.MonkeyPatch, side_connections: int
 ) -> None:
     """Without side connections, relationship discovery by full text goes with the
     view too; with them, discovery goes to a side connection once the embedding
@@ -218,7 +222,12 @@ async def test_the_full_text_lists_are_sent_before_the_query_embedding_returns(
 
 
 async def _early_lists(
-    gateway_app: Any, client: Any, tok: str, question: str, monkeypatch: Any, beside: bool
+    gateway_app: Starlette,
+    client: httpx.AsyncClient,
+    tok: str,
+    question: str,
+    monkeypatch: pytest.MonkeyPatch,
+    beside: bool,
 ) -> None:
     service = gateway_app.state.services.recall
     expected = await recall(client, tok, q=question)  # the shipped provider's answer

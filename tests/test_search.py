@@ -18,19 +18,19 @@ import asyncpg
 import numpy as np
 import pytest
 import pytest_asyncio
-from pgvector.asyncpg import register_vector
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
 from gateway.store import search
+from gateway.store.connection import Conn
 from gateway.store.database import APP_ROLE, Database
 from gateway.store.search import BranchSearch, CandidateQuery, evidence_candidates
 
-from .conftest import load_jsonl, unique
+from .conftest import load_jsonl, register_vector, unique
 from .factories import jsonl
 
 
-async def index_rows_fetched(conn: asyncpg.Connection, table: str) -> int:
+async def index_rows_fetched(conn: Conn, table: str) -> int:
     """Rows the table has handed over by index scans in this backend, not yet
     flushed to the cumulative statistics.
 
@@ -58,7 +58,9 @@ def _team(team: str, *principals: str) -> list[dict[str, Any]]:
     return out
 
 
-def _ev(team: str, evidence_id: str, content: str, *, source: str = "src", **extra: Any) -> dict:
+def _ev(
+    team: str, evidence_id: str, content: str, *, source: str = "src", **extra: Any
+) -> dict[str, Any]:
     return {
         "kind": "evidence",
         "team": team,
@@ -77,7 +79,7 @@ def _mentions(*entities: str) -> list[dict[str, str]]:
     return [{"entity": e} for e in entities]
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, UUID]:
+async def _spaces(conn: Conn, team: str) -> dict[str | None, UUID]:
     """Space IDs by owner (None: the shared space)."""
     rows = await conn.fetch(
         "SELECT id, owner_principal_id FROM memory_spaces WHERE team_id = $1", team
@@ -85,7 +87,7 @@ async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, UUID]
     return {r["owner_principal_id"]: r["id"] for r in rows}
 
 
-async def _branch(conn: asyncpg.Connection, team: str, owner: str | None = None) -> BranchSearch:
+async def _branch(conn: Conn, team: str, owner: str | None = None) -> BranchSearch:
     """The branch of a space at its current generation."""
     space = (await _spaces(conn, team))[owner]
     generation = await conn.fetchval(
@@ -166,7 +168,7 @@ def bm25_order(corpus: dict[str, str], query: str, k1: float = 0.9, b: float = 0
 
 
 async def test_fulltext_ranks_like_hand_computed_bm25(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("bm25")
     records = _team(team) + [_ev(team, d, text) for d, text in BM25_CORPUS.items()]
@@ -198,7 +200,7 @@ async def test_fulltext_ranks_like_hand_computed_bm25(
 
 
 async def test_idf_and_average_length_are_per_space(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """Another team where "replica" is everywhere does not lower its IDF here."""
     team, crowd = unique("idf"), unique("idf-crowd")
@@ -216,9 +218,7 @@ async def test_idf_and_average_length_are_per_space(
     assert got[("shared", "fulltext")][0] == "x-replica"
 
 
-async def test_search_statistics_follow_inserts(
-    writes: WriteService, admin_conn: asyncpg.Connection
-) -> None:
+async def test_search_statistics_follow_inserts(writes: WriteService, admin_conn: Conn) -> None:
     team = unique("stats")
     await load_jsonl(writes, jsonl(_team(team) + [_ev(team, "s-1", "alpha beta beta")]))
     await load_jsonl(writes, jsonl([_ev(team, f"s-{i}", "gamma delta " * i) for i in range(2, 6)]))
@@ -227,14 +227,16 @@ async def test_search_statistics_follow_inserts(
         "WHERE team_id = $1",
         team,
     )
+    assert stats is not None
     actual = await admin_conn.fetchrow(
         "SELECT count(*) AS n, sum(doc_length) AS total FROM evidence WHERE team_id = $1", team
     )
+    assert actual is not None
     assert (stats["n"], stats["total"]) == (actual["n"], actual["total"]) == (5, 3 + 2 * 14)
 
 
 async def test_stemming_finds_other_word_forms(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("stem")
     records = _team(team) + [
@@ -249,7 +251,7 @@ async def test_stemming_finds_other_word_forms(
 
 
 async def test_query_of_stop_words_gives_an_empty_list(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("stop")
     records = _team(team) + [_ev(team, "ev-1", "The team is on call and it was fine.")]
@@ -279,7 +281,7 @@ async def test_query_of_stop_words_gives_an_empty_list(
     ],
 )
 async def test_operator_laden_query_never_raises(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, query: str
+    db: Database, writes: WriteService, admin_conn: Conn, query: str
 ) -> None:
     team = unique("ops")
     records = _team(team) + [_ev(team, "ev-cache", "The cache of the billing service.")]
@@ -296,7 +298,7 @@ async def test_operator_laden_query_never_raises(
 
 
 async def test_excluded_ids_are_never_returned(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     team = unique("excl")
     records = _team(team) + [_entity(team, "billing")]
@@ -332,7 +334,7 @@ async def test_excluded_ids_are_never_returned(
 
 
 async def test_known_at_excludes_later_evidence(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     team = unique("known")
     early = _team(team) + [_entity(team, "fleet")]
@@ -360,7 +362,7 @@ async def test_known_at_excludes_later_evidence(
 
 
 async def test_generation_filter_after_space_reset(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     team = unique("gen")
     old = _team(team) + [_entity(team, "billing")]
@@ -403,7 +405,7 @@ async def test_generation_filter_after_space_reset(
 
 
 async def test_entity_expansion_ranks_by_mentions_then_recency_then_id(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     team = unique("ent")
     first = _team(team) + [_entity(team, e) for e in ("alpha", "beta", "gamma")]
@@ -427,7 +429,7 @@ async def test_entity_expansion_ranks_by_mentions_then_recency_then_id(
 
 
 async def test_branches_never_return_the_other_space(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     team = unique("branch")
     records = _team(team, "alice") + [
@@ -468,7 +470,7 @@ async def test_branches_never_return_the_other_space(
 
 
 async def test_another_team_is_never_returned(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     team_a, team_b = unique("ten-a"), unique("ten-b")
     records = []
@@ -504,11 +506,12 @@ def _near(query: np.ndarray, angles: np.ndarray, rng: np.random.Generator) -> np
     noise -= np.outer(noise @ query, query)  # orthogonal to the query
     noise /= np.linalg.norm(noise, axis=1, keepdims=True)
     out = np.cos(angles)[:, None] * query[None, :] + np.sin(angles)[:, None] * noise
-    return (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    unit: np.ndarray = (out / np.linalg.norm(out, axis=1, keepdims=True)).astype(np.float32)
+    return unit
 
 
 async def _insert_evidence_rows(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     space: UUID,
     generation: int,
@@ -535,7 +538,7 @@ async def _insert_evidence_rows(
 
 
 async def _insert_direct(
-    conn: asyncpg.Connection,
+    conn: Conn,
     team: str,
     space: UUID,
     generation: int,
@@ -564,7 +567,7 @@ async def test_vector_list_is_complete_despite_crowding_teams(
     db: Database,
     dsn: str,
     writes: WriteService,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     embedder: EmbeddingProvider,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -778,7 +781,7 @@ async def _vector_search_with_scans(
         await conn.close()
 
 
-async def test_hnsw_ef_search_grows_with_the_space(admin_conn: asyncpg.Connection) -> None:
+async def test_hnsw_ef_search_grows_with_the_space(admin_conn: Conn) -> None:
     """db/0110 (db/0060's rule with a floor of 150 instead of 100): ef_search =
     max(2 * limit, 150, space size / 100), at most 1000."""
     cases = {
@@ -936,7 +939,7 @@ async def test_hnsw_walk_of_a_large_space_uses_its_ef_in_the_recall_transaction(
 
 
 async def test_vector_settings_stay_inside_the_search(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     """The function's plan and HNSW settings do not leak into the caller's transaction."""
     team = unique("settings")
@@ -947,6 +950,7 @@ async def test_vector_settings_stay_inside_the_search(
             "SELECT current_setting('plan_cache_mode') AS m, "
             "current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS it"
         )
+        assert before is not None
         query = CandidateQuery(
             team, (branch,), None, await _embed(embedder, "text"), (), (), 500, None
         )
@@ -955,6 +959,7 @@ async def test_vector_settings_stay_inside_the_search(
             "SELECT current_setting('plan_cache_mode') AS m, "
             "current_setting('hnsw.ef_search') AS ef, current_setting('hnsw.iterative_scan') AS it"
         )
+        assert after is not None
     assert dict(after) == dict(before)
 
 
@@ -962,7 +967,7 @@ async def test_vector_settings_stay_inside_the_search(
 
 
 async def test_one_statement_whatever_the_overfetch_and_branches(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     team = unique("rt")
     records = _team(team, "alice") + [_entity(team, "billing")]

@@ -25,6 +25,7 @@ import pytest
 
 from gateway import tokens
 from gateway.embedded import EmbeddedPostgres
+from gateway.services.writes import WriteService
 from gateway.serving import MAX_HEADER_BYTES, MAX_URL_BYTES
 
 from .conftest import REPO, load_jsonl, unique
@@ -399,7 +400,7 @@ async def _ask_on(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter], tok: 
 
 
 async def test_tokens_list_and_a_revoked_token_is_refused_by_every_worker(
-    dsn: str, writes: Any, tmp_path: Path
+    dsn: str, writes: WriteService, tmp_path: Path
 ) -> None:
     team, other = unique("revoke"), unique("revokex")
     await load_jsonl(writes, jsonl(team_records(team) + team_records(other)))

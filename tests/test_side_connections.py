@@ -22,15 +22,17 @@ from uuid import uuid4
 
 import asyncpg
 import httpx
+import pytest
 
 from gateway.services.communities import build_communities
 from gateway.services.recall import RecallService
 from gateway.services.recall_input import RecallRequest
 from gateway.services.writes import WriteService
 from gateway.store import database
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import app_for, unique
+from .conftest import app_for, fetch_one, unique
 from .test_recall import token
 from .test_related import RELATED, load_graph
 
@@ -163,7 +165,7 @@ async def test_a_side_statement_reads_as_the_tenant_only_after_its_settings(
         after = f"WITH {tenant} SELECT (SELECT t.role FROM side_tenant t), {', '.join(reads)}"
         before = f"WITH {tenant} SELECT {', '.join(reads)}, (SELECT t.role FROM side_tenant t)"
         async with side.side.pool.acquire() as conn:
-            role, teams, seen, count = await conn.fetchrow(after, *args)
+            role, teams, seen, count = await fetch_one(conn, after, *args)
             assert role == database.APP_ROLE
             assert teams == [a] and seen == [str(spaces["shared:"])] and count > 0
             # alice's private relationship and team B's are in the table all the same
@@ -172,7 +174,7 @@ async def test_a_side_statement_reads_as_the_tenant_only_after_its_settings(
             )
             assert owner_count > count
             # read before the settings: nothing (the policies fail closed)
-            teams, seen, count, _ = await conn.fetchrow(before, *args)
+            teams, seen, count, _ = await fetch_one(conn, before, *args)
             assert (teams, seen, count) == (None, None, 0)
             # the settings ended with the statement's implicit transaction
             assert await conn.fetchval("SELECT count(*) FROM relationships") == 0
@@ -385,7 +387,7 @@ async def patient(dsn: str, embedder: Any) -> AsyncIterator[tuple[Database, Reca
         await own.close()
 
 
-async def busy(monitor: asyncpg.Connection, application: str) -> list[str]:
+async def busy(monitor: Conn, application: str) -> list[str]:
     """``wait_event_type`` (or 'running') of this database's backends of
     ``application`` running a statement. ``monitor`` is outside any transaction, so
     each call reads the activity anew (inside one, it is read once)."""
@@ -525,7 +527,7 @@ async def test_a_side_connection_is_read_only(dsn: str) -> None:
 
 
 async def test_a_side_answer_of_another_view_is_not_used(
-    dsn: str, writes: WriteService, db: Database, monkeypatch: Any
+    dsn: str, writes: WriteService, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The guard of _DiscoveryBeside.result: a side statement that read another
     generation of the shared space, or read as another role, is not used (here it

@@ -23,9 +23,10 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.services.recall import PLAN_CACHE_MODES, plan_cache_mode
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import analyze, app_for, load_jsonl, unique
+from .conftest import analyze, app_for, fetch_one, load_jsonl, unique
 from .factories import jsonl, team_records
 from .test_recall import ids, more_evidence, recall, token
 
@@ -37,7 +38,9 @@ SCOPE_ROUND = "WITH scope AS MATERIALIZED%"
 FRESH = ("billing note invoices", "billing service owner", "invoice batch")
 
 
-async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writes) -> None:
+async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(
+    dsn: str, writes: WriteService
+) -> None:
     team = unique("plans")
     await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
     tok = await token(writes, team, "alice")
@@ -78,7 +81,7 @@ async def test_a_recall_reuses_its_prepared_statement_and_generic_plan(dsn, writ
     assert mode == "auto"
 
 
-async def test_other_transactions_keep_the_servers_plan_mode(db) -> None:
+async def test_other_transactions_keep_the_servers_plan_mode(db: Database) -> None:
     """The recall's plan mode is set for its own transaction: a unit without it,
     and the next transaction on the same connection, plan as the server says."""
     async with db.unit("t-plans", [], plan_cache_mode="force_generic_plan") as unit:
@@ -93,15 +96,15 @@ async def test_other_transactions_keep_the_servers_plan_mode(db) -> None:
     assert isinstance(pid, int)
 
 
-async def test_the_setting_chooses_how_recalls_are_planned(dsn, writes) -> None:
+async def test_the_setting_chooses_how_recalls_are_planned(dsn: str, writes: WriteService) -> None:
     """RECALL_PLAN_CACHE_MODE=force_custom_plan: every recall plans its statements
     for its own values (one generic plan serves every team otherwise); the answers
     are those of the default mode."""
     team = unique("plans")
     await load_jsonl(writes, jsonl(team_records(team) + more_evidence(team, 5)))
     tok = await token(writes, team, "alice")
-    answers: dict[str, list[str]] = {}
-    counts: dict[str, tuple[int, int]] = {}
+    answers: dict[str, list[list[str]]] = {}
+    counts: dict[str, set[tuple[int, int]]] = {}
     for mode in ("force_custom_plan", "force_generic_plan"):
         app = app_for(dsn, pool_max_size=1, plan_cache_mode=mode)
         async with app.router.lifespan_context(app):
@@ -123,11 +126,14 @@ async def test_the_setting_chooses_how_recalls_are_planned(dsn, writes) -> None:
     assert answers["force_custom_plan"][0]
 
 
-def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(monkeypatch, capsys) -> None:
+def test_an_unknown_plan_mode_is_refused_with_the_allowed_values(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A typo must not silently fall back to a default: the settings refuse it and
     the CLI says which setting and which values, before doing anything."""
+    typo: typing.Any = "generic"  # not a value of the setting's Literal, on purpose
     with pytest.raises(pydantic.ValidationError) as caught:
-        Settings(plan_cache_mode="generic")
+        Settings(plan_cache_mode=typo)
     assert "plan_cache_mode" in str(caught.value)
     assert "force_generic_plan" in str(caught.value)
     monkeypatch.setenv("RECALL_PLAN_CACHE_MODE", "fast")
@@ -179,7 +185,9 @@ async def test_server_mode_leaves_the_databases_own_setting(
     assert [(r["generic_plans"], r["custom_plans"]) for r in rows] == [(0, 3), (0, 3)]
 
 
-async def test_hydration_looks_candidates_up_and_groups_paths_once(db, writes) -> None:
+async def test_hydration_looks_candidates_up_and_groups_paths_once(
+    db: Database, writes: WriteService
+) -> None:
     """The hydration statement's generic plan (the one a recall's connection
     keeps) looks each candidate up by the evidence primary key and groups the
     support paths without joining them back to the candidates: written as
@@ -264,7 +272,7 @@ async def test_hydration_checks_each_source_once(db: Database) -> None:
 
 
 async def _function_body_plan(
-    conn: asyncpg.Connection,
+    conn: Conn,
     function: str,
     args: list[str],
     which: int = 0,
@@ -277,7 +285,8 @@ async def _function_body_plan(
     ends it (the one before ``END``, ``RETURN`` or ``EXIT``); or ``statement`` of the
     function's source. The function's declared variables are parameters too, at
     their initial values."""
-    src, names, types, settings = await conn.fetchrow(
+    src, names, types, settings = await fetch_one(
+        conn,
         "SELECT prosrc, proargnames, "
         "ARRAY(SELECT format_type(t, NULL) FROM unnest(proargtypes) AS t), proconfig "
         "FROM pg_proc WHERE oid = $1::regproc",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import asyncpg
 import numpy as np
 import pytest
 
@@ -13,6 +12,7 @@ from gateway.embeddings import EmbeddingProvider
 from gateway.services import loader
 from gateway.services.records import EvidenceRecord
 from gateway.services.writes import Actor, RecordError, WriteService
+from gateway.store.connection import Conn
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -58,7 +58,7 @@ def _records(
     return out
 
 
-async def _vectors(conn: asyncpg.Connection, table: str, column: str, team: str) -> dict[str, Any]:
+async def _vectors(conn: Conn, table: str, column: str, team: str) -> dict[str, Any]:
     rows = await conn.fetch(
         f"SELECT {column} AS id, embedding FROM {table} WHERE team_id = $1", team
     )
@@ -69,7 +69,7 @@ async def _vectors(conn: asyncpg.Connection, table: str, column: str, team: str)
 async def test_supplied_vectors_are_stored_normalised_and_the_rest_embedded(
     writes: WriteService,
     embedder: EmbeddingProvider,
-    admin_conn: asyncpg.Connection,
+    admin_conn: Conn,
     set_based: bool,
 ) -> None:
     team = unique("vec")
@@ -131,7 +131,7 @@ def test_bad_supplied_vectors_are_refused_by_line(embedder: EmbeddingProvider) -
 
 
 async def test_another_model_is_refused_before_anything_is_written(
-    writes: WriteService, embedder: EmbeddingProvider, admin_conn: asyncpg.Connection
+    writes: WriteService, embedder: EmbeddingProvider, admin_conn: Conn
 ) -> None:
     team = unique("vecother")
     for model, dims in (("text-embedding-3-small", 384), (embedder.model, 256)):

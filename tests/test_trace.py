@@ -9,6 +9,10 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+
+from gateway.services.writes import WriteService
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl, team_records
@@ -74,7 +78,9 @@ def scenario(team: str) -> list[dict[str, Any]]:
     """rel-owner (billing owned by payments) with an equivalent, a rival in a
     conflict case, and a chain billing -> orders-db -> pg -> region for lineage."""
     records = team_records(team)
-    ent = lambda i, name: {"kind": "entity", "team": team, "id": i, "name": name}  # noqa: E731
+
+    def ent(i: str, name: str) -> dict[str, Any]:
+        return {"kind": "entity", "team": team, "id": i, "name": name}
 
     def ev(i: str, text: str) -> dict[str, Any]:
         return {
@@ -135,13 +141,13 @@ def scenario(team: str) -> list[dict[str, Any]]:
     return records
 
 
-async def setup(writes: Any, prefix: str) -> tuple[str, str]:
+async def setup(writes: WriteService, prefix: str) -> tuple[str, str]:
     team = unique(prefix)
     await load_jsonl(writes, jsonl(scenario(team)))
     return team, await token(writes, team, "alice")
 
 
-async def later(writes: Any, team: str, *records: dict[str, Any]) -> None:
+async def later(writes: WriteService, team: str, *records: dict[str, Any]) -> None:
     await load_jsonl(writes, jsonl([{"team": team, **r} for r in records]))
 
 
@@ -149,7 +155,9 @@ def instant_between() -> str:
     return datetime.now(UTC).isoformat()
 
 
-async def test_trace_shows_evidence_history_equivalents_and_conflicts(client, writes) -> None:
+async def test_trace_shows_evidence_history_equivalents_and_conflicts(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     _, tok = await setup(writes, "tr")
     t = await trace(client, tok, id="rel-owner", depth=0)
     assert t["relationship"]["id"] == "rel-owner" and t["relationship"]["status"] == "ACTIVE"
@@ -205,7 +213,9 @@ async def test_trace_shows_evidence_history_equivalents_and_conflicts(client, wr
     assert with_text["evidence"][0]["content"].startswith("The billing service of")
 
 
-async def test_decisions_and_transitions_over_time_and_earlier_views_stay(client, writes) -> None:
+async def test_decisions_and_transitions_over_time_and_earlier_views_stay(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team, tok = await setup(writes, "trt")
     before = await trace(client, tok, id="rel-owner")
     await asyncio.sleep(0.01)
@@ -267,7 +277,10 @@ async def test_decisions_and_transitions_over_time_and_earlier_views_stay(client
     assert mid["evidence"][0]["supportsAtView"] is False
     assert mid["conflicts"][0]["state"] == "RESOLVED"
     # the revoked support no longer backs its position; the reinstated one does again
-    counts = lambda t: {p["id"]: p["supporterCount"] for p in t["conflicts"][0]["positions"]}  # noqa: E731
+
+    def counts(t: dict[str, Any]) -> dict[str, int]:
+        return {p["id"]: p["supporterCount"] for p in t["conflicts"][0]["positions"]}
+
     assert counts(mid) == {"pos-led": 1, "pos-pay": 0}
     assert counts(now) == {"pos-led": 1, "pos-pay": 1}
     assert len(mid["events"]) == 5
@@ -280,7 +293,9 @@ async def test_decisions_and_transitions_over_time_and_earlier_views_stay(client
     assert error["extensions"]["code"] == "NOT_FOUND"
 
 
-async def test_lineage_is_breadth_first_and_each_bound_stops_it(client, writes) -> None:
+async def test_lineage_is_breadth_first_and_each_bound_stops_it(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     _, tok = await setup(writes, "trl")
     full = await trace(client, tok, id="rel-owner", depth=4)
     assert full["truncated"] is False
@@ -341,7 +356,9 @@ async def test_lineage_is_breadth_first_and_each_bound_stops_it(client, writes) 
     assert root_cut["eventsTotal"] == 3
 
 
-async def test_edge_bound_cuts_evidence_and_equivalents_visibly(client, writes) -> None:
+async def test_edge_bound_cuts_evidence_and_equivalents_visibly(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("tre")
     records = scenario(team) + [
         {
@@ -375,7 +392,9 @@ async def test_edge_bound_cuts_evidence_and_equivalents_visibly(client, writes) 
     assert cut["stoppedReasons"] == ["max_depth", "max_edges"]
 
 
-async def test_private_relationship_reads_its_own_space_only(client, writes) -> None:
+async def test_private_relationship_reads_its_own_space_only(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("trp")
     records = team_records(team) + [
         {
@@ -415,7 +434,9 @@ async def test_private_relationship_reads_its_own_space_only(client, writes) -> 
     assert twin["equivalents"] == [] and twin["relationship"]["spaceKind"] == "PRIVATE"
 
 
-async def test_unreadable_ids_look_exactly_like_missing_ones(client, gateway_app, writes) -> None:
+async def test_unreadable_ids_look_exactly_like_missing_ones(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService
+) -> None:
     team_a, team_b = unique("tra"), unique("trb")
     records = team_records(team_a) + team_records(team_b)
     records.append(
@@ -462,7 +483,9 @@ async def test_unreadable_ids_look_exactly_like_missing_ones(client, gateway_app
     assert (await trace(client, alice_a, id="rel-private"))["relationship"]["id"] == "rel-private"
 
 
-async def test_a_space_reset_hides_the_older_generation_but_not_the_past(client, writes) -> None:
+async def test_a_space_reset_hides_the_older_generation_but_not_the_past(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     team = unique("trr")
     await load_jsonl(writes, jsonl(team_records(team)))
     alice = await token(writes, team, "alice")
@@ -477,7 +500,9 @@ async def test_a_space_reset_hides_the_older_generation_but_not_the_past(client,
     assert await trace(client, alice, id="rel-private", knownAt=t) == before
 
 
-async def test_valid_at_marks_what_was_true_then(client, writes) -> None:
+async def test_valid_at_marks_what_was_true_then(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
     _, tok = await setup(writes, "trv")
     now = await trace(client, tok, id="rel-region", depth=0)
     assert now["validAtView"] is False
@@ -485,7 +510,9 @@ async def test_valid_at_marks_what_was_true_then(client, writes) -> None:
     assert then["validAtView"] is True
 
 
-async def test_statements_do_not_grow_with_the_lineage(client, gateway_app, writes) -> None:
+async def test_statements_do_not_grow_with_the_lineage(
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService
+) -> None:
     counter = gateway_app.state.services.db.counter
     counts = {}
     for n in (4, 40):
@@ -514,7 +541,9 @@ async def test_statements_do_not_grow_with_the_lineage(client, gateway_app, writ
         ({"id": "bad id!"}, "relationshipId"),
     ],
 )
-async def test_bad_input_is_a_clear_error(client, writes, variables, field) -> None:
+async def test_bad_input_is_a_clear_error(
+    client: httpx.AsyncClient, writes: WriteService, variables: dict[str, Any], field: str
+) -> None:
     team = unique("trbad")
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
@@ -523,14 +552,14 @@ async def test_bad_input_is_a_clear_error(client, writes, variables, field) -> N
     assert error["extensions"]["field"] == field
 
 
-async def test_without_a_token_nothing_is_traced(client) -> None:
+async def test_without_a_token_nothing_is_traced(client: httpx.AsyncClient) -> None:
     r = await client.post("/graphql", json={"query": TRACE, "variables": {"id": "rel-owner"}})
     assert r.status_code == 401
     assert r.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
 
 
 async def test_a_database_failure_is_an_error_not_a_partial_trace(
-    client, gateway_app, writes, db
+    client: httpx.AsyncClient, gateway_app: Starlette, writes: WriteService, db: Database
 ) -> None:
     """A real fault: the supports table locked past the read's lock timeout."""
     _, tok = await setup(writes, "trf")

@@ -25,12 +25,16 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
 from gateway.fusion import EVIDENCE_WEIGHTS, RRF_K, fuse_weighted
 from gateway.services import recall as recall_service
 from gateway.services.evidence import vector_hydration_bounds
+from gateway.services.writes import WriteService
 from gateway.store import round_trips
+from gateway.store.database import Database
 
 from .conftest import load_jsonl, unique
 from .factories import jsonl
@@ -223,7 +227,10 @@ def _unrelated(team: str, n: int, *, space: str = "shared") -> list[dict[str, An
 
 
 async def test_the_vector_round_hydrates_only_what_can_reach_the_answer(
-    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     team = unique("vh")
     records = (
@@ -258,7 +265,13 @@ async def test_the_vector_round_hydrates_only_what_can_reach_the_answer(
         return got
 
     skipped = 0
-    for variables in ({"limit": 1}, {"limit": 2}, {"limit": 5}, {"limit": 2, "with_known": True}):
+    cases: list[dict[str, Any]] = [
+        {"limit": 1},
+        {"limit": 2},
+        {"limit": 5},
+        {"limit": 2, "with_known": True},
+    ]
+    for variables in cases:
         if variables.pop("with_known", False):
             first = await fresh(limit=2)
             variables["known"] = [r["evidenceId"] for r in first["results"]]
@@ -282,7 +295,7 @@ async def test_the_vector_round_hydrates_only_what_can_reach_the_answer(
 
 
 @pytest.mark.parametrize("seed", range(60))
-async def test_the_statements_bound_is_never_below_the_exact_one(db: Any, seed: int) -> None:
+async def test_the_statements_bound_is_never_below_the_exact_one(db: Database, seed: int) -> None:
     """The bound a statement that holds every list computes in SQL (floats, and
     the lists' own ranks) against the exact one: never below it (a candidate that
     can reach the answer is always hydrated), and at most one rank above it when
@@ -332,7 +345,10 @@ async def test_the_statements_bound_is_never_below_the_exact_one(db: Any, seed: 
 
 
 async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
-    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The one statement of a question whose embedding is known (the LRU): the
     scope round with every list, its vector candidates bounded in SQL."""
@@ -369,7 +385,13 @@ async def test_a_repeated_question_hydrates_only_what_can_reach_the_answer(
         return got
 
     skipped = 0
-    for variables in ({"limit": 1}, {"limit": 2}, {"limit": 5}, {"limit": 2, "with_known": True}):
+    cases: list[dict[str, Any]] = [
+        {"limit": 1},
+        {"limit": 2},
+        {"limit": 5},
+        {"limit": 2, "with_known": True},
+    ]
+    for variables in cases:
         if variables.pop("with_known", False):
             first = await again(limit=2)
             variables["known"] = [r["evidenceId"] for r in first["results"]]
@@ -435,7 +457,10 @@ def _gazpacho(team: str, n: int) -> list[dict[str, Any]]:
 
 
 async def test_a_tie_at_the_bound_through_the_gateway(
-    client: Any, gateway_app: Any, writes: Any, monkeypatch: Any
+    client: httpx.AsyncClient,
+    gateway_app: Starlette,
+    writes: WriteService,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """limit 1: the full-text list's first and the vector list's first both score
     1/61, and the lower ID is the answer. The bound is 1 and that vector

@@ -32,13 +32,14 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-import asyncpg
 import pytest
 import pytest_asyncio
 
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
+from gateway.store.database import Database
 
-from .conftest import load_jsonl, unique
+from .conftest import fetch_one, load_jsonl, unique
 from .factories import jsonl
 from .test_related import rel
 from .test_search import _ev, _spaces, _team
@@ -83,7 +84,7 @@ class Store:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def store(writes: WriteService, db: Any) -> Store:
+async def store(writes: WriteService, db: Database) -> Store:
     team = unique("walkset")
     async with db.pool.acquire() as conn:
         before = await conn.fetchval("SELECT clock_timestamp()")
@@ -94,7 +95,8 @@ async def store(writes: WriteService, db: Any) -> Store:
         records += [rel(team, f"r-{i}", "a", "weighs", value=str(i)) for i in range(8)]
         await load_jsonl(writes, jsonl(records))
         space = (await _spaces(conn, team))[None]
-        vector, projection = await conn.fetchrow(
+        vector, projection = await fetch_one(
+            conn,
             "SELECT re.embedding, re.projection_generation FROM relationship_embeddings re "
             "WHERE re.team_id = $1 LIMIT 1",
             team,
@@ -121,7 +123,7 @@ PATHS: dict[str, tuple[int, str, int]] = {
 
 
 async def _settings_after(
-    conn: asyncpg.Connection, store: Store, function: str, call: str, path: str
+    conn: Conn, store: Store, function: str, call: str, path: str
 ) -> dict[str, str]:
     """The caller's settings after ``function`` was called down ``path`` in a
     transaction that set :data:`CALLER` first (only those that differ from it)."""
@@ -147,7 +149,7 @@ async def _settings_after(
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("function", sorted(FUNCTIONS))
 async def test_a_walk_leaves_the_callers_settings(
-    admin_conn: asyncpg.Connection, store: Store, function: str, path: str
+    admin_conn: Conn, store: Store, function: str, path: str
 ) -> None:
     leaked = await _settings_after(admin_conn, store, function, FUNCTIONS[function], path)
     assert leaked == {}, (function, path)
@@ -156,7 +158,7 @@ async def test_a_walk_leaves_the_callers_settings(
 @pytest.mark.parametrize("setting", CHANGED_INSIDE)
 @pytest.mark.parametrize("function", sorted(FUNCTIONS))
 async def test_a_function_without_its_set_clause_is_caught(
-    admin_conn: asyncpg.Connection, store: Store, function: str, setting: str
+    admin_conn: Conn, store: Store, function: str, setting: str
 ) -> None:
     """The check above fails for a copy of the function whose ``SET`` clause lacks
     one of the settings its body changes: the setting leaks into the caller's

@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-import asyncpg
 import numpy as np
-from pgvector.asyncpg import register_vector
 
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import APP_ROLE, Database
 
-from .conftest import analyze, load_jsonl, unique
+from .conftest import analyze, load_jsonl, register_vector, unique
 from .factories import jsonl
 from .test_relationship_vectors import _relationships, _team, _vectors
 from .test_search import _branch, _insert_direct, _near, index_rows_fetched
@@ -52,7 +51,8 @@ class Walked:
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v)).astype(np.float32)
+    unit: np.ndarray = (v / np.linalg.norm(v)).astype(np.float32)
+    return unit
 
 
 def _vectors_of(rng: np.random.Generator, query: np.ndarray) -> np.ndarray:
@@ -77,7 +77,7 @@ def _exact(
     return [i for i in order if (late or not i.startswith("late-")) and i not in exclude][:limit]
 
 
-async def _lookups(conn: asyncpg.Connection, table: str) -> int:
+async def _lookups(conn: Conn, table: str) -> int:
     """Index scans of ``table`` in this backend not yet flushed (see index_rows_fetched)."""
     got = await conn.fetchval(
         "SELECT idx_scan FROM pg_stat_xact_user_tables WHERE relname = $1", table
@@ -154,7 +154,7 @@ async def _evidence_walk(
 
 
 async def test_the_evidence_walk_checks_its_rows_in_one_statement(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection, embedder: EmbeddingProvider
+    db: Database, writes: WriteService, admin_conn: Conn, embedder: EmbeddingProvider
 ) -> None:
     """db/0190: the walk hands over its ef rows (the index's plan, though the
     planner would sort every vector of a space this small) and the function checks
@@ -186,7 +186,7 @@ async def test_the_evidence_walk_checks_its_rows_in_one_statement(
     assert fetched == EF + len(known) and looked_up <= 5, (fetched, looked_up)
 
 
-async def _relationship_space(writes: WriteService, conn: asyncpg.Connection) -> Walked:
+async def _relationship_space(writes: WriteService, conn: Conn) -> Walked:
     team, space, generation, projection, model = await _team(writes, conn, "walk-rel")
     rng = np.random.default_rng(1900)
     query = _unit(rng.standard_normal(DIMS))
@@ -253,7 +253,7 @@ async def _relationship_walk(
 
 
 async def test_the_relationship_walk_checks_its_rows_in_one_statement(
-    db: Database, writes: WriteService, admin_conn: asyncpg.Connection
+    db: Database, writes: WriteService, admin_conn: Conn
 ) -> None:
     """db/0190, discovery's list: as the evidence walk above. Before, the walk
     looked each of its 150 walked rows up in ``relationships``."""

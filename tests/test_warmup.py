@@ -27,6 +27,7 @@ from gateway.embedded import EmbeddedPostgres, machine_memory_mb
 from gateway.services.warmup import WarmUp, budget_mb
 from gateway.services.writes import WriteService
 from gateway.store import warmup as store
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 from tests.conftest import REPO, app_for, load_jsonl, unique
 from tests.factories import jsonl, team_records
@@ -166,7 +167,7 @@ async def test_readyz_says_warming_until_it_is_done(vectors_dsn: str) -> None:
     holder = await asyncpg.connect(vectors_dsn)
     try:
         await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
-        app: Any = app_for(vectors_dsn, warm_up_mb=1024)
+        app = app_for(vectors_dsn, warm_up_mb=1024)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -245,7 +246,7 @@ async def test_requests_are_served_while_it_waits_with_a_pool_of_one(
     holder = await asyncpg.connect(vectors_dsn)
     try:
         await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
-        app: Any = app_for(
+        app = app_for(
             vectors_dsn,
             warm_up_mb=1024,
             pool_min_size=1,
@@ -285,7 +286,7 @@ async def test_against_an_external_server_it_is_off_unless_asked_for(vectors_dsn
     holder = await asyncpg.connect(vectors_dsn)
     try:
         await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
-        app: Any = app_for(vectors_dsn, warm_up_mb=None)
+        app = app_for(vectors_dsn, warm_up_mb=None)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
@@ -296,7 +297,7 @@ async def test_against_an_external_server_it_is_off_unless_asked_for(vectors_dsn
         await holder.close()
 
 
-async def _warm_up_sessions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
+async def _warm_up_sessions(conn: Conn) -> list[asyncpg.Record]:
     """The server's sessions of a warm-up (any gateway's), as pg_stat_activity lists them."""
     rows: list[asyncpg.Record] = await conn.fetch(
         "SELECT pid, state, wait_event_type, query FROM pg_stat_activity "
@@ -305,7 +306,7 @@ async def _warm_up_sessions(conn: asyncpg.Connection) -> list[asyncpg.Record]:
     return rows
 
 
-async def _no_warm_up_sessions(conn: asyncpg.Connection) -> None:
+async def _no_warm_up_sessions(conn: Conn) -> None:
     """Its session gone from the server (a backend ends a moment after its client
     goes; 10 s is a safety bound, not a timing claim)."""
     for _ in range(200):
@@ -396,7 +397,7 @@ async def test_the_embedded_server_served_by_the_cli_gets_the_embedded_defaults(
     try:
         await holder.execute("SELECT pg_advisory_lock($1::bigint)", store.LOCK_KEY)
         settings = Settings(database_url=vectors_dsn, pool_max_size=2, warm_up_mb=None)
-        app: Any = create_app(settings, embedded_server=True)
+        app = create_app(settings, embedded_server=True)
         async with app.router.lifespan_context(app):
             assert app.state.warmup.budget_mb is None
             transport = httpx.ASGITransport(app=app)

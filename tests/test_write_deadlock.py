@@ -25,6 +25,8 @@ from typing import Any
 import asyncpg
 import httpx
 
+from gateway.services.writes import WriteService
+from gateway.store.connection import Conn
 from gateway.store.database import Database
 
 from .conftest import app_for, load_jsonl, unique
@@ -68,12 +70,12 @@ async def _connections_of_one_shard(
             await conn.close()
 
 
-async def _waiting(observer: asyncpg.Connection, pid: int) -> bool:
+async def _waiting(observer: Conn, pid: int) -> bool:
     """Whether the server process ``pid`` is waiting for a lock."""
     return bool(await observer.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid))
 
 
-async def _until_waiting(observer: asyncpg.Connection, pid: int, task: asyncio.Task[Any]) -> None:
+async def _until_waiting(observer: Conn, pid: int, task: asyncio.Task[Any]) -> None:
     """Until ``pid`` waits for a lock (or ``task``, its statement, has ended)."""
     for _ in range(500):
         if task.done() or await _waiting(observer, pid):
@@ -82,7 +84,7 @@ async def _until_waiting(observer: asyncpg.Connection, pid: int, task: asyncio.T
     raise AssertionError(f"process {pid} never waited")
 
 
-async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, tuple[Any, int]]:
+async def _spaces(conn: Conn, team: str) -> dict[str | None, tuple[Any, int]]:
     """Each space of ``team`` (by owner; None: shared) with its generation."""
     rows = await conn.fetch(
         "SELECT s.owner_principal_id AS owner, s.id, "
@@ -94,9 +96,7 @@ async def _spaces(conn: asyncpg.Connection, team: str) -> dict[str | None, tuple
     return {r["owner"]: (r["id"], r["generation"]) for r in rows}
 
 
-async def _insert_evidence(
-    conn: asyncpg.Connection, team: str, source: str, evidence_id: str
-) -> None:
+async def _insert_evidence(conn: Conn, team: str, source: str, evidence_id: str) -> None:
     """One evidence of ``source``'s space, as the owner writes it (its triggers:
     postings, the space's counters)."""
     await conn.execute(
@@ -111,7 +111,7 @@ async def _insert_evidence(
     )
 
 
-async def _counts_are_exact(conn: asyncpg.Connection, team: str) -> None:
+async def _counts_are_exact(conn: Conn, team: str) -> None:
     """The evidence counters of ``team``'s spaces sum to the evidence stored."""
     rows = await conn.fetch(
         "SELECT e.space_id, count(*) AS n, "
@@ -124,7 +124,7 @@ async def _counts_are_exact(conn: asyncpg.Connection, team: str) -> None:
 
 
 async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
-    dsn: str, writes: Any
+    dsn: str, writes: WriteService
 ) -> None:
     """Two owner transactions on connections of one old shard: A writes evidence
     into the shared space, B into a private one, then A into the private one
@@ -144,7 +144,7 @@ async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
             await _until_waiting(observer, a.get_server_pid(), step_a)
             step_b = asyncio.create_task(_insert_evidence(b, team, "src-handbook", "dl-b2"))
             outcomes = await asyncio.gather(step_a, step_b, return_exceptions=True)
-            assert outcomes == [None, None], outcomes
+            assert list(outcomes) == [None, None], outcomes
             await ta.commit()
             await tb.commit()
         except BaseException:
@@ -161,7 +161,9 @@ async def test_two_writers_of_two_spaces_in_opposite_orders_both_commit(
         )
 
 
-async def test_remember_of_two_spaces_against_another_writer_commits(dsn: str, writes: Any) -> None:
+async def test_remember_of_two_spaces_against_another_writer_commits(
+    dsn: str, writes: WriteService
+) -> None:
     """What a user got: alice's ``remember`` writes evidence into the shared space
     (a source there) and a relationship into her private space, while an owner
     transaction on a connection of the same old shard has written a graph change
@@ -239,7 +241,7 @@ SHARD_LOCK = 1936220530
 
 
 async def test_a_transaction_keeps_its_shard_and_another_gets_another(
-    dsn: str, writes: Any
+    dsn: str, writes: WriteService
 ) -> None:
     """The shard is claimed at a transaction's first counter write, kept for its
     later statements, and not given to a transaction in flight at the same time,
@@ -269,7 +271,7 @@ async def test_a_transaction_keeps_its_shard_and_another_gets_another(
         await _counts_are_exact(a, team)
 
 
-async def _shard_waiter(observer: asyncpg.Connection) -> int | None:
+async def _shard_waiter(observer: Conn) -> int | None:
     """The server process of this database waiting to claim a counter shard, if one is."""
     pid: int | None = await observer.fetchval(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
@@ -280,7 +282,7 @@ async def _shard_waiter(observer: asyncpg.Connection) -> int | None:
 
 
 async def test_with_every_shard_held_a_write_waits_first_then_takes_the_first_freed(
-    dsn: str, writes: Any
+    dsn: str, writes: WriteService
 ) -> None:
     """When other sessions hold all 32 shards, a principal's write waits for one at
     its very start, holding no row of its own yet (so nothing can wait for it in

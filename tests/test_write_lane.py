@@ -138,7 +138,7 @@ async def test_a_text_an_evidence_and_a_relationship_share_goes_to_the_provider_
     vector of that text alone."""
     team, principal = await _principal(writes, "lane-once")
     watched = _Watched(embedder)
-    mutations = MutationService(WriteService(writes.db, watched))  # type: ignore[arg-type]
+    mutations = MutationService(WriteService(writes.db, watched))
     receipts = await mutations.apply(principal, remember_items(principal, _call("a", STATEMENT)))
     assert [r.created for r in receipts] == [True, True]
     assert watched.texts.count(STATEMENT) == 1, watched.calls
@@ -160,7 +160,7 @@ async def test_an_evidence_written_before_is_not_waited_for(
     await MutationService(writes).apply(principal, remember_items(principal, first))
     evidence_text = first["evidence"][0]["content"]
     watched = _Watched(embedder, hold=[evidence_text])
-    mutations = MutationService(WriteService(writes.db, watched))  # type: ignore[arg-type]
+    mutations = MutationService(WriteService(writes.db, watched))
     second = _call("u")
     second["relationships"][0]["id"] = "rel-again"
     second["relationships"][0]["supports"][0]["id"] = "sup-again"
@@ -198,7 +198,7 @@ async def test_a_refused_batch_leaves_no_call_running(
         data["relationships"][0]["supports"][0]["occurrence"] = "occ-none"
     content = data["evidence"][0]["content"]
     watched = _Watched(embedder, hold=[content, STATEMENT])
-    mutations = MutationService(WriteService(writes.db, watched))  # type: ignore[arg-type]
+    mutations = MutationService(WriteService(writes.db, watched))
     try:
         with pytest.raises(MutationError) as refused:
             await asyncio.wait_for(
@@ -229,7 +229,7 @@ async def test_the_lane_holds_one_call_in_flight_and_sends_later_texts_together(
     from gateway.services.writes import _Lane
 
     watched = _Watched(embedder, hold=["first"])
-    lane = _Lane(watched)  # type: ignore[arg-type]
+    lane = _Lane(watched)
     try:
         lane.add("first")
         lane.add("second", "first")
@@ -325,7 +325,7 @@ class _Following(_Watched):
         super().__init__(inner)
         self.current = inner.model
 
-    @property  # type: ignore[override]
+    @property
     def model(self) -> str:
         return self.current
 
@@ -367,7 +367,7 @@ async def test_a_provider_that_moved_model_while_the_texts_embed_refuses_the_wri
             return await claim_write(*args, **kwargs)
 
         monkeypatch.setattr(store, "claim_write", switch_then_first_claim)
-        mutations = MutationService(WriteService(db, following))  # type: ignore[arg-type]
+        mutations = MutationService(WriteService(db, following))
         with pytest.raises(MutationError) as refused:
             await asyncio.wait_for(
                 mutations.apply(principal, remember_items(principal, _call("m"))), timeout=30
