@@ -36,11 +36,17 @@ CPU each call took per thread (the event loop, the model's threads, the
 client) and for the PostgreSQL server's processes; ``--timeline-out FILE``
 writes each call's timeline and CPU as JSON lines, and ``--timeline`` prints
 the event loop's CPU between its marks. The default call and the same call
-with the embedding lane's other rule (one call in flight where the default
-is two, and two where it is one) are compared pair by pair (the median of
-the differences with a bootstrap interval), the two taking turns at going
-first: the second of two calls sent back to back was the faster by 0.3-0.6
-ms whatever its rule (docs/benchmarks.md).
+with one rule of the write path switched (``--ab``, :data:`SWITCHES`; ``lane``:
+the embedding lane's other rule, one call in flight where the default is two
+and two where it is one; a candidate rule goes there as a class attribute of
+the write path read per call, as the evidence's vectors stored first was
+priced) are compared pair by pair (the median of the differences with a
+bootstrap interval), the two taking turns at going first: the second of two
+calls sent back to back was the faster by 0.3-0.6 ms whatever its rule
+(docs/benchmarks.md). The last lines are the model alone, in this process:
+two texts in one call (the floor printed since the first runs), the call's
+own two texts a call each (as the gateway embeds them), and those two in one
+call (one run, padded).
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -584,19 +591,22 @@ def measure(
     first: int,
     app: Any,
     phases: Phases | None = None,
+    ab: str = "lane",
 ) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
     """The kinds of call, interleaved, so that all see the same machine load;
     latencies and SQL statements per call. ``serial`` is ``full`` with the
     write's embedding lane's other rule: one call in flight where the default
     is two (a text added while a call runs waits for its end instead of
     queueing behind it in the provider at once), two where it is one: an A/B
-    of the lane's rule in one run."""
+    of the lane's rule in one run; or, with another ``ab`` (:data:`SWITCHES`),
+    ``full`` with that switch turned the other way."""
     counter = app.state.services.db.counter
     kinds = ("full", "serial", "bare")
     latencies: dict[str, list[float]] = {k: [] for k in kinds}
     statements: dict[str, list[int]] = {k: [] for k in kinds}
     headers = {"Authorization": f"Bearer {token}"}
-    outstanding = _Lane.OUTSTANDING
+    switch = SWITCHES[ab]
+    default = switch.get()
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
         for i in range(first, first + calls):
             # the two kinds of the A/B take turns at going first: the second
@@ -609,7 +619,7 @@ def measure(
                 data = remember_input(n, with_relationship=name != "bare")
                 body = {"query": MUTATION, "variables": {"input": data}}
                 if name == "serial":
-                    _Lane.OUTSTANDING = other_rule(outstanding)
+                    switch.set(switch.other(default))
                 before, seconds = counter.count, counter.seconds
                 if phases is not None:
                     phases.start()
@@ -617,7 +627,7 @@ def measure(
                 r = client.post("/graphql", json=body, headers=headers)
                 if phases is not None and name != "bare":
                     phases.finish(counter.seconds - seconds, name)
-                _Lane.OUTSTANDING = outstanding
+                switch.set(default)
                 latencies[name].append((time.perf_counter() - started) * 1000)
                 statements[name].append(counter.count - before)
                 answer = r.json()
@@ -633,21 +643,45 @@ def other_rule(outstanding: int) -> int:
     return 1 if outstanding > 1 else 2
 
 
+@dataclass(frozen=True)
+class Switch:
+    """What the ``serial`` kind changes (``--ab``): a class attribute of the write
+    path that is no setting, read per call, switched for that kind's calls only."""
+
+    owner: Any
+    attribute: str
+    other: Callable[[Any], Any]
+    says: Callable[[Any], str]
+
+    def get(self) -> Any:
+        return getattr(self.owner, self.attribute)
+
+    def set(self, value: Any) -> None:
+        setattr(self.owner, self.attribute, value)
+
+
+SWITCHES = {
+    "lane": Switch(_Lane, "OUTSTANDING", other_rule, lambda v: f"{v} embedding call(s) in flight"),
+}
+
+
 # The text the gateway renders for the benchmark's relationship (its entities' names
 # in the demo data) and embeds for it.
 RELATIONSHIP_TEXT = "Billing service reviewed by Payments team"
 
 
-async def embedding_alone(calls: int) -> tuple[list[float], list[float]]:
+async def embedding_alone(calls: int) -> tuple[list[float], list[float], list[float]]:
     """The local model embedding two texts in this process: the floor of `remember`.
     First as printed since 2026-12-02 (an evidence text and a short second text,
     in one call); then the two texts a call embeds (its evidence and its
     relationship's rendered statement) as the gateway embeds them, one call each,
     back to back (texts of different lengths in one call are padded to the
-    longest: the short one costs as much as the long one)."""
+    longest: the short one costs as much as the long one); and those two texts in
+    one call (one model run, the relationship's text padded to the evidence's:
+    what waiting for the relationship's text to run both at once would cost)."""
     embedder = create_provider(Settings(embedding_provider="local"))
     try:
-        together, apart = [], []
+        together, apart, both = [], [], []
         for i in range(calls):
             evidence = remember_input(i, False)["evidence"][0]["content"]
             started = time.perf_counter()
@@ -657,7 +691,10 @@ async def embedding_alone(calls: int) -> tuple[list[float], list[float]]:
             await embedder.embed([evidence])
             await embedder.embed([RELATIONSHIP_TEXT])
             apart.append((time.perf_counter() - started) * 1000)
-        return together, apart
+            started = time.perf_counter()
+            await embedder.embed([evidence, RELATIONSHIP_TEXT])
+            both.append((time.perf_counter() - started) * 1000)
+        return together, apart, both
     finally:
         await embedder.aclose()
 
@@ -701,7 +738,7 @@ def compare(here: Path, there: Path, port: int, calls: int, warmup: int) -> None
             arm.close()
     # The floor, in this process once both gateways have stopped: the client has
     # no gateway in its process here, so this is also the model alone.
-    floor, apart = asyncio.run(embedding_alone(calls))
+    floor, apart, _ = asyncio.run(embedding_alone(calls))
     load = os.getloadavg()
     print(
         f"remember over HTTP on the demo data, {calls} calls of each kind, interleaved; "
@@ -745,6 +782,13 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, default=None, help="another checkout's gateway, interleaved"
     )
+    parser.add_argument(
+        "--ab",
+        choices=sorted(SWITCHES),
+        default="lane",
+        help="what the second evidence + relationship kind switches (default: the "
+        "lane's rule, one embedding call in flight or two)",
+    )
     parser.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.port is None:
@@ -768,7 +812,7 @@ def main() -> None:
             phases = Timeline(dsn) if timeline else Phases() if args.profile else None
             if phases is not None:
                 phases.install(app)
-            measure(args.port, token, args.warmup, 0, app)  # model, plans, caches
+            measure(args.port, token, args.warmup, 0, app, None, args.ab)  # model, plans, caches
             if phases is not None:
                 phases.rows.clear()
                 phases.by_kind.clear()
@@ -776,22 +820,24 @@ def main() -> None:
                     phases.cpu_rows.clear()
                     phases.timelines.clear()
                     phases.loop_cpu.clear()
-            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases)
+            runs, statements = measure(args.port, token, args.calls, 100_000, app, phases, args.ab)
         finally:
             server.should_exit = True
             # let the gateway close its pool before the database stops
             for thread in threading.enumerate():
                 if thread is not threading.current_thread() and thread.daemon:
                     thread.join(timeout=10)
-    floor, apart = asyncio.run(embedding_alone(args.calls))
+    floor, apart, both = asyncio.run(embedding_alone(args.calls))
     print(f"remember over HTTP on the demo data, {args.calls} sequential calls of each kind:")
-    other = f"{other_rule(_Lane.OUTSTANDING)} embedding call(s) in flight"
+    switch = SWITCHES[args.ab]
+    other = switch.says(switch.other(switch.get()))
     for name, values, sql in (
         ("evidence + relationship (2 embeddings)", runs["full"], statements["full"]),
         (f"  same, {other}", runs["serial"], statements["serial"]),
         ("evidence only (1 embedding)", runs["bare"], statements["bare"]),
         ("embedding 2 texts alone, in-process", floor, None),
         ("the call's 2 texts, a call each, in-process", apart, None),
+        ("the call's 2 texts in one call, in-process", both, None),
     ):
         line = f"  {name:44} p50 {statistics.median(values):6.1f} ms   p95 {p95(values):6.1f} ms"
         if sql:

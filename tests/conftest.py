@@ -27,6 +27,7 @@ import pytest_asyncio
 from hypothesis import settings as hypothesis_settings
 from starlette.applications import Starlette
 
+from gateway import tokens
 from gateway.app import create_app
 from gateway.embeddings import EmbeddingProvider, create_provider
 from gateway.services import loader
@@ -164,6 +165,13 @@ async def writes(db: Database, embedder: EmbeddingProvider) -> WriteService:
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def token_id_of(raw: str) -> str:
+    """The ID part of a bearer token the tests made (``tests.test_recall.token``)."""
+    parsed = tokens.parse_token(raw)
+    assert parsed is not None, raw
+    return parsed.token_id
 
 
 async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -> loader.LoadReport:

@@ -253,7 +253,9 @@ async def test_case_state_over_time_with_owners_and_supporters(
     assert ps["pos-pay"]["disposition"] == "PREFERRED"
     assert ps["pos-led"]["disposition"] == "DISPREFERRED"
     assert ps["pos-led"]["supporterCount"] == 1
-    assert c["stateChangedAt"] > case(before, "case")["stateChangedAt"]  # type: ignore[index]
+    earlier = case(before, "case")
+    assert earlier is not None
+    assert c["stateChangedAt"] > earlier["stateChangedAt"]
 
     # Now (reopened): contested again, and the earlier views did not change.
     now = await recall(client, alice, q=q)

@@ -118,7 +118,7 @@ async def test_local_inference_leaves_the_event_loop_free(embedder: EmbeddingPro
     assert ticks >= 10
 
 
-async def test_local_loads_once_under_concurrency() -> None:
+async def test_local_loads_once_under_concurrency(monkeypatch: pytest.MonkeyPatch) -> None:
     provider = LocalEmbeddingProvider(batch_size=2)
     loads = 0
     real_load = provider._load
@@ -128,7 +128,7 @@ async def test_local_loads_once_under_concurrency() -> None:
         loads += 1
         return real_load()
 
-    provider._load = counting_load  # type: ignore[method-assign]
+    monkeypatch.setattr(provider, "_load", counting_load)
     try:
         texts = ["alpha beta", "gamma", "delta epsilon zeta"]
         results, _ = await asyncio.gather(
@@ -409,7 +409,7 @@ async def test_http_through_create_provider(endpoint: FakeEndpoint) -> None:
     settings = Settings(
         embedding_provider="openai",
         openai_base_url=base + "/",
-        openai_api_key=API_KEY,  # type: ignore[arg-type]
+        openai_api_key=SecretStr(API_KEY),
         openai_model="custom-model",
         openai_dimensions=384,
         embedding_batch_size=3,

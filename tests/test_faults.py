@@ -81,7 +81,9 @@ def _code(r: httpx.Response) -> str:
     return str(r.json()["errors"][0]["extensions"]["code"])
 
 
-async def test_database_outage_fails_fast_and_service_resumes(seeded: Any) -> None:
+async def test_database_outage_fails_fast_and_service_resumes(
+    seeded: tuple[EmbeddedPostgres, str],
+) -> None:
     server, tok = seeded
     # A long deadline: if the outage made requests hang, they would end in
     # REQUEST_TIMEOUT (504) instead of DATABASE_UNAVAILABLE.
@@ -140,7 +142,9 @@ def test_connection_level_driver_failures_are_unavailable() -> None:
         assert isinstance(translate(exc), DatabaseUnavailable), exc
 
 
-async def test_fast_stops_in_the_middle_of_requests_never_answer_internal(seeded: Any) -> None:
+async def test_fast_stops_in_the_middle_of_requests_never_answer_internal(
+    seeded: tuple[EmbeddedPostgres, str],
+) -> None:
     """The server stops (fast mode, from another thread) while requests are
     authenticating and recalling: each answer is either a full answer or
     DATABASE_UNAVAILABLE, never INTERNAL or a hang."""
@@ -177,7 +181,9 @@ async def test_fast_stops_in_the_middle_of_requests_never_answer_internal(seeded
         await lifespan.__aexit__(None, None, None)
 
 
-async def test_deadline_cancels_the_request_and_its_statements(seeded: Any) -> None:
+async def test_deadline_cancels_the_request_and_its_statements(
+    seeded: tuple[EmbeddedPostgres, str],
+) -> None:
     server, tok = seeded
     _, client, lifespan = await _client(server.dsn, pool_max_size=2, request_timeout_ms=400)
     blocker = await asyncpg.connect(server.dsn)
@@ -217,7 +223,9 @@ async def test_deadline_cancels_the_request_and_its_statements(seeded: Any) -> N
         await lifespan.__aexit__(None, None, None)
 
 
-async def test_more_requests_than_connections_queue_within_the_deadline(seeded: Any) -> None:
+async def test_more_requests_than_connections_queue_within_the_deadline(
+    seeded: tuple[EmbeddedPostgres, str],
+) -> None:
     server, tok = seeded
     app, client, lifespan = await _client(server.dsn, pool_min_size=1, pool_max_size=1)
     try:

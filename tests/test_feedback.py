@@ -394,7 +394,7 @@ async def test_dream_feedback_sets_status_with_checked_transitions(
     bob_shared = await token(writes, team, "bob", "shared_only")
     stranger = await token(writes, other_team, "alice")
 
-    async def decide(tok: str, fid: str, decision: str, note: str | None = None) -> Any:
+    async def decide(tok: str, fid: str, decision: str, note: str | None = None) -> dict[str, Any]:
         return await gql(
             client,
             tok,

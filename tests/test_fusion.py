@@ -11,6 +11,7 @@ import math
 import random
 from collections.abc import Collection, Mapping, Sequence
 from fractions import Fraction
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -269,8 +270,9 @@ def test_missing_weight_and_bad_arguments_are_refused() -> None:
         fuse_equal({"a": "xyz"})  # a bare string is not a list of IDs
     with pytest.raises(TypeError):
         fuse_equal({"a": ["x"]}, known="x")
+    not_an_id: Any = 3  # on purpose: checked at run time too
     with pytest.raises(TypeError):
-        fuse_equal({"a": ["x", 3]})  # type: ignore[list-item]
+        fuse_equal({"a": ["x", not_an_id]})
     with pytest.raises(TypeError):
         fuse_weighted({"a": ["x"]}, {"a": True})
     with pytest.raises(TypeError):

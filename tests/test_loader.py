@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gateway.embeddings.base import Vectors
 from gateway.errors import EmbeddingMismatch
 from gateway.services import loader
 from gateway.services.records import RECORD_KINDS
@@ -406,9 +408,9 @@ class _OtherModel:
     model = "another-model"
     dimensions = 384
 
-    async def embed(self, texts: list[str]) -> np.ndarray:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         v = np.ones((len(texts), 384), dtype=np.float32)
-        unit: np.ndarray = v / np.linalg.norm(v, axis=1, keepdims=True)
+        unit: Vectors = v / np.linalg.norm(v, axis=1, keepdims=True)
         return unit
 
     async def aclose(self) -> None:
@@ -418,7 +420,7 @@ class _OtherModel:
 async def test_embedding_model_mismatch_is_refused(writes: WriteService, db: Database) -> None:
     team = unique("mix")
     await load_jsonl(writes, jsonl(team_records(team)))  # the store now holds MiniLM vectors
-    other = WriteService(db, _OtherModel())  # type: ignore[arg-type]
+    other = WriteService(db, _OtherModel())
     record = {
         "kind": "evidence",
         "team": team,

@@ -20,6 +20,7 @@ import httpx2
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.types import TextContent
 
 from gateway.mcp import Gateway, http_app
 from gateway.services.writes import WriteService
@@ -47,7 +48,9 @@ async def connect(server: LiveServer, secret: str | None) -> AsyncIterator[Clien
 async def call(client: Client, tool: str, arguments: dict[str, Any]) -> tuple[bool, Any]:
     """(is_error, the JSON the tool answered)."""
     result = await client.call_tool(tool, arguments)
-    text = result.content[0].text  # type: ignore[union-attr]
+    content = result.content[0]
+    assert isinstance(content, TextContent), content
+    text = content.text
     if result.is_error:  # the SDK says which tool failed, then our JSON
         assert text.startswith(f"Error executing tool {tool}: {{"), text
         text = text[text.index("{") :]

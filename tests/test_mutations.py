@@ -5,6 +5,7 @@ history-keeping; with other principals and another team."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
+from gateway.embeddings.base import Vectors
 from gateway.errors import EmbeddingError
 from gateway.services.writes import WriteService
 from gateway.store.database import Database
@@ -48,10 +50,13 @@ async def mutate(
     return body
 
 
-async def ok(client: httpx.AsyncClient, tok: str, name: str, input_type: str, data: Any) -> Any:
+async def ok(
+    client: httpx.AsyncClient, tok: str, name: str, input_type: str, data: Any
+) -> dict[str, Any]:
     body = await mutate(client, tok, name, input_type, data)
     assert "errors" not in body, body
-    return body["data"][name]
+    result: dict[str, Any] = body["data"][name]
+    return result
 
 
 async def refused(
@@ -380,7 +385,7 @@ async def test_lifecycle_mutations_and_earlier_views_stay_exact(
     t = datetime.now(UTC).isoformat()
     await asyncio.sleep(0.01)
 
-    def step(name: str, input_type: str, data: dict[str, Any]) -> Any:
+    def step(name: str, input_type: str, data: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         return ok(client, tok, name, input_type, data)
 
     await step("withdrawSource", "SourceLifecycleInput", {"id": "c1", "source": "src-handbook"})
@@ -581,7 +586,7 @@ async def test_remember_without_embeddings_writes_nothing(
     await load_jsonl(writes, jsonl(team_records(team)))
     tok = await token(writes, team, "alice")
 
-    async def down(texts: Any) -> Any:
+    async def down(texts: Sequence[str]) -> Vectors:
         raise EmbeddingError("the embedding provider did not answer")
 
     # the provider is the seam: the database and the write path are real

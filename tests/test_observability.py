@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -168,7 +169,8 @@ async def test_recall_stages_are_child_spans_without_text(
         by_name.setdefault(span.name, []).append(span)
     (recall,) = by_name["recall"]
 
-    def parent(span: Any) -> str:
+    def parent(span: ReadableSpan) -> str:
+        assert span.parent is not None, span.name  # a stage or a statement: never a root
         return str(by_id[span.parent.span_id].name)
 
     for name in ("query_embedding", "scope", "search", "evidence", "related", "answer", "nested"):
@@ -283,7 +285,7 @@ async def test_metrics_after_a_few_requests(
     assert ("recall_gateway_pool_connections", (("state", "waiting"),)) in after
 
 
-def test_metrics_add_up_across_worker_processes(tmp_path: Any) -> None:
+def test_metrics_add_up_across_worker_processes(tmp_path: Path) -> None:
     """prometheus-client's multiprocess mode, as ``serve --workers N`` sets it up."""
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
     work = (
@@ -312,6 +314,6 @@ def test_tracing_is_off_without_an_exporter(dsn: str) -> None:
     assert exporters({"OTEL_TRACES_EXPORTER": "console,otlp"}) == ["console", "otlp"]
     assert exporters({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}) == []
     app = create_app(Settings(database_url=dsn))
-    names = [m.cls.__name__ for m in app.user_middleware]  # type: ignore[attr-defined]
+    names = [getattr(m.cls, "__name__", None) for m in app.user_middleware]  # classes
     assert "OpenTelemetryMiddleware" not in names
     assert "RequestObserver" in names

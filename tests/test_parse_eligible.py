@@ -55,7 +55,7 @@ def test_the_same_objects_as_the_constructor() -> None:
         assert value == expected[key] and hash(value) == hash(expected[key])
         assert dataclasses.astuple(value) == dataclasses.astuple(expected[key])
         with pytest.raises(dataclasses.FrozenInstanceError):
-            value.content = "changed"  # type: ignore[misc]
+            value.content = "changed"  # type: ignore[misc]  # on purpose: frozen at run time too
 
 
 def test_rows_skip_the_generated_init(monkeypatch: pytest.MonkeyPatch) -> None:

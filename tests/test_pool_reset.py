@@ -10,7 +10,7 @@ check what that session holds between requests; other uses keep the reset."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +20,8 @@ import pytest
 import pytest_asyncio
 from starlette.applications import Starlette
 
+from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings.base import Vectors
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationService, remember_items
 from gateway.services.writes import WriteService
@@ -242,16 +244,19 @@ async def test_a_refused_write_keeps_the_reset_and_another_teams_ids_look_missin
 class _HeldEmbedder:
     """The app's provider, holding every call until the test cancels the write."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: EmbeddingProvider) -> None:
         self.inner = inner
         self.model = inner.model
         self.dimensions = inner.dimensions
         self.started = asyncio.Event()
 
-    async def embed(self, texts: Any) -> Any:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         self.started.set()
         await asyncio.Event().wait()  # until cancelled
         return await self.inner.embed(texts)  # pragma: no cover
+
+    async def aclose(self) -> None:
+        return None  # the app's provider is the app's to close
 
 
 async def test_a_cancelled_write_keeps_the_reset(
@@ -265,7 +270,7 @@ async def test_a_cancelled_write_keeps_the_reset(
     team, tok, _, _ = await _two_teams(writes)
     db = one_connection_app.state.services.db
     held = _HeldEmbedder(one_connection_app.state.services.embedder)
-    mutations = MutationService(WriteService(db, held))  # type: ignore[arg-type]
+    mutations = MutationService(WriteService(db, held))
     principal = await authenticate(db, tok)
     fresh = await _session_state(one_connection_app)
     sent: list[str] = []

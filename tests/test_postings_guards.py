@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import httpx
@@ -438,7 +438,7 @@ async def test_no_orphan_when_a_posting_and_a_delete_race(
     admin_conn: Conn,
     which: int,
     change: str,
-    isolation: str,
+    isolation: Literal["read_committed", "repeatable_read", "serializable"],
     first: str,
 ) -> None:
     """Two sessions (review H1): one writes a posting naming a document (READ
@@ -468,7 +468,7 @@ async def test_no_orphan_when_a_posting_and_a_delete_race(
     remover = await asyncpg.connect(dsn)
     try:
         wtx = writer.transaction()
-        rtx = remover.transaction(isolation=isolation)  # type: ignore[arg-type]
+        rtx = remover.transaction(isolation=isolation)
         await wtx.start()
         await rtx.start()
         await remover.fetchval("SELECT 1")  # the remover's snapshot, before the posting

@@ -472,7 +472,7 @@ async def test_a_replica_that_stops_answering_fails_no_request(
         await asyncio.to_thread(second.stop)
 
 
-async def test_a_malformed_position_is_refused(gateway_factory: Any) -> None:
+async def test_a_malformed_position_is_refused(gateway_factory: MakeGateway) -> None:
     gw = await gateway_factory()
     r = await gw.client.post(
         "/graphql",
@@ -483,7 +483,7 @@ async def test_a_malformed_position_is_refused(gateway_factory: Any) -> None:
     assert r.json()["errors"][0]["extensions"]["code"] == "INVALID_READ_POSITION"
 
 
-async def test_without_replicas_nothing_changes(gateway_factory: Any) -> None:
+async def test_without_replicas_nothing_changes(gateway_factory: MakeGateway) -> None:
     gw = await gateway_factory(replicas=[])
     body = await gw.recall()
     assert "consistency" not in (body.get("extensions") or {})

@@ -19,10 +19,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from gateway import tokens
 from gateway.services.writes import WriteService
 
-from .conftest import load_jsonl, unique
+from .conftest import load_jsonl, token_id_of, unique
 from .factories import jsonl, team_records
 from .test_cli import run
 from .test_feedback import RECALL as RECALL_WITH_EVENT
@@ -136,7 +135,7 @@ async def test_two_gateways_on_one_database_answer_alike(
     # A revoked token is refused by both from their next request; others still pass.
     for url in (a, b, a, b):
         assert (await post(url, tok, {"query": VIEWER}))["data"] is not None
-    token_id = tokens.parse_token(tok).token_id  # type: ignore[union-attr]
+    token_id = token_id_of(tok)
     revoked = await asyncio.to_thread(run, ["tokens", "revoke", token_id], dsn)
     assert revoked.returncode == 0, revoked.stderr
     for url in (b, a, b, a):

@@ -24,6 +24,7 @@ import pytest
 from starlette.applications import Starlette
 
 from gateway.embeddings import EmbeddingProvider, embed_queries
+from gateway.embeddings.base import Vectors
 from gateway.embeddings.local import LocalEmbeddingProvider
 from gateway.services.recall_types import overfetch
 from gateway.services.writes import WriteService
@@ -194,7 +195,7 @@ class HeldBackProvider(LocalEmbeddingProvider):
         self.patience = patience
         self.answered_first: list[str] = []
 
-    async def embed(self, texts: Sequence[str]) -> Any:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.seen.wait(), self.patience)
         self.answered_first = list(self.answered)

@@ -28,7 +28,7 @@ from gateway.embedded import EmbeddedPostgres
 from gateway.services.writes import WriteService
 from gateway.serving import MAX_HEADER_BYTES, MAX_URL_BYTES
 
-from .conftest import REPO, load_jsonl, unique
+from .conftest import REPO, load_jsonl, token_id_of, unique
 from .factories import jsonl, team_records
 from .test_cli import CLI, _free_port, run
 from .test_faults import own_server, seeded  # noqa: F401  (fixtures)
@@ -407,15 +407,12 @@ async def test_tokens_list_and_a_revoked_token_is_refused_by_every_worker(
     tok = await token(writes, team, "alice")
     kept = await token(writes, team, "alice", "shared_only")
     stranger = await token(writes, other, "alice")
-    token_id = tokens.parse_token(tok).token_id  # type: ignore[union-attr]
+    token_id = token_id_of(tok)
 
     listed = run(["tokens", "list", "--team", team], dsn)
     assert listed.returncode == 0, listed.stderr
     rows = [line.split() for line in listed.stdout.splitlines()[1:]]
-    assert sorted(r[0] for r in rows) == sorted(
-        tokens.parse_token(t).token_id  # type: ignore[union-attr]
-        for t in (tok, kept)
-    )
+    assert sorted(r[0] for r in rows) == sorted(token_id_of(t) for t in (tok, kept))
     assert {r[4] for r in rows} == {"active"}
     for secret_part in (tok, kept, stranger):
         assert secret_part[-tokens.SECRET_LENGTH :] not in listed.stdout

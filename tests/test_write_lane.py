@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings.base import Vectors
 from gateway.services.auth import authenticate
 from gateway.services.mutations import MutationError, MutationService, remember_items
 from gateway.services.writes import WriteService
@@ -53,7 +54,7 @@ class _Watched:
     def texts(self) -> list[str]:
         return [t for call in self.calls for t in call]
 
-    async def embed(self, texts: Sequence[str]) -> Any:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         self.calls.append(list(texts))
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
