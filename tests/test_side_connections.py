@@ -309,9 +309,10 @@ async def test_a_side_connection_is_taken_exactly_for_the_recalls_that_discover(
     dsn: str, writes: WriteService, db: Database
 ) -> None:
     """_DiscoveryBeside.taken asks ``related.discovers`` (no query built before the
-    view is read): a side connection is taken exactly when the frontiers build a
-    discovery (relationships asked, or communities outside a temporal view), for
-    every combination of the limits and views."""
+    view is read): a side connection is taken exactly when it was before, for
+    every combination of the limits and views: a question, and relationships or
+    communities outside a temporal view asked (what discovery_query builds a
+    discovery for); never for a recall without a question."""
     from gateway.services.recall_types import ReadView
     from gateway.services.related import SharedBranch, discovers, discovery_query
 
@@ -339,6 +340,24 @@ async def test_a_side_connection_is_taken_exactly_for_the_recalls_that_discover(
                         client, tok_a, q="billing payments", rel=rel_limit, com=com, **temporal
                     )
                     assert side.taken - before == int(built is not None), (rel_limit, com, temporal)
+        # no question (entity expansion only): discovery asks for no list, so none is
+        # taken, whatever the limits
+        before = side.taken
+        r = await client.post(
+            "/graphql",
+            json={"query": NO_QUESTION, "variables": {"entities": ["billing"]}},
+            headers={"Authorization": f"Bearer {tok_a}"},
+        )
+        body = r.json()
+        assert "errors" not in body, body
+        assert side.taken == before
+
+
+NO_QUESTION = """query($entities: [ID!]) {
+  recallMemory(expandFromEntityIds: $entities, relationshipLimit: 5, communityLimit: 3) {
+    results { evidenceId } relatedRelationships { representativeId }
+  }
+}"""
 
 
 async def _held(dsn: str, table: str) -> tuple[asyncpg.Connection, Any]:

@@ -127,10 +127,12 @@ def direct_fallback(
 
 
 def discovers(request: RecallRequest) -> bool:
-    """Whether the frontiers run a discovery for ``request`` (given a shared space):
-    the relationships asked for, or communities outside a temporal view. Known
-    before the view is read, so that a recall can decide at its start whether to
-    take a side connection for it (gateway/services/recall.py, _DiscoveryBeside)."""
+    """Whether :func:`discovery_query` builds a discovery for ``request`` (given a
+    shared space): the relationships asked for, or communities outside a temporal
+    view; the related frontiers ask the same. Known before the view is read, so
+    that a recall can decide at its start whether to take a side connection for
+    it; that also needs a question (without one, discovery asks for no list:
+    gateway/services/recall.py, ``_DiscoveryBeside.taken``)."""
     return request.relationship_limit > 0 or (request.community_limit > 0 and not request.temporal)
 
 
@@ -202,8 +204,6 @@ class RelatedFrontiers:
             "relationships", "complete" if rel_on else "disabled"
         )
         out.states["communities"] = SearchState("communities", "complete" if com_on else "disabled")
-        if not (rel_on or com_on):
-            return out
         if com_on and request.temporal:
             self._skip_communities(
                 out,
@@ -212,15 +212,15 @@ class RelatedFrontiers:
                 "recall skips them",
             )
             com_on = False
-            if not rel_on:
-                return out
+        if not discovers(request):
+            return out
         if shared is None:  # no shared space in the view (before the team existed)
             for name, on in (("relationships", rel_on), ("communities", com_on)):
                 if on:
                     out.states[name] = SearchState(name, "skipped")
             return out
         query = discovery_query(view, shared, request, vector, returned_relationship_ids)
-        assert query is not None  # the conditions above are discovery_query's
+        assert query is not None  # discovers() and a shared space
         per_list = query.per_list
         found, vector_status = await self._discover(query, out, discovered)
         lists = found.lists
