@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.embeddings import EmbeddingProvider
+from gateway.embeddings import EmbeddingProvider, Vectors
 from gateway.services import loader
 from gateway.services import writes as writes_service
 from gateway.services.auth import authenticate
@@ -55,15 +55,17 @@ class _Watched:
 
     def __init__(self, inner: EmbeddingProvider, recorder: _Recording) -> None:
         self.inner = inner
+        self.model = inner.model
+        self.dimensions = inner.dimensions
         self.recorder = recorder
         self.calls: list[tuple[list[str], list[str]]] = []
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def embed(self, texts: Sequence[str]) -> Any:
+    async def embed(self, texts: Sequence[str]) -> Vectors:
         self.calls.append((list(texts), list(self.recorder.statements)))
         return await self.inner.embed(texts)
+
+    async def aclose(self) -> None:
+        """The session's embedder outlives the test: nothing to close here."""
 
 
 def _remember(suffix: str) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
+from uuid import uuid4
 
 import asyncpg
 import httpx
@@ -302,6 +303,61 @@ async def test_evidence_only_recalls_take_no_side_connection(
             counts[name] = (counter.count - before, side.taken - taken)
         assert counts == {"full": (10, 1), "evidence-only": (8, 0)}, counts
         assert side.used == 1
+
+
+async def test_a_side_connection_is_taken_exactly_for_the_recalls_that_discover(
+    dsn: str, writes: WriteService, db: Database
+) -> None:
+    """_DiscoveryBeside.taken asks ``related.discovers`` (no query built before the
+    view is read): a side connection is taken exactly when it was before, for
+    every combination of the limits and views: a question, and relationships or
+    communities outside a temporal view asked (what discovery_query builds a
+    discovery for); never for a recall without a question."""
+    from gateway.services.recall_types import ReadView
+    from gateway.services.related import SharedBranch, discovers, discovery_query
+
+    _, tok_a, _, _ = await two_teams(writes, db)
+    now = datetime.now(UTC).isoformat()
+    view = ReadView("t", {}, datetime.now(UTC), datetime.now(UTC))
+    async with gateway(dsn, side_connections=1) as (app, client):
+        side = app.state.services.db.side
+        for rel_limit in (0, 5):
+            for com in (0, 3):
+                for temporal in ({}, {"knownAt": now}, {"validAt": now}):
+                    request = _request(
+                        "q",
+                        relationship_limit=rel_limit,
+                        community_limit=com,
+                        known_at=datetime.now(UTC) if "knownAt" in temporal else None,
+                        valid_at=datetime.now(UTC) if "validAt" in temporal else None,
+                    )
+                    built = discovery_query(view, SharedBranch(uuid4(), 1), request, None)
+                    # the rule of docs/recall.md ("When."), stated here on its own
+                    wanted = rel_limit > 0 or (com > 0 and not temporal)
+                    assert discovers(request) == (built is not None) == wanted, request
+                    before = side.taken
+                    await ask(
+                        client, tok_a, q="billing payments", rel=rel_limit, com=com, **temporal
+                    )
+                    assert side.taken - before == int(built is not None), (rel_limit, com, temporal)
+        # no question (entity expansion only): discovery asks for no list, so none is
+        # taken, whatever the limits
+        before = side.taken
+        r = await client.post(
+            "/graphql",
+            json={"query": NO_QUESTION, "variables": {"entities": ["billing"]}},
+            headers={"Authorization": f"Bearer {tok_a}"},
+        )
+        body = r.json()
+        assert "errors" not in body, body
+        assert side.taken == before
+
+
+NO_QUESTION = """query($entities: [ID!]) {
+  recallMemory(expandFromEntityIds: $entities, relationshipLimit: 5, communityLimit: 3) {
+    results { evidenceId } relatedRelationships { representativeId }
+  }
+}"""
 
 
 async def _held(dsn: str, table: str) -> tuple[asyncpg.Connection, Any]:

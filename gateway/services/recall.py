@@ -71,6 +71,7 @@ from gateway.services.related import (
     RelatedFrontiers,
     RelatedOutcome,
     SharedBranch,
+    discovers,
     discovery_query,
 )
 from gateway.stages import stage
@@ -858,13 +859,8 @@ class _DiscoveryBeside:
         connection free now). On exit its statement is cancelled if still running
         and its connection given back."""
         ticket = None
-        if db.side is not None and request.query is not None:
-            view = ReadView(principal.team_id, {}, _UNTIL_THE_VIEW, _UNTIL_THE_VIEW)
-            wanted = discovery_query(
-                view, SharedBranch(principal.shared_space_id, 0), request, None
-            )
-            if wanted is not None:
-                ticket = db.side.take()
+        if db.side is not None and request.query is not None and discovers(request):
+            ticket = db.side.take()
         if ticket is None:
             yield None
             return
@@ -901,7 +897,7 @@ class _DiscoveryBeside:
             t_valid=request.valid_at or t_sys,
         )
         query = discovery_query(view, SharedBranch(principal.shared_space_id, 0), request, vector)
-        assert query is not None  # checked by taken()
+        assert query is not None  # discovers(request), checked by taken()
         async with self.ticket.connection() as conn:
             got = await round_trips.side_discovery(
                 conn,

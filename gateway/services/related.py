@@ -66,6 +66,7 @@ __all__ = [
     "RelatedOutcome",
     "SharedBranch",
     "direct_fallback",
+    "discovers",
     "discovery_query",
     "select_communities",
 ]
@@ -125,6 +126,16 @@ def direct_fallback(
     return [g for g in anchors if g not in covered and g not in emitted][:limit]
 
 
+def discovers(request: RecallRequest) -> bool:
+    """Whether :func:`discovery_query` builds a discovery for ``request`` (given a
+    shared space): the relationships asked for, or communities outside a temporal
+    view; the related frontiers ask the same. Known before the view is read, so
+    that a recall can decide at its start whether to take a side connection for
+    it; that also needs a question (without one, discovery asks for no list:
+    gateway/services/recall.py, ``_DiscoveryBeside.taken``)."""
+    return request.relationship_limit > 0 or (request.community_limit > 0 and not request.temporal)
+
+
 def discovery_query(
     view: ReadView,
     shared: SharedBranch | None,
@@ -136,9 +147,7 @@ def discovery_query(
     none (both off, communities only in a temporal view, no shared space): so
     that the orchestrator can send it beside the evidence search. Coverage by
     ``returned_relationship_ids`` is empty when they are not known yet."""
-    rel_on = request.relationship_limit > 0
-    com_on = request.community_limit > 0 and not request.temporal
-    if not (rel_on or com_on) or shared is None:
+    if not discovers(request) or shared is None:
         return None
     return store.DiscoveryQuery(
         team_id=view.team_id,
@@ -195,8 +204,6 @@ class RelatedFrontiers:
             "relationships", "complete" if rel_on else "disabled"
         )
         out.states["communities"] = SearchState("communities", "complete" if com_on else "disabled")
-        if not (rel_on or com_on):
-            return out
         if com_on and request.temporal:
             self._skip_communities(
                 out,
@@ -205,15 +212,15 @@ class RelatedFrontiers:
                 "recall skips them",
             )
             com_on = False
-            if not rel_on:
-                return out
+        if not discovers(request):
+            return out
         if shared is None:  # no shared space in the view (before the team existed)
             for name, on in (("relationships", rel_on), ("communities", com_on)):
                 if on:
                     out.states[name] = SearchState(name, "skipped")
             return out
         query = discovery_query(view, shared, request, vector, returned_relationship_ids)
-        assert query is not None  # the conditions above are discovery_query's
+        assert query is not None  # discovers() and a shared space
         per_list = query.per_list
         found, vector_status = await self._discover(query, out, discovered)
         lists = found.lists
