@@ -403,6 +403,23 @@ async def test_settled_instants_are_judged_by_the_database_clock(
         await primary.close()
 
 
+async def test_overlapping_checks_look_at_a_replica_one_at_a_time(replicated: Replicated) -> None:
+    """The monitor and a caller's check() may overlap (so did this file's settled-instant
+    test with its router's monitor): every look completes on the one probe, and a
+    healthy replica never leaves the rotation for it."""
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    router = await ReadRouter.open(primary, [replicated.standby.dsn], max_size=1, interval_s=0.01)
+    try:
+        replica = router.replicas[0]
+        for _ in range(20):
+            await asyncio.gather(*(router.check() for _ in range(4)))
+            assert replica.in_rotation, replica.state
+        assert replica.probe is not None and not replica.probe.is_closed()
+    finally:
+        await router.close()
+        await primary.close()
+
+
 async def test_commits_are_flushed_before_they_return_when_replicas_are_set(
     replicated: Replicated,
 ) -> None:

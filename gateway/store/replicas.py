@@ -190,17 +190,25 @@ class Replica:
     # The monitor's own connection: a pool busy with reads must not look like a
     # replica that does not answer.
     probe: asyncpg.Connection | None = None
+    # One look at a time: the monitor and a caller's ``check()`` may overlap, and
+    # two queries at once on the probe failed the second ("another operation is
+    # in progress"), whose clean-up then closed the probe under the first: a
+    # healthy replica left the rotation for a tick, and the first look raised
+    # AttributeError on the probe the second had cleared.
+    _looking: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def look(self) -> tuple[bool, str | None]:
         """(in recovery, replay position), on the monitor's connection."""
-        if self.probe is None or self.probe.is_closed():
-            self.probe = await asyncpg.connect(self.url, timeout=_PROBE_TIMEOUT_S)
-        try:
-            return _state(await self.probe.fetchrow(_REPLICA_STATE, timeout=_PROBE_TIMEOUT_S))
-        except BaseException:
-            self.probe.terminate()
-            self.probe = None
-            raise
+        async with self._looking:
+            probe = self.probe
+            if probe is None or probe.is_closed():
+                probe = self.probe = await asyncpg.connect(self.url, timeout=_PROBE_TIMEOUT_S)
+            try:
+                return _state(await probe.fetchrow(_REPLICA_STATE, timeout=_PROBE_TIMEOUT_S))
+            except BaseException:
+                probe.terminate()
+                self.probe = None
+                raise
 
 
 @dataclass(frozen=True)
