@@ -190,15 +190,19 @@ class Replica:
     # The monitor's own connection: a pool busy with reads must not look like a
     # replica that does not answer.
     probe: asyncpg.Connection | None = None
-    # One look at a time: the monitor and a caller's ``check()`` may overlap, and
+    # One look at a time: the monitor and a caller's ``check()`` may overlap (the
+    # gateway's only caller is the monitor; tests call ``check()`` beside it), and
     # two queries at once on the probe failed the second ("another operation is
     # in progress"), whose clean-up then closed the probe under the first: a
     # healthy replica left the rotation for a tick, and the first look raised
     # AttributeError on the probe the second had cleared.
-    _looking: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    _looking: asyncio.Lock = field(
+        default_factory=asyncio.Lock, init=False, repr=False, compare=False
+    )
 
     async def look(self) -> tuple[bool, str | None]:
-        """(in recovery, replay position), on the monitor's connection."""
+        """(in recovery, replay position), on the monitor's connection, one look at
+        a time."""
         async with self._looking:
             probe = self.probe
             if probe is None or probe.is_closed():
