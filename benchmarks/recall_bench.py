@@ -1077,7 +1077,7 @@ def throughput(
     return result
 
 
-WARM_PASSES_MAX: Final = 8
+WARM_PASSES_MAX: Final = 12
 
 
 def _warm_up(
@@ -1094,9 +1094,12 @@ def _warm_up(
     the connections it accepts, and one pass's connections can all land on one
     worker (splits of 7-1 and 0-8 were seen): a fixed short warm-up left a third of
     the measured "repeated" recalls running the model (about 8 ms of CPU each),
-    which moved the workers' CPU per recall by 2-3 ms from run to run. Two clean
-    passes in a row make it unlikely that a worker still lacks a question; the
-    measured step prints its own model runs, so any left are seen."""
+    which moved the workers' CPU per recall by 2-3 ms from run to run. A pass
+    sends each question to one worker or the other, so a question a worker lacks
+    after k passes is about 2^-k likely: with 100 questions, two clean passes in
+    a row come after about 8-10 passes (the cap, 12, bounds a run whose workers
+    never share the connections). The measured step prints its own model runs,
+    so any left are seen."""
     clean = 0
     for done in range(1, WARM_PASSES_MAX + 1):
         before = _model_runs(port)
