@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
 from uuid import UUID
@@ -1052,7 +1052,7 @@ def throughput(
     try:
         wait_ready(port)
         load_test.QUERIES[:] = queries
-        warm_passes = _warm_up(port, token, len(queries), clients, load_test.run_load)
+        warm_passes = _warm_up(port, token, len(queries), clients)
         server = _server_processes(dsn)
         load_before = os.getloadavg()[0]
         runs = _model_runs(port)
@@ -1080,13 +1080,7 @@ def throughput(
 WARM_PASSES_MAX: Final = 12
 
 
-def _warm_up(
-    port: int,
-    token: str,
-    questions: int,
-    clients: int,
-    run_load: Callable[[int, str, int, int, str], Coroutine[Any, Any, Mapping[str, Any]]],
-) -> int:
+def _warm_up(port: int, token: str, questions: int, clients: int) -> int:
     """Passes of every question over ``clients`` new connections, until two passes
     in a row run the model for none (or ``WARM_PASSES_MAX``); returns the passes.
 
@@ -1100,10 +1094,12 @@ def _warm_up(
     a row come after about 8-10 passes (the cap, 12, bounds a run whose workers
     never share the connections). The measured step prints its own model runs,
     so any left are seen."""
+    import load_test  # benchmarks/ is on the path: see throughput()
+
     clean = 0
     for done in range(1, WARM_PASSES_MAX + 1):
         before = _model_runs(port)
-        asyncio.run(run_load(port, token, questions, clients, FULL))
+        asyncio.run(load_test.run_load(port, token, questions, clients, FULL))
         after = _model_runs(port)
         if before is None or after is None:
             return done  # no /metrics: one pass, as before
