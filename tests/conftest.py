@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -177,6 +178,20 @@ def token_id_of(raw: str) -> str:
 async def load_jsonl(writes: WriteService, text: str, *, batch_size: int = 50) -> loader.LoadReport:
     records = loader.parse(loader.split_lines(text))
     return await loader.load(writes, records, batch_size=batch_size, actor=Actor.operator())
+
+
+async def until(
+    check: Callable[[], bool | Awaitable[bool]], what: str, seconds: float = 10.0
+) -> None:
+    """Poll ``check`` (plain or async) every 20 ms until it holds; fail after
+    ``seconds`` saying ``what`` never happened. A bounded wait for a state, not
+    a timing claim."""
+    for _ in range(int(seconds / 0.02)):
+        got = check()
+        if await got if inspect.isawaitable(got) else got:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 async def fetch_one(conn: Conn, query: str, *args: Any) -> asyncpg.Record:

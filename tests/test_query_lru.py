@@ -11,8 +11,7 @@ test_reembed.py's deterministic double.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -23,20 +22,12 @@ from gateway.services.recall import QueryEmbeddings
 from gateway.services.reembed import reembed
 from gateway.services.writes import WriteService
 
-from .conftest import app_for, load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique, until
 from .factories import jsonl, team_records
 from .test_reembed import Double
 
 QUESTION = "who owns the billing service"
-
-
-async def _until(condition: Callable[[], bool], seconds: float = 10.0) -> None:
-    """Wait for the store-model watcher (it reads the store about once a second)."""
-    for _ in range(int(seconds / 0.1)):
-        if condition():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("the store-model watcher never saw the change")
+WATCHER = "the store-model watcher (it reads the store about once a second) saw the change"
 
 
 async def test_a_stores_first_vectors_keep_the_query_lru(
@@ -52,7 +43,7 @@ async def test_a_stores_first_vectors_keep_the_query_lru(
         assert embeddings.known(QUESTION) == (True, before)
         # The store gets its first vectors, of the model the gateway embeds with.
         await load_jsonl(WriteService(services.db, embedder), jsonl(team_records(unique("first"))))
-        await _until(lambda: embeddings.store_model.held == services.embedder.model)
+        await until(lambda: embeddings.store_model.held == services.embedder.model, WATCHER)
         known, vector = embeddings.known(QUESTION)
         assert known and vector is before  # the same vector, no model run
         degradations: list[Any] = []
@@ -72,11 +63,11 @@ async def test_a_model_switch_empties_the_query_lru(
         services = app.state.services
         embeddings = services.recall.embeddings
         await load_jsonl(WriteService(services.db, embedder), jsonl(team_records(unique("sw"))))
-        await _until(lambda: embeddings.store_model.held == embedder.model)
+        await until(lambda: embeddings.store_model.held == embedder.model, WATCHER)
         before = await embeddings.vector(QUESTION, [])
         assert before is not None and embeddings.known(QUESTION)[0]
         assert (await reembed(services.db, Double(target.model))).switched
-        await _until(lambda: embeddings.store_model.held == target.model)
+        await until(lambda: embeddings.store_model.held == target.model, WATCHER)
         # Not served from the LRU: the provider embeds with the store's new model.
         assert embeddings.known(QUESTION) == (False, None)
         after = await embeddings.vector(QUESTION, [])
@@ -102,11 +93,11 @@ async def test_a_pinned_gateway_never_serves_a_cached_vector_after_a_switch(
         services = app.state.services
         embeddings = services.recall.embeddings
         await load_jsonl(WriteService(services.db, embedder), jsonl(team_records(unique("pin"))))
-        await _until(lambda: embeddings.store_model.held == embedder.model)
+        await until(lambda: embeddings.store_model.held == embedder.model, WATCHER)
         assert await embeddings.vector(QUESTION, []) is not None
         assert embeddings.known(QUESTION)[0]
         assert (await reembed(services.db, Double(target.model))).switched
-        await _until(lambda: embeddings.store_model.held == target.model)
+        await until(lambda: embeddings.store_model.held == target.model, WATCHER)
         assert embeddings.known(QUESTION) == (False, None)
         degradations: list[Any] = []
         assert await embeddings.vector(QUESTION, degradations) is None

@@ -32,7 +32,7 @@ from gateway.store import database
 from gateway.store.connection import Conn
 from gateway.store.database import Database
 
-from .conftest import app_for, fetch_one, unique
+from .conftest import app_for, fetch_one, unique, until
 from .test_recall import token
 from .test_related import RELATED, load_graph
 
@@ -125,14 +125,6 @@ CLEAN = {
     "standby": False,
     "read_only": "on",  # the login's default_transaction_read_only
 }
-
-
-async def until(check: Any, what: str, seconds: float = 10.0) -> None:
-    for _ in range(int(seconds / 0.02)):
-        if await check():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not within {seconds} s: {what}")
 
 
 async def test_a_side_statement_reads_as_the_tenant_only_after_its_settings(
