@@ -1,5 +1,5 @@
 """Pieces several benchmark scripts share: a gateway as a child process on
-loopback, and the percentiles they print.
+loopback, the percentiles they print, and CPU time read from ``/proc``.
 
 The scripts take their p95 in more than one way (nearest rank from below, from
 above, or from the count): each keeps its own, named here, so that its figures
@@ -107,3 +107,27 @@ def p50_p95(values: Sequence[float]) -> tuple[float, float]:
         raise ValueError("no values")
     ordered = sorted(values)
     return statistics.median(ordered), ordered[max(0, int(len(ordered) * 0.95) - 1)]
+
+
+# --- CPU time from /proc -----------------------------------------------------------
+
+
+def schedstat_ns(path: str | Path) -> int:
+    """Nanoseconds a process or thread has run on a CPU (the first field of its
+    ``/proc/.../schedstat``); 0 once it is gone. ``/proc/PID/stat`` counts in
+    clock ticks (10 ms here), too coarse for one request's CPU."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def threads_cpu_ns(pid: int | str = "self", skip: frozenset[int] = frozenset()) -> int:
+    """Nanoseconds on a CPU of every live thread of ``pid`` but those in ``skip``
+    (native thread IDs)."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if int(task.name) not in skip:
+            total += schedstat_ns(task / "schedstat")
+    return total

@@ -52,7 +52,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
 from uuid import UUID
@@ -64,6 +64,9 @@ from pgvector.asyncpg import register_vector
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_common import schedstat_ns, threads_cpu_ns  # noqa: E402
 
 from gateway import tokens  # noqa: E402
 from gateway.store.database import prepare  # noqa: E402
@@ -992,11 +995,22 @@ def http_latency(
     app: Any,
     query: str = QUERY,
     extra: dict[str, Any] | None = None,
+    server: Sequence[int] = (),
 ) -> dict[str, float]:
     """Sequential recalls; per recall its latency, statements, the statements' time
     (send to answer, as the driver sees it) and the query embedding's time.
     ``extra``: more variables for every recall (a knownAt instant). The first five
-    questions warm up (model, plans, caches) and are not timed."""
+    questions warm up (model, plans, caches) and are not timed.
+
+    Also the CPU a recall costs, read around each one outside its timed window:
+    this process's (the gateway's thread and the model's threads) less the
+    client's own thread, and ``server``'s (PostgreSQL's processes). One recall
+    at a time, their sum over the machine's cores is a floor no schedule of the
+    same work can beat: it says whether a latency target is within reach of
+    the work as it stands, whatever runs beside what."""
+    client_tid = frozenset({threading.get_native_id()})
+    loop_tid = _threads[-1].native_id if _threads else None  # the gateway's (serve)
+    loop_stat = f"/proc/self/task/{loop_tid}/schedstat"
     more = extra or {}
     counter = app.state.services.db.counter
     if not hasattr(counter, "seconds"):  # a gateway before the counter timed statements
@@ -1004,6 +1018,7 @@ def http_latency(
     embedding = _timed_embeddings(app)
     _time_statements(counter)
     latencies, statements, sql, embed, share = [], [], [], [], []
+    gateway_cpu, loop_cpu, server_cpu, cpu = [], [], [], []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         headers = {"Authorization": f"Bearer {token}"}
         for q in queries[:5]:  # warm-up: model, plans, caches
@@ -1013,11 +1028,19 @@ def http_latency(
         for q in queries[5:]:
             before, before_s, before_e = counter.count, counter.seconds, embedding[0]
             _INTERVALS.clear()
+            own, pg = threads_cpu_ns(skip=client_tid), _pids_cpu_ns(_tree_pids(server))
+            loop = schedstat_ns(loop_stat)
             started = time.perf_counter()
             r = client.post(
                 "/graphql", json={"query": query, "variables": {"q": q, **more}}, headers=headers
             )
             elapsed = time.perf_counter() - started
+            gateway_cpu.append((threads_cpu_ns(skip=client_tid) - own) / 1e6)
+            loop_cpu.append((schedstat_ns(loop_stat) - loop) / 1e6)
+            # a process started meanwhile counts from 0; one gone, not at all
+            after = _pids_cpu_ns(_tree_pids(server))
+            server_cpu.append(sum(ns - pg.get(pid, 0) for pid, ns in after.items()) / 1e6)
+            cpu.append(gateway_cpu[-1] + server_cpu[-1])
             latencies.append(elapsed * 1000)
             statements.append(counter.count - before)
             sql.append((counter.seconds - before_s) * 1000)
@@ -1034,7 +1057,29 @@ def http_latency(
         "sql_ms": statistics.median(sql),
         "embedding_ms": statistics.median(embed),
         "gateway_share": statistics.median(share),
+        "gateway_cpu_ms": statistics.median(gateway_cpu),
+        "loop_cpu_ms": statistics.median(loop_cpu),
+        "server_cpu_ms": statistics.median(server_cpu) if server else float("nan"),
+        # each recall's own sum: the median of the floors, not a sum of medians
+        "cpu_ms": statistics.median(cpu) if server else float("nan"),
     }
+
+
+def _tree_pids(roots: Sequence[int]) -> frozenset[int]:
+    """``roots`` and their descendants now alive."""
+    import psutil
+
+    out = set()
+    for pid in roots:
+        try:
+            out |= {pid, *(p.pid for p in psutil.Process(pid).children(recursive=True))}
+        except psutil.Error:
+            continue
+    return frozenset(out)
+
+
+def _pids_cpu_ns(pids: frozenset[int]) -> dict[int, int]:
+    return {pid: schedstat_ns(f"/proc/{pid}/schedstat") for pid in pids}
 
 
 def throughput(
@@ -1527,14 +1572,15 @@ def main() -> None:
                     if args.related
                     else {"evidence": (QUERY, None), "knownAt": (QUERY_AT, at)}
                 )
+                pg = _server_processes(dsn)
                 measured = {
-                    name: http_latency(args.port, data["token"], asked, app, q, extra)
+                    name: http_latency(args.port, data["token"], asked, app, q, extra, pg)
                     for asked, (name, (q, extra)) in zip(fresh, runs.items(), strict=False)
                 }
                 # The first loop's questions again: their embeddings come from the LRU.
                 name, (q, extra) = next(iter(runs.items()))
                 measured[f"{name}, repeated"] = http_latency(
-                    args.port, data["token"], fresh[0], app, q, extra
+                    args.port, data["token"], fresh[0], app, q, extra, pg
                 )
         finally:
             stop(server)
@@ -1581,6 +1627,16 @@ def main() -> None:
             f"{figures['embedding_ms']:.1f} ms; gateway's own share (end-to-end less the time a statement or the embedding ran) "
             f"{figures['gateway_share']:.0%} of end-to-end"
         )
+        cpu = figures["cpu_ms"]
+        if cpu == cpu:  # PostgreSQL's CPU read (a server of this machine)
+            print(
+                f"  {'':22} CPU per recall (medians): the gateway {figures['gateway_cpu_ms']:.1f} ms "
+                f"(its event loop {figures['loop_cpu_ms']:.1f}, the rest the query model's "
+                f"threads; the client's thread not counted), PostgreSQL "
+                f"{figures['server_cpu_ms']:.1f} ms: on {os.cpu_count()} cores no schedule of "
+                f"this work answers in less than {cpu / (os.cpu_count() or 1):.1f} ms (the median of each "
+                f"recall's CPU over the cores)"
+            )
     if rate is not None:
         print(
             f"full recalls over HTTP, {args.workers} worker processes, {args.clients} concurrent "

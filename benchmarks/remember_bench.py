@@ -75,6 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_common import schedstat_ns  # noqa: E402
 from recall_bench import database, log, serve  # noqa: E402
 
 from gateway import tokens  # noqa: E402
@@ -295,15 +296,6 @@ class Phases:
         return []
 
 
-def _schedstat_ns(path: str) -> int:
-    """Nanoseconds on a CPU of a process or thread (``/proc/.../schedstat``)."""
-    try:
-        with open(path) as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 class _Marks(dict[str, float]):
     """A call's marks, each also noting the event loop thread's CPU time when it is
     taken in that thread (``time.thread_time``): the loop's CPU between two marks."""
@@ -450,7 +442,7 @@ class Timeline(Phases):
         client = threading.get_native_id()
         out = {"gateway event loop": 0, "other threads (the model)": 0, "client": 0}
         for task in Path("/proc/self/task").iterdir():
-            ns = _schedstat_ns(f"{task}/schedstat")
+            ns = schedstat_ns(f"{task}/schedstat")
             tid = int(task.name)
             if tid == self.loop_tid:
                 out["gateway event loop"] += ns
@@ -459,7 +451,7 @@ class Timeline(Phases):
             else:
                 out["other threads (the model)"] += ns
         out["PostgreSQL (all its processes)"] = sum(
-            _schedstat_ns(f"/proc/{pid}/schedstat") for pid in self.pg_pids
+            schedstat_ns(f"/proc/{pid}/schedstat") for pid in self.pg_pids
         )
         return out
 
