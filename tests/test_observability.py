@@ -29,6 +29,7 @@ import gateway.app as gateway_app
 from gateway.app import create_app
 from gateway.observability import Observability
 from gateway.observability.logs import JsonFormatter
+from gateway.observability.metrics import OperationLabels
 from gateway.observability.tracing import exporters, uninstrument_asyncpg
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
@@ -283,6 +284,49 @@ async def test_metrics_after_a_few_requests(
     assert delta("recall_gateway_statements_per_request_sum") >= 3 * 5
     assert after[("recall_gateway_pool_connections", (("state", "max"),))] == 4
     assert ("recall_gateway_pool_connections", (("state", "waiting"),)) in after
+
+
+async def test_a_request_without_a_caller_names_no_operation_in_the_metrics(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
+    """/metrics is read by whoever reaches it: the operation names of requests
+    without an authenticated caller (no token, a wrong one) must not become
+    labels there, nor grow the label set; a caller's do."""
+    team = unique("promanon")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    secret = await token(writes, team, "alice")
+    before = _samples((await client.get("/metrics")).text)
+    named = "query AcmeMergerDueDiligence { viewer { principalId } }"
+    for headers in ({}, {"authorization": "Bearer rgt_nosuchtoken.secret"}):
+        refused = await client.post("/graphql", json={"query": named}, headers=headers)
+        assert refused.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    ok = await client.post(
+        "/graphql", json={"query": named}, headers={"authorization": f"Bearer {secret}"}
+    )
+    assert "errors" not in ok.json()
+    text = (await client.get("/metrics")).text
+    after = _samples(text)
+
+    def delta(**labels: str) -> float:
+        key = ("recall_gateway_requests_total", tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta(operation="(unauthenticated)", outcome="UNAUTHENTICATED") == 2
+    assert delta(operation="AcmeMergerDueDiligence", outcome="UNAUTHENTICATED") == 0
+    assert delta(operation="AcmeMergerDueDiligence", outcome="ok") == 1
+
+
+def test_operation_labels_are_bounded_and_well_formed() -> None:
+    labels = OperationLabels(limit=2)
+    assert labels("First", "query", True) == "First"
+    assert labels("Second", "mutation", True) == "Second"
+    assert labels("Third", "query", True) == "(other)"  # past the bound
+    assert labels("First", "query", True) == "First"  # the first names keep theirs
+    assert labels("Second", "query", False) == "(unauthenticated)"
+    assert labels(None, "query", True) == "(anonymous)"
+    assert labels("First", None, True) == "(none)"  # never reached an operation
+    assert labels("no such\noperation", "unknown", True) == "(invalid)"
+    assert labels("x" * 101, "query", True) == "(invalid)"
 
 
 def test_metrics_add_up_across_worker_processes(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ of the living workers (multiprocess).
 from __future__ import annotations
 
 import os
+import re
+import threading
 import weakref
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -69,6 +71,47 @@ POOL = Gauge(
     ["state"],
     multiprocess_mode="livesum",
 )
+
+
+OPERATION_LABELS_MAX: Final = 200
+_GRAPHQL_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]{0,99}")
+
+
+class OperationLabels:
+    """The ``operation`` label of the request metrics, bounded.
+
+    The name is the client's: unbounded, a label would let any client grow every
+    worker's label set (and the scrape) at will, and show one team's operation
+    names to whoever reads ``/metrics``. So a request without an authenticated
+    caller is ``(unauthenticated)`` whatever it names; a name that is not a
+    GraphQL name (an ``operationName`` no definition has) is ``(invalid)``; and
+    past ``limit`` distinct names in this process, a new one is ``(other)``
+    (the names seen first keep their label)."""
+
+    def __init__(self, limit: int = OPERATION_LABELS_MAX) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()  # finish() runs on the loop; the MCP stdio app too
+
+    def __call__(self, name: str | None, operation_type: str | None, caller: bool) -> str:
+        if operation_type is None:
+            return "(none)"  # the request never reached an operation
+        if not caller:
+            return "(unauthenticated)"
+        if name is None:
+            return "(anonymous)"
+        if _GRAPHQL_NAME.fullmatch(name) is None:
+            return "(invalid)"
+        with self._lock:
+            if name in self._seen:
+                return name
+            if len(self._seen) >= self.limit:
+                return "(other)"
+            self._seen.add(name)
+            return name
+
+
+OPERATION_LABELS = OperationLabels()
 
 
 _SIDE_SEEN: weakref.WeakKeyDictionary[Any, tuple[int, int, int]] = weakref.WeakKeyDictionary()

@@ -39,6 +39,7 @@ class RequestRecord:
 
     operation: str | None = None
     operation_type: str | None = None
+    caller: bool = False  # the operation ran for an authenticated principal
     execution: Any = None  # strawberry's ExecutionContext, read when the request is done
     degradations: list[str] = field(default_factory=list)
     trace_id: str | None = None
@@ -98,7 +99,7 @@ async def finish(
     # here (the client left) must not cost the request its line.
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.sleep(0)
-    operation = entry.operation or ("(none)" if entry.operation_type is None else "(anonymous)")
+    operation = metrics.OPERATION_LABELS(entry.operation, entry.operation_type, entry.caller)
     outcome = entry.outcome()
     if outcome == "ok" and status is not None and status >= 500:
         outcome = f"http_{status}"
@@ -206,6 +207,8 @@ def observer_extension(tracer: Tracer | None) -> type[SchemaExtension]:
                 entry.operation = name
                 entry.operation_type = kind or "unknown"
                 entry.execution = context
+                # the request context of HTTP and MCP alike (gateway.schema.context)
+                entry.caller = getattr(context.context, "principal", None) is not None
             if span is not None:
                 errors = getattr(context.result, "errors", None) or context.pre_execution_errors
                 span.update_name(f"{kind or 'graphql'} {name or '(anonymous)'}")
