@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -101,7 +102,8 @@ async def finish(
         await asyncio.sleep(0)
     operation = metrics.OPERATION_LABELS(entry.operation, entry.operation_type, entry.caller)
     outcome = entry.outcome()
-    if outcome == "ok" and status is not None and status >= 500:
+    if outcome == "ok" and status is not None and status >= 400:
+        # refused before any operation ran (a body that is not JSON, 404, 413, 415)
         outcome = f"http_{status}"
     if graphql:
         metrics.REQUESTS.labels(operation, outcome).inc()
@@ -112,7 +114,7 @@ async def finish(
     log.info(
         "%s %s %s %s %s %.1fms",
         method,
-        path,
+        _printable(path),
         operation,
         outcome,
         status if status is not None else "-",
@@ -131,6 +133,15 @@ async def finish(
             "trace_id": entry.trace_id,
         },
     )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped: a path is the client's, and a
+    line break in it (``%0A``, decoded) would forge a line of a text log."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 class RequestObserver:
@@ -173,6 +184,12 @@ class RequestObserver:
             )
 
 
+def _caller(context: Any) -> bool:
+    """Whether the operation ran for an authenticated principal (the request
+    context of HTTP and MCP alike: gateway.schema.context)."""
+    return getattr(context.context, "principal", None) is not None
+
+
 def observer_extension(tracer: Tracer | None) -> type[SchemaExtension]:
     """A schema extension that names the request's operation and, with a tracer, wraps
     the operation in one span. It hooks the operation, never the fields."""
@@ -207,11 +224,12 @@ def observer_extension(tracer: Tracer | None) -> type[SchemaExtension]:
                 entry.operation = name
                 entry.operation_type = kind or "unknown"
                 entry.execution = context
-                # the request context of HTTP and MCP alike (gateway.schema.context)
-                entry.caller = getattr(context.context, "principal", None) is not None
+                entry.caller = _caller(context)
             if span is not None:
                 errors = getattr(context.result, "errors", None) or context.pre_execution_errors
-                span.update_name(f"{kind or 'graphql'} {name or '(anonymous)'}")
+                # the metrics' label: a bounded name of no client-chosen characters
+                label = metrics.OPERATION_LABELS(name, kind or "unknown", _caller(context))
+                span.update_name(f"{kind or 'graphql'} {label}")
                 span.set_attribute("graphql.operation.name", name or "")
                 span.set_attribute("graphql.operation.type", kind or "unknown")
                 span.set_attribute("graphql.errors", len(errors or ()))
