@@ -29,6 +29,7 @@ import pytest_asyncio
 from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
+from gateway.store import replicas
 from gateway.store.database import Database, prepare
 from gateway.store.replicas import (
     InvalidPosition,
@@ -38,7 +39,7 @@ from gateway.store.replicas import (
     parse_lsn,
 )
 
-from .conftest import app_for, load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique, until
 from .factories import jsonl, team_records
 from .test_feedback import SUBMIT
 from .test_mutations import REMEMBER_SELECTION, incident_memory
@@ -415,6 +416,136 @@ async def test_overlapping_checks_look_at_a_replica_one_at_a_time(replicated: Re
             await asyncio.gather(*(router.check() for _ in range(4)))
             assert replica.in_rotation, replica.state
         assert replica.probe is not None and not replica.probe.is_closed()
+    finally:
+        await router.close()
+        await primary.close()
+
+
+class HeldProxy:
+    """A loopback TCP proxy in front of a server's unix socket that holds every
+    connection (reads nothing, forwards nothing) until ``released`` is set, then
+    pipes both ways: a probe "still connecting" to the real server for as long as
+    a test wants (not a database double: the server answers everything)."""
+
+    def __init__(self, server: EmbeddedPostgres) -> None:
+        self.socket = str(server.socket_dir / f".s.PGSQL.{server.port}")
+        self.accepted = asyncio.Event()
+        self.released = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+        self.connections = 0
+
+    async def start(self) -> None:
+        # port 0: the OS's pick, as this suite's other loopback servers
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.accepted.set()
+        await self.released.wait()
+        server_r, server_w = await asyncio.open_unix_connection(self.socket)
+        await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until either end closes, then close the other (a terminated client's
+    backend then sees the end of its connection and exits)."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+async def _probes(conn: asyncpg.Connection, name: str) -> int:
+    """The replica's backends of connections named ``name`` (``application_name``)."""
+    return int(
+        await conn.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", name
+        )
+    )
+
+
+async def test_close_leaves_no_probe_a_check_was_still_opening(
+    replicated: Replicated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller's check() still connecting the probe when the router closes: close()
+    returns without waiting for it, the connection it gets is closed at once (none
+    stays open on the replica), and a check after close() opens none."""
+    # the probe's own bound, out of the way of the hold below (60 s, not 1 s)
+    monkeypatch.setattr(replicas, "_PROBE_TIMEOUT_S", 60.0)
+    name = unique("probe")
+    proxy = HeldProxy(replicated.standby)
+    await proxy.start()
+    url = (
+        f"postgresql://postgres@127.0.0.1:{proxy.port}/{replicated.standby.database}"
+        f"?application_name={name}&sslmode=disable"
+    )
+    # The way in works (the hold below is the only thing that can stop a probe):
+    # through the proxy, released, a connection reaches the replica by that name.
+    proxy.released.set()
+    direct = await asyncpg.connect(url)
+    try:
+        assert await direct.fetchval("SELECT current_setting('application_name')") == name
+    finally:
+        await direct.close()
+    proxy.released.clear()
+    proxy.accepted.clear()
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    pool = await Database.open(replicated.standby.dsn, min_size=0, max_size=1)
+    # no monitor: the test's own check() is the one in flight
+    router = ReadRouter(primary, [replicas.Replica("replica-1", url, pool)])
+    replica = router.replicas[0]
+    watcher = await asyncpg.connect(replicated.standby.dsn)
+    try:
+        checking = asyncio.create_task(router.check())
+        await until(proxy.accepted.is_set, "the probe reached the proxy")
+        await asyncio.wait_for(router.close(), 20)  # returns with the probe held
+        assert not checking.done()
+        proxy.released.set()
+        await asyncio.wait_for(checking, 20)
+
+        async def gone() -> bool:
+            return await _probes(watcher, name) == 0
+
+        await until(gone, "the probe connected after close() was closed")
+        assert replica.probe is None
+        assert (replica.in_rotation, replica.state) == (False, "closed")
+        connections = proxy.connections
+        await router.check()  # after close(): no probe opened, not even for a moment
+        assert proxy.connections == connections
+        assert replica.probe is None and replica.state == "closed"
+    finally:
+        proxy.released.set()
+        await router.close()
+        await watcher.close()
+        await primary.close()
+        await proxy.close()
+
+
+async def test_close_inside_a_look_does_not_wait_for_it(replicated: Replicated) -> None:
+    """close() called while a look holds the replica's look lock (from inside the
+    look, or with the look stuck) returns: it does not wait for that lock. The
+    probe is closed, and no later check opens one."""
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    router = await ReadRouter.open(primary, [replicated.standby.dsn], max_size=1)
+    replica = router.replicas[0]
+    try:
+        probe = replica.probe
+        assert probe is not None and not probe.is_closed()  # open() looked once
+        async with replica._looking:  # as a look in this task holds it
+            await asyncio.wait_for(router.close(), 20)
+        assert probe.is_closed() and replica.probe is None
+        await router.check()
+        assert replica.probe is None and replica.state == "closed"
     finally:
         await router.close()
         await primary.close()
