@@ -231,12 +231,15 @@ class Replica:
                 raise
 
     def close_probe(self) -> None:
-        """Close the monitor's connection for good. It does not take the look's lock
-        (nor await anything): a close called while a look holds it (from inside the
-        look's task, or with the look stuck connecting) must neither wait for that
-        look nor leave it a connection: a look still connecting closes the one it
-        gets (``closed``), and a look on the probe fails on the terminated probe."""
+        """Take the replica out of rotation and close the monitor's connection for
+        good. It does not take the look's lock (nor await anything): a close called
+        while a look holds it (from inside the look's task, or with the look stuck
+        connecting) must neither wait for that look nor leave it a connection: a
+        look still connecting closes the one it gets (``closed``), a look on the
+        probe fails on the terminated probe, and a look answered just before does
+        not put the replica back (``ReadRouter._check_replica``)."""
         self.closed = True
+        self.in_rotation, self.state = False, "closed"
         probe, self.probe = self.probe, None
         if probe is not None:
             probe.terminate()
@@ -374,6 +377,9 @@ class ReadRouter:
             # a look the router's close() cut short is no sign of a dead replica
             state = "closed" if replica.closed else f"unreachable: {type(exc).__name__}"
             self._set(replica, False, state)
+            return
+        if replica.closed:  # closed after the look's answer came, before it resumed
+            self._set(replica, False, "closed")
             return
         if not recovering or text is None:
             self._set(replica, False, "not a replica (not in recovery)")
