@@ -148,7 +148,7 @@ async def test_a_path_the_gateway_does_not_serve_says_where_graphql_is(
     """``http://127.0.0.1:8000/`` opened by a newcomer answered Starlette's
     plain-text ``Not Found``. Any unserved path is now a coded JSON 404 naming the
     endpoint; the endpoints themselves are unchanged."""
-    for path in ("/", "/graphq", "/api/graphql"):
+    for path in ("/", "/graphq", "/api/graphql", "/graphiql/3.9.0/nope.js"):
         r = await client.get(path)
         assert r.status_code == 404, (path, r.text)
         assert r.headers["content-type"].startswith("application/json")

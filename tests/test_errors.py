@@ -73,6 +73,14 @@ async def test_a_malformed_id_is_refused_with_the_form_an_id_takes(
             "{ created } }",
             "feedbackId",
         ),
+        (
+            'mutation { submitRecallSessionFeedback(input: {feedbackId: "fb-1", '
+            'recallEventId: "00000000-0000-0000-0000-000000000000", used: true, '
+            'irrelevantResults: [{frontier: EVIDENCE, id: "ev 1"}]}) { created } }',
+            "irrelevantResults[0]",
+        ),
+        # a trailing newline: `$` alone let it through as a well-formed ID
+        ('{ traceMemory(relationshipId: "rel-owner\\n") { truncated } }', "relationshipId"),
     ]
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

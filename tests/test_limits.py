@@ -639,6 +639,10 @@ async def test_a_post_that_is_not_json_says_which_content_type_to_send(
         message = r.json()["errors"][0]["message"]
         assert "Content-Type: application/json" in message, message
         assert f"got {named}" in message, message
+    # what came is echoed, bounded (a header may hold about 64 KB)
+    r = await client.post("/graphql", content=body, headers={"content-type": "text/" + "a" * 6000})
+    message = r.json()["errors"][0]["message"]
+    assert code(r) == "BAD_REQUEST" and len(message) < 300, len(message)
     # the JSON types still run, with their parameters
     for content_type in ("application/json", "application/json; charset=utf-8"):
         r = await client.post("/graphql", content=body, headers={"content-type": content_type})

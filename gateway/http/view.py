@@ -363,7 +363,7 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             # sends a form, the commonest first mistake)
             if "application/json" not in media and not multipart:
                 raise _bad_request(
-                    f"Unsupported content type (got {media or 'none'}): send the GraphQL "
+                    f"Unsupported content type (got {media[:100] or 'none'}): send the GraphQL "
                     "request as a JSON body with the header Content-Type: application/json."
                 )
         return await super().parse_http_body(request)

@@ -276,7 +276,7 @@ class SessionFeedback:
     hypotheses: tuple[HypothesisJudgement, ...] = ()
 
     def validated_event_id(self) -> UUID:
-        if not WELL_FORMED_ID.match(self.feedback_id):
+        if not WELL_FORMED_ID.fullmatch(self.feedback_id):
             raise InvalidInput(
                 f"feedbackId is not a well-formed ID ({ID_FORM})", field="feedbackId"
             )
@@ -322,7 +322,7 @@ class SessionFeedback:
         for path, frontier, item_id in self.references():
             if frontier not in FRONTIERS:
                 raise InvalidInput(f"unknown frontier '{frontier}'", field=path)
-            if not WELL_FORMED_ID.match(item_id):
+            if not WELL_FORMED_ID.fullmatch(item_id):
                 raise InvalidInput(f"'{item_id}' is not a well-formed ID ({ID_FORM})", field=path)
             if (frontier, item_id) in seen:
                 raise InvalidInput(f"{frontier} '{item_id}' is cited twice", field=path)

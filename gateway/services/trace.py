@@ -100,7 +100,7 @@ def validate(
 ) -> TraceRequest:
     """The checked request. A malformed ID cannot name anything, so refusing it
     as bad input reveals nothing about what exists."""
-    if not WELL_FORMED_ID.match(relationship_id):
+    if not WELL_FORMED_ID.fullmatch(relationship_id):
         raise InvalidInput(
             f"relationshipId is not a well-formed ID ({ID_FORM})", field="relationshipId"
         )
