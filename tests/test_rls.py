@@ -103,6 +103,50 @@ async def test_writes_into_another_team_are_refused(
     assert count == 2  # only the two initial 'active' events
 
 
+async def test_a_tenancy_makes_no_team_principal_token_or_space(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
+    """Only operator batches (the owner role) make teams, principals, tokens and
+    spaces: with the team wall only, a tenancy could mint a private-bound token of
+    another principal of its team (here bob's tenancy, one of alice's) and read her
+    private space with it. Each INSERT is refused, and none happened."""
+    team = unique("rls-make")
+    # carol has no private space yet: making hers breaks no constraint, only the grant
+    carol = {"kind": "principal", "team": team, "id": "carol", "private_space": False}
+    await load_jsonl(writes, jsonl([*team_records(team), {**carol, "display_name": "Carol"}]))
+    spaces = await _spaces(admin_conn, team)
+    attempts = (
+        "INSERT INTO teams (id, name) VALUES ($1 || '-probe', 'Probe')",
+        "INSERT INTO principals (team_id, id, kind, display_name) "
+        "VALUES ($1, 'probe', 'agent', 'Probe')",
+        "INSERT INTO api_tokens (id, team_id, principal_id, secret_sha256, binding) "
+        "VALUES ($1 || '-probe-tok', $1, 'alice', sha256('s'::bytea), 'private')",
+        "INSERT INTO memory_spaces (team_id, kind, owner_principal_id) "
+        "VALUES ($1, 'private', 'carol')",
+    )
+    for sql in attempts:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with db.tenant(team, [spaces[None], spaces["bob"]], readonly=False) as conn:
+                await conn.execute(sql, team)
+    made = await admin_conn.fetchrow(
+        "SELECT (SELECT count(*) FROM teams WHERE id = $1 || '-probe') AS teams, "
+        "(SELECT count(*) FROM principals WHERE team_id = $1 AND id = 'probe') AS principals, "
+        "(SELECT count(*) FROM api_tokens WHERE id = $1 || '-probe-tok') AS tokens, "
+        "(SELECT count(*) FROM memory_spaces WHERE team_id = $1) AS spaces",
+        team,
+    )
+    assert made is not None
+    assert dict(made) == {"teams": 0, "principals": 0, "tokens": 0, "spaces": len(spaces)}
+    # nor may it change or remove them (never granted; kept so)
+    privileges = await admin_conn.fetch(
+        "SELECT t, p FROM unnest(ARRAY['teams', 'principals', 'api_tokens', 'memory_spaces']) t, "
+        "unnest(ARRAY['INSERT', 'UPDATE', 'DELETE']) p "
+        "WHERE CASE WHEN p = 'DELETE' THEN has_table_privilege('recall_app', t, p) "
+        "ELSE has_any_column_privilege('recall_app', t, p) END"
+    )
+    assert [tuple(r) for r in privileges] == []
+
+
 async def test_every_tenant_table_has_a_policy(admin_conn: Conn) -> None:
     """A table added later without row-level security fails here, not in production."""
     rows = await admin_conn.fetch(

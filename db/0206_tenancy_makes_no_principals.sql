@@ -1,0 +1,11 @@
+-- A tenancy (recall_app) makes no teams, principals, tokens or spaces: only
+-- operator batches do, as the owner role (the record kinds team, principal and
+-- token are operator-only; a principal's private space and a team's shared one
+-- are made with them). db/0001 granted recall_app INSERT on these tables behind
+-- the team wall only, so a tenancy that could run SQL could make a principal, or
+-- mint a private-bound token of another principal of its team (the token lookup
+-- compares the presented secret's sha256 with the row's and would accept it),
+-- and so read that principal's private space: the space wall one table over.
+-- recall_app keeps SELECT on them (the token lookup, spaces, principals); it was
+-- never granted UPDATE or DELETE on them (revoking a token runs as the owner).
+REVOKE INSERT ON teams, principals, api_tokens, memory_spaces FROM recall_app;
