@@ -774,6 +774,43 @@ async def test_another_teams_keys_are_a_fresh_namespace(
     )
 
 
+async def test_a_shared_only_token_cannot_replay_its_owners_private_writes(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
+    """A replay (the same key, the same content, the same principal) answers the
+    earlier receipt; but a shared_only token may not read its principal's private
+    space, so its replay of a private write must look like any write into memory
+    it cannot read (NOT_FOUND), not confirm the private write's exact content and
+    time (docs/feedback.md refuses the same for recall events of private-bound
+    tokens, for that reason)."""
+    w = await world(writes)
+    private_writes: list[tuple[str, dict[str, Any], str | None]] = [
+        (
+            "withdrawEvidence",
+            {"id": "pw-1", "evidence": "ev-private2", "reason": "moved"},
+            "evidence",
+        ),
+        ("remember", remember_with(space="PRIVATE"), "space"),
+    ]
+    # feedback on a recall of the private-bound token, citing a private result
+    event = await recall_event(client, w.alice, "Private note billing latency spikes at noon")
+    cited = {"frontier": "EVIDENCE", "id": "ev-private"}
+    feedback = {"feedbackId": "pw-fb", "recallEventId": event, "used": True}
+    private_writes.append(
+        ("submitRecallSessionFeedback", {**feedback, "irrelevantResults": [cited]}, None)
+    )
+    problems = []
+    for name, data, field in private_writes:
+        _, done = await mutate(client, w.alice, name, data)
+        assert all(receipts(done, name)), done
+        _, replay = await mutate(client, w.alice_shared, name, data)
+        errors = replay.get("errors") or [{}]
+        expected = {"code": "NOT_FOUND", **({"field": field} if field else {})}
+        if replay.get("data") is not None or errors[0].get("extensions") != expected:
+            problems.append(f"{name}: the shared_only token's replay answered {replay}")
+    assert not problems, "\n".join(problems)
+
+
 async def test_replays_readable_to_the_token_stay_replays(
     client: httpx.AsyncClient, writes: WriteService, db: Database
 ) -> None:

@@ -194,8 +194,7 @@ class FeedbackService:
             principal.team_id, principal.readable_space_ids, readonly=False
         ) as conn:
             earlier = await store.find_feedback(conn, principal.team_id, fb.feedback_id)
-            if earlier is not None:
-                return _replay(fb, earlier, digest)
+            replay = _replay(fb, earlier, digest) if earlier is not None else None
             returned = await store.event_items(
                 conn,
                 principal.team_id,
@@ -204,8 +203,13 @@ class FeedbackService:
                 principal.token_id,
                 principal.space_kinds,
             )
+            # Also for a replay: its receipt would confirm what was cited, which a
+            # token that may not cite the event must not learn (a shared_only token
+            # of the principal whose private-bound token made the event).
             if returned is None:
                 raise NotFound(f"no recall event '{fb.recall_event_id}'")
+            if replay is not None:
+                return replay
             for path, frontier, item_id in fb.references():
                 if (frontier, item_id) not in returned:
                     raise InvalidInput(
