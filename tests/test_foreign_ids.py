@@ -111,6 +111,7 @@ def alice_private_extra(team: str) -> list[dict[str, Any]]:
                 {"id": "occ-private", "start": 0, "end": 11},
                 {"id": "occ-private2", "start": 12, "end": 20},
             ],
+            "mentions": [{"entity": "p-billing", "occurrence": "occ-private"}],
         },
         {
             "kind": "relationship",
@@ -841,3 +842,130 @@ async def test_replays_readable_to_the_token_stay_replays(
     for name, data in shared_writes:
         _, again = await mutate(client, w.alice_shared, name, data)
         assert not any(receipts(again, name)), (name, again)
+
+
+# --- recallMemory's ID arguments ----------------------------------------------------------
+
+FULL_RECALL = """
+query R($q: String, $known: [ID!], $knownRels: [ID!], $entities: [ID!]) {
+  recallMemory(query: $q, knownEvidenceIds: $known, knownRelationshipIds: $knownRels,
+               expandFromEntityIds: $entities, limit: 50) {
+    recallId recallEventId
+    results {
+      evidenceId rank context contextTruncated spaceKind observedAt recordedAt
+      source { id kind title uri authority status createdAt }
+      supportingRelationships {
+        id predicate statement objectValue polarity status ownerId semanticGroup spaceKind
+        subject { id name kind aliases } object { id name kind aliases }
+      }
+    }
+    relatedRelationships { representativeId equivalentIds semanticGroup representative { id statement } }
+    relatedCommunities {
+      id summary topEntities topPredicates relationshipCount membersTruncated
+      members { representativeId equivalentIds }
+    }
+    relatedHypotheses { id statement status origin sourceRelationshipIds sourceEvidenceIds }
+    conflicts {
+      id question
+      ... on RelationshipConflict {
+        state preferredPositionId
+        positions {
+          id label disposition relationshipIds supporterCount supportersTruncated
+          supporters { evidenceId sourceId authority }
+        }
+      }
+      ... on EvidenceConflict {
+        positions { id label citation { evidenceId occurrenceId quote spanStart spanEnd } }
+      }
+    }
+    searchStates {
+      evidence { status complete lists { spaceKind list status candidates } }
+      relationships { status complete lists { spaceKind list status candidates } }
+      communities { status complete lists { spaceKind list status candidates } }
+      hypotheses { status complete lists { spaceKind list status candidates } }
+    }
+    degradations { frontier code message optional }
+    suggestedActions { kind description recallEventId hypothesisIds }
+  }
+}
+"""
+
+
+def without_event(body: dict[str, Any]) -> str:
+    """A recall's answer without what differs between any two recalls (its IDs)."""
+    answer = body["data"]["recallMemory"]
+    answer["recallId"] = answer["recallEventId"] = None
+    for action in answer["suggestedActions"]:
+        action["recallEventId"] = None
+    return json.dumps(body, sort_keys=True)
+
+
+async def test_recall_id_arguments_of_unreadable_ids_answer_as_missing_ones(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
+    """knownEvidenceIds, knownRelationshipIds and expandFromEntityIds given IDs
+    the caller may not read give the very answer (every field, every frontier,
+    search-state counts, degradations, suggested actions) that made-up IDs give:
+    no count, order or degradation tells that they exist."""
+    from gateway.services.communities import build_communities
+
+    w = await world(writes)
+    for team in (w.team_a, w.team_b):
+        report = await build_communities(db, team, max_nodes=1000, max_edges=10_000)
+        assert report.status == "succeeded", report
+    question = "billing latency noon night shift dock crane forklift"
+    private = {
+        "known": ["ev-private", "ev-private2"],
+        "knownRels": ["rel-private", "rel-private2"],
+        "entities": ["p-billing"],
+    }
+    foreign = {
+        "known": ["a-ev", "ev-owner", "ev-private"],
+        "knownRels": ["a-rel", "a-rel2", "rel-owner"],
+        "entities": ["a-ent", "billing", "p-billing"],
+    }
+    problems = []
+    for who, tok, ids_by_argument, forbidden in (
+        ("bob", w.bob, private, ALICE_PRIVATE_TEXT),
+        ("alice shared_only", w.alice_shared, private, ALICE_PRIVATE_TEXT),
+        ("carol", w.carol, foreign, team_a_text(w.team_a) + ALICE_PRIVATE_TEXT),
+    ):
+        for argument, unreadable in ids_by_argument.items():
+            made_up = [f"zz-{argument}-{i}" for i in range(len(unreadable))]
+            answers = []
+            for ids in (unreadable, made_up):
+                r = await client.post(
+                    "/graphql",
+                    json={"query": FULL_RECALL, "variables": {"q": question, argument: ids}},
+                    headers={"Authorization": f"Bearer {tok}"},
+                )
+                body = r.json()
+                assert "errors" not in body, body
+                answers.append(without_event(body))
+            if answers[0] != answers[1]:
+                problems.append(f"{who} {argument}: {answers[0]} != {answers[1]}")
+            problems += [f"{who} {argument}: {t!r}" for t in forbidden if t in answers[0]]
+    assert not problems, "\n".join(problems)
+    # the same arguments do act on what the caller reads (the check is not vacuous)
+    r = await client.post(
+        "/graphql",
+        json={"query": FULL_RECALL, "variables": {"q": question}},
+        headers={"Authorization": f"Bearer {w.alice}"},
+    )
+    mine = r.json()["data"]["recallMemory"]
+    assert "ev-private" in {e["evidenceId"] for e in mine["results"]}, mine
+    r = await client.post(
+        "/graphql",
+        json={"query": FULL_RECALL, "variables": {"q": question, **private}},
+        headers={"Authorization": f"Bearer {w.alice}"},
+    )
+    known = r.json()["data"]["recallMemory"]
+    assert "ev-private" not in {e["evidenceId"] for e in known["results"]}, known
+    r = await client.post(
+        "/graphql",
+        json={"query": FULL_RECALL, "variables": {"entities": ["p-billing"]}},
+        headers={"Authorization": f"Bearer {w.alice}"},
+    )
+    lists = r.json()["data"]["recallMemory"]["searchStates"]["evidence"]["lists"]
+    found = {(x["spaceKind"], x["list"]): x["candidates"] for x in lists}
+    assert found[("PRIVATE", "ENTITY")] == 1, lists  # ev-private2 mentions p-billing
