@@ -780,36 +780,74 @@ async def test_a_shared_only_token_cannot_replay_its_owners_private_writes(
 ) -> None:
     """A replay (the same key, the same content, the same principal) answers the
     earlier receipt; but a shared_only token may not read its principal's private
-    space, so its replay of a private write must look like any write into memory
-    it cannot read (NOT_FOUND), not confirm the private write's exact content and
-    time (docs/feedback.md refuses the same for recall events of private-bound
-    tokens, for that reason)."""
+    space, so its replay of a private write, and any guess at that write's content
+    under the same key, must answer exactly what its write under a fresh key
+    answers (NOT_FOUND): neither the receipt nor a conflict may tell the exact
+    content of the private write (docs/feedback.md refuses the same for recall
+    events of private-bound tokens, for that reason)."""
     w = await world(writes)
-    private_writes: list[tuple[str, dict[str, Any], str | None]] = [
+    event = await recall_event(client, w.alice, "Private note billing latency spikes at noon")
+    feedback = {
+        "feedbackId": "pw-fb",
+        "recallEventId": event,
+        "used": True,
+        "irrelevantResults": [{"frontier": "EVIDENCE", "id": "ev-private"}],
+    }
+
+    def rekeyed(name: str, sent: dict[str, Any]) -> dict[str, Any]:
+        """The same input under a key nobody used (the key of its first record)."""
+        if name == "remember":
+            return {**sent, "source": {**sent["source"], "id": "f-src"}}
+        key = "feedbackId" if name == "submitRecallSessionFeedback" else "id"
+        return {**sent, key: sent[key] + "-fresh"}
+
+    # (mutation, alice's private write, guesses at it under its key)
+    cases: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
         (
             "withdrawEvidence",
             {"id": "pw-1", "evidence": "ev-private2", "reason": "moved"},
-            "evidence",
+            [
+                {"id": "pw-1", "evidence": "ev-private2", "reason": "other guess"},
+                {"id": "pw-1", "evidence": "ev-private", "reason": "moved"},
+            ],
         ),
-        ("remember", remember_with(space="PRIVATE"), "space"),
+        (
+            "remember",
+            remember_with(space="PRIVATE"),
+            [
+                remember_with(
+                    space="PRIVATE",
+                    source={"id": "n-src", "type": "DOCUMENT", "title": "Other title"},
+                )
+            ],
+        ),
+        (
+            "submitRecallSessionFeedback",
+            feedback,
+            [
+                {**feedback, "irrelevantResults": [{"frontier": "EVIDENCE", "id": "ev-owner"}]},
+                {**feedback, "used": False},
+            ],
+        ),
     ]
-    # feedback on a recall of the private-bound token, citing a private result
-    event = await recall_event(client, w.alice, "Private note billing latency spikes at noon")
-    cited = {"frontier": "EVIDENCE", "id": "ev-private"}
-    feedback = {"feedbackId": "pw-fb", "recallEventId": event, "used": True}
-    private_writes.append(
-        ("submitRecallSessionFeedback", {**feedback, "irrelevantResults": [cited]}, None)
-    )
     problems = []
-    for name, data, field in private_writes:
+    for name, data, guesses in cases:
         _, done = await mutate(client, w.alice, name, data)
         assert all(receipts(done, name)), done
-        _, replay = await mutate(client, w.alice_shared, name, data)
-        errors = replay.get("errors") or [{}]
-        expected = {"code": "NOT_FOUND", **({"field": field} if field else {})}
-        if replay.get("data") is not None or errors[0].get("extensions") != expected:
-            problems.append(f"{name}: the shared_only token's replay answered {replay}")
+        for sent in [data, *guesses]:
+            _, answer = await mutate(client, w.alice_shared, name, sent)
+            _, first_write = await mutate(client, w.alice_shared, name, rekeyed(name, sent))
+            code = (first_write.get("errors") or [{}])[0].get("extensions", {}).get("code")
+            assert code == "NOT_FOUND", (name, first_write)
+            if answer != first_write:
+                problems.append(f"{name} {sent}: {answer}, under a fresh key {first_write}")
     assert not problems, "\n".join(problems)
+    # A guess naming memory the token reads tells only that the key is used, as
+    # the key's use by another principal does.
+    _, used = await mutate(
+        client, w.alice_shared, "withdrawEvidence", {"id": "pw-1", "evidence": "a-ev"}
+    )
+    assert used["errors"][0]["extensions"] == {"code": "IDEMPOTENCY_CONFLICT", "field": "id"}
 
 
 async def test_replays_readable_to_the_token_stay_replays(

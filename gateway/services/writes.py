@@ -535,16 +535,22 @@ class _Batch:
     async def check_replay(
         self, record: Any, reads: Sequence[store.Read], answers: Sequence[Any]
     ) -> None:
-        """Refuse the replay of a write into memory the actor cannot read, as the
-        first write would be refused (NOT_FOUND): a replay's receipt confirms the
-        earlier write's exact content and time. Only a principal's ``shared_only``
-        token can meet one (the writer must be the same principal, and a
-        private-bound token reads every space its principal writes): without this,
-        it could confirm what its private-bound token wrote into the private space
-        it may not read. What the record names is the space it names, or the row
-        its checks read first (``reads``, answered with the claim; every other row
-        it names is in that row's space). A row of an earlier generation is still
-        the same write's: looked up in any generation, as the tenancy shows it."""
+        """For a key used before (a replay, or the same key with other content):
+        refuse a record that names memory the actor cannot read, as its first
+        write would be refused (NOT_FOUND), before the replay's receipt or the
+        conflict is answered. Either would tell a guess of the earlier write's
+        exact content from a wrong one (the receipt, or IDEMPOTENCY_CONFLICT,
+        against the NOT_FOUND of a fresh key). Only a principal's ``shared_only``
+        token needs it: a private-bound token reads every space its principal
+        writes, and another principal's use of the key is a conflict whatever the
+        content. What the record names is the space it names, or the row its
+        checks read first (``reads``, answered with the claim; every other row it
+        names is in that row's space). A row of an earlier generation is still the
+        same write's: looked up in any generation, as the tenancy shows it. That
+        lookup is the one statement a refused replay costs more than a refused
+        fresh key (the claim's read-ahead never holds a row the tenancy hides): it
+        tells only that the key was used, which the conflict of a guess naming
+        readable memory tells anyway."""
         if self.actor.is_operator or self.actor.private_bound:
             return
         team, kind = rec.record_team(record), record.kind
@@ -558,6 +564,8 @@ class _Batch:
         for read, answer in zip(reads, answers, strict=True):
             if isinstance(read, store.ReadVisible) and read.kind == target_kind:
                 row = answer.get(ident)
+                # row-level security keeps unreadable rows out of the read-ahead;
+                # the owner test holds should that wall be missing
                 if row is not None and self._space_allowed(row.space_owner):
                     return
         exists, owner = await store.space_owner_of(self.conn, target_kind, team, ident)
@@ -1701,6 +1709,7 @@ class WriteService:
             await batch.check_replay(record, reads, answers)
             return False, recorded_at
         if claim == "different":
+            await batch.check_replay(record, reads, answers)
             raise _fail(
                 "id",
                 IdempotencyConflict(
