@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -553,6 +554,31 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_port(host: str, port: int) -> None:
+    """Refuse, before anything starts, an address this process cannot listen on.
+
+    uvicorn finds out only when it binds: after the embedded database started
+    and migrations ran, and for ``demo`` after the data loaded and a token was
+    issued and printed under "demo is starting"; it then exits 3 with an
+    ``[Errno 98]`` line among its own. The usual cause is a gateway or demo left
+    running in another terminal. The probe binds the way uvicorn does (IPv6 if
+    the host has a colon, ``SO_REUSEADDR``), so it refuses only what uvicorn
+    would; port 0 (any free port) is never busy."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise ConfigurationError(
+                f"cannot listen on {host}:{port}: {reason} (another gateway or demo still "
+                "running? stop it, or choose another port with --port or RECALL_PORT)"
+            ) from None
+
+
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
     """uvicorn with the read timeouts and the SIGTERM drain of gateway/serving.py;
     in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over."""
@@ -613,6 +639,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     workers = args.workers or settings.workers
+    _check_port(host, port)
     if settings.database_url is None:
         from gateway.services.warmup import check_budget
 
@@ -634,6 +661,7 @@ def demo_dataset() -> list[str]:
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
+    _check_port(host, port)
     started = time.perf_counter()
     with database(settings) as dsn:
         demo_lines = demo_dataset()
@@ -683,6 +711,10 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.mcp import Gateway, http_app, run_stdio
 
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    if args.transport == "http":
+        _check_port(host, port)
     with database(settings) as dsn:
         app = create_app(settings.model_copy(update={"database_url": dsn}))
         token = settings.mcp_token.get_secret_value() if settings.mcp_token else None
@@ -695,8 +727,6 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         import uvicorn
 
-        host = args.host or settings.host
-        port = args.port if args.port is not None else settings.port
         print(f"MCP (streamable HTTP): http://{host}:{port}/mcp", file=sys.stderr, flush=True)
         uvicorn.run(http_app(gateway, host), host=host, port=port, log_level=settings.log_level)
     return 0

@@ -157,6 +157,38 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.parametrize(
+    "command", [["serve"], ["demo"], ["mcp", "--transport", "http"]], ids=lambda c: c[0]
+)
+def test_a_port_in_use_is_refused_before_anything_starts(
+    command: list[str], tmp_path: Path
+) -> None:
+    """A second gateway on a port another process listens on (a demo left
+    running in another terminal) once started the embedded database, migrated,
+    and for ``demo`` loaded the data, issued a token and printed "demo is
+    starting" with its URL, before uvicorn failed to bind (exit 3, under that
+    banner). It is refused first, naming the port and how to choose another,
+    and nothing starts: the data folder stays empty."""
+    data = tmp_path / "data"
+    data.mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        started = time.monotonic()
+        result = run(
+            command, None, RECALL_DATA_DIR=str(data), RECALL_PORT=str(port), RECALL_HOST="127.0.0.1"
+        )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stderr.startswith(
+        f"recall-gateway: error CONFIGURATION_ERROR: cannot listen on 127.0.0.1:{port}: "
+    ), result.stderr
+    assert "--port" in result.stderr and "RECALL_PORT" in result.stderr, result.stderr
+    assert "demo is starting" not in result.stdout and "RECALL_TOKEN" not in result.stdout
+    assert list(data.iterdir()) == [], "a database was started"
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.slow
 def test_demo_serves_viewer_and_stops_its_database(
     tmp_path_factory: pytest.TempPathFactory,
