@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import shutil
 import socket
@@ -554,29 +555,50 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_port(host: str, port: int) -> None:
-    """Refuse, before anything starts, an address this process cannot listen on.
+def check_listen_address(host: str, port: int, workers: int = 1) -> None:
+    """Refuse, before anything starts, an address the server could not listen on.
 
     uvicorn finds out only when it binds: after the embedded database started
     and migrations ran, and for ``demo`` after the data loaded and a token was
     issued and printed under "demo is starting"; it then exits 3 with an
     ``[Errno 98]`` line among its own. The usual cause is a gateway or demo left
-    running in another terminal. The probe binds the way uvicorn does (IPv6 if
-    the host has a colon, ``SO_REUSEADDR``), so it refuses only what uvicorn
-    would; port 0 (any free port) is never busy."""
+    running in another terminal. The probe binds as the bind that follows does,
+    so that it never refuses a start that would work: one worker listens
+    through asyncio's ``create_server`` (every address ``getaddrinfo`` gives,
+    ``SO_REUSEADDR``, IPv6 sockets ``IPV6_V6ONLY``), several through uvicorn's
+    ``Config.bind_socket`` (one socket, IPv6 if the host has a colon,
+    ``SO_REUSEADDR``, dual-stack). Port 0 (any free port) is never busy."""
     if port == 0:
         return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    addresses: list[tuple[socket.AddressFamily, Any]]
+    if workers > 1:
+        addresses = [(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))]
+    else:
         try:
-            probe.bind((host, port))
+            found = socket.getaddrinfo(
+                host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+            )
         except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigurationError(
-                f"cannot listen on {host}:{port}: {reason} (another gateway or demo still "
-                "running? stop it, or choose another port with --port or RECALL_PORT)"
-            ) from None
+            raise ConfigurationError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+        addresses = list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+    for family, address in addresses:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and workers <= 1:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                hint = (
+                    " (another gateway or demo still running? stop it, or choose another port "
+                    "with --port or RECALL_PORT)"
+                    if exc.errno == errno.EADDRINUSE
+                    else ""
+                )
+                raise ConfigurationError(
+                    f"cannot listen on {where}: {exc.strerror or exc}{hint}"
+                ) from None
 
 
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
@@ -639,7 +661,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     workers = args.workers or settings.workers
-    _check_port(host, port)
+    check_listen_address(host, port, workers)
     if settings.database_url is None:
         from gateway.services.warmup import check_budget
 
@@ -661,7 +683,7 @@ def demo_dataset() -> list[str]:
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
-    _check_port(host, port)
+    check_listen_address(host, port)
     started = time.perf_counter()
     with database(settings) as dsn:
         demo_lines = demo_dataset()
@@ -714,7 +736,7 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     if args.transport == "http":
-        _check_port(host, port)
+        check_listen_address(host, port)
     with database(settings) as dsn:
         app = create_app(settings.model_copy(update={"database_url": dsn}))
         token = settings.mcp_token.get_secret_value() if settings.mcp_token else None

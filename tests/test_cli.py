@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from gateway.cli import check_listen_address
+from gateway.errors import ConfigurationError
 from gateway.services.records import RECORD_KINDS
 
 from .conftest import REPO, unique
@@ -175,7 +177,6 @@ def test_a_port_in_use_is_refused_before_anything_starts(
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        started = time.monotonic()
         result = run(
             command, None, RECALL_DATA_DIR=str(data), RECALL_PORT=str(port), RECALL_HOST="127.0.0.1"
         )
@@ -186,7 +187,68 @@ def test_a_port_in_use_is_refused_before_anything_starts(
     assert "--port" in result.stderr and "RECALL_PORT" in result.stderr, result.stderr
     assert "demo is starting" not in result.stdout and "RECALL_TOKEN" not in result.stdout
     assert list(data.iterdir()) == [], "a database was started"
-    assert time.monotonic() - started < 30
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _listening(family: socket.AddressFamily, host: str, port: int = 0) -> socket.socket:
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's listener
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, port))
+    sock.listen()
+    return sock
+
+
+def test_the_port_probe_refuses_only_what_the_bind_would() -> None:
+    """The probe must never refuse a start that would have worked (review of
+    the busy-port check): each case is what the bind that follows does, asyncio's
+    ``create_server`` for one worker, uvicorn's ``bind_socket`` for several."""
+    # a port left in TIME_WAIT by a gateway stopped after serving a request (the
+    # common Ctrl-C and start again) is free to listen on, as SO_REUSEADDR makes it
+    with _listening(socket.AF_INET, "127.0.0.1") as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            served, _ = listener.accept()
+            served.close()  # the server side closes first: it keeps the TIME_WAIT
+            client.recv(1)
+    check_listen_address("127.0.0.1", port)
+    check_listen_address("127.0.0.1", 0)  # any free port
+    # busy: the same address, or the wildcard over a listening loopback
+    with _listening(socket.AF_INET, "127.0.0.1") as busy:
+        port = busy.getsockname()[1]
+        for host in ("127.0.0.1", "0.0.0.0", "localhost"):
+            with pytest.raises(ConfigurationError, match="Address already in use") as refused:
+                check_listen_address(host, port)
+            assert f"{host}:{port}" in str(refused.value) and "RECALL_PORT" in str(refused.value)
+    # an address that is not this machine's is refused without blaming another gateway
+    with pytest.raises(ConfigurationError) as foreign:
+        check_listen_address("192.0.2.1", 18000)
+    assert "cannot listen on 192.0.2.1:18000" in str(foreign.value)
+    assert "another gateway" not in str(foreign.value)
+    if not _ipv6_loopback():
+        return
+    # one worker listens IPv6-only on "::" (asyncio sets IPV6_V6ONLY), so an IPv4
+    # listener on the same port does not stop it; several workers share uvicorn's
+    # dual-stack socket, which it does stop
+    with _listening(socket.AF_INET, "0.0.0.0") as ipv4:
+        port = ipv4.getsockname()[1]
+        check_listen_address("::", port)
+        with pytest.raises(ConfigurationError, match="Address already in use"):
+            check_listen_address("::", port, workers=2)
+    with _listening(socket.AF_INET6, "::1") as busy6:
+        port = busy6.getsockname()[1]
+        with pytest.raises(ConfigurationError) as refused6:
+            check_listen_address("::1", port)
+        assert f"cannot listen on [::1]:{port}: " in str(refused6.value)
 
 
 @pytest.mark.slow
