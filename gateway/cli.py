@@ -313,7 +313,9 @@ def _issue(
 
     token_id = tokens.new_token_id()
     secret = tokens.new_secret()
-    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
+    expires = (
+        datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days is not None else None
+    )
     record = TokenRecord(
         kind="token",
         team=team,
@@ -773,6 +775,26 @@ def _positive(text: str) -> int:
     return value
 
 
+MAX_TOKEN_DAYS = 36500
+"""Longest lifetime ``tokens issue`` gives (100 years); leave the flag out for none."""
+
+
+def _days(text: str) -> float:
+    """A token's lifetime in days: a positive, finite number (fractions allowed).
+    0 once meant "never expires" by accident, a negative number an expired token,
+    and ``nan``, ``inf`` or a huge number a traceback after the database started."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not 0 < value <= MAX_TOKEN_DAYS:  # also false for nan
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a token's lifetime must be more than 0 and at most {MAX_TOKEN_DAYS} "
+            "days (leave the flag out for a token that does not expire)"
+        )
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recall-gateway",
@@ -851,7 +873,13 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--principal", required=True)
     issue.add_argument("--binding", choices=["private", "shared_only"], default="private")
     issue.add_argument("--label")
-    issue.add_argument("--expires-in-days", type=float)
+    issue.add_argument(
+        "--expires-in-days",
+        type=_days,
+        metavar="DAYS",
+        help=f"lifetime in days, more than 0 and at most {MAX_TOKEN_DAYS} (fractions allowed); "
+        "default: the token does not expire",
+    )
     issue.set_defaults(func=cmd_tokens_issue)
     listing = tok_sub.add_parser("list", help="list tokens (IDs, owners, state; never secrets)")
     listing.add_argument("--team", help="only this team's tokens")

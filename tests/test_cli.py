@@ -147,6 +147,36 @@ def test_tokens_issue_prints_a_working_token(dsn: str) -> None:
     assert refused.returncode == 1 and "no principal 'nobody'" in refused.stderr
 
 
+def test_tokens_issue_refuses_a_lifetime_that_is_not_a_positive_number_of_days(
+    dsn: str,
+) -> None:
+    """``--expires-in-days 0`` once issued a token that never expired (0 read as
+    "no expiry"), a negative value one already expired, and ``nan``, ``inf`` or
+    ``1e9`` a traceback after the database had started: each is refused by the
+    argument parser (exit 2, naming the flag) and no token is written. A
+    fraction of a day still issues a token that expires."""
+    team = unique("clidays")
+    assert run(["load", "-"], dsn, stdin=jsonl(team_records(team))).returncode == 0
+    issue = ["tokens", "issue", "--team", team, "--principal", "bob"]
+    for days in ("0", "-1", "nan", "inf", "1e9"):
+        refused = run([*issue, "--expires-in-days", days, "--label", f"days {days}"], dsn)
+        assert refused.returncode == 2, (days, refused.stdout, refused.stderr)
+        assert "--expires-in-days" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr, refused.stderr
+    listed = run(["tokens", "list", "--team", team], dsn)
+    assert listed.returncode == 0, listed.stderr
+    assert "days " not in listed.stdout, listed.stdout
+    issued = run([*issue, "--expires-in-days", "0.5", "--label", "half a day"], dsn)
+    assert issued.returncode == 0, issued.stderr
+    line = next(
+        x
+        for x in run(["tokens", "list", "--team", team], dsn).stdout.splitlines()
+        if x.endswith("half a day")
+    )
+    fields = line.split()
+    assert fields[4] == "active" and fields[6] != "-", line
+
+
 def test_export_schema_matches_committed(tmp_path: Path) -> None:
     out = tmp_path / "schema.graphql"
     assert run(["export-schema", "-o", str(out)], None).returncode == 0
