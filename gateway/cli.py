@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import math
 import os
 import shutil
 import socket
@@ -777,20 +778,25 @@ def _positive(text: str) -> int:
 
 MAX_TOKEN_DAYS = 36500
 """Longest lifetime ``tokens issue`` gives (100 years); leave the flag out for none."""
+MIN_TOKEN_DAYS = 1 / 1440
+"""Shortest: one minute. A shorter one (``1e-9`` days is 86 microseconds) would be
+expired by the time it is printed."""
 
 
 def _days(text: str) -> float:
-    """A token's lifetime in days: a positive, finite number (fractions allowed).
+    """A token's lifetime in days: a finite number from a minute (fractions allowed).
     0 once meant "never expires" by accident, a negative number an expired token,
     and ``nan``, ``inf`` or a huge number a traceback after the database started."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
-    if not 0 < value <= MAX_TOKEN_DAYS:  # also false for nan
+    if not MIN_TOKEN_DAYS <= value <= MAX_TOKEN_DAYS:  # also false for nan
         raise argparse.ArgumentTypeError(
-            f"{text!r}: a token's lifetime must be more than 0 and at most {MAX_TOKEN_DAYS} "
-            "days (leave the flag out for a token that does not expire)"
+            f"{text!r}: a token's lifetime must be at least one minute "
+            f"({math.ceil(MIN_TOKEN_DAYS * 1e6) / 1e6} "
+            f"days) and at most {MAX_TOKEN_DAYS} days (leave the flag out for a token that "
+            "does not expire)"
         )
     return value
 
@@ -877,7 +883,7 @@ def _parser() -> argparse.ArgumentParser:
         "--expires-in-days",
         type=_days,
         metavar="DAYS",
-        help=f"lifetime in days, more than 0 and at most {MAX_TOKEN_DAYS} (fractions allowed); "
+        help=f"lifetime in days, from one minute (fractions allowed) to {MAX_TOKEN_DAYS}; "
         "default: the token does not expire",
     )
     issue.set_defaults(func=cmd_tokens_issue)

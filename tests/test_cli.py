@@ -151,14 +151,15 @@ def test_tokens_issue_refuses_a_lifetime_that_is_not_a_positive_number_of_days(
     dsn: str,
 ) -> None:
     """``--expires-in-days 0`` once issued a token that never expired (0 read as
-    "no expiry"), a negative value one already expired, and ``nan``, ``inf`` or
-    ``1e9`` a traceback after the database had started: each is refused by the
-    argument parser (exit 2, naming the flag) and no token is written. A
-    fraction of a day still issues a token that expires."""
+    "no expiry"), a negative value or one under a minute a token expired by the
+    time it is printed, and ``nan``, ``inf`` or ``1e9`` a traceback after the
+    database had started: each is refused by the argument parser (exit 2, naming
+    the flag) and no token is written. A fraction of a day still issues a token
+    that expires."""
     team = unique("clidays")
     assert run(["load", "-"], dsn, stdin=jsonl(team_records(team))).returncode == 0
     issue = ["tokens", "issue", "--team", team, "--principal", "bob"]
-    for days in ("0", "-1", "nan", "inf", "1e9"):
+    for days in ("0", "-1", "1e-9", "0.0006", "nan", "inf", "1e9"):
         refused = run([*issue, "--expires-in-days", days, "--label", f"days {days}"], dsn)
         assert refused.returncode == 2, (days, refused.stdout, refused.stderr)
         assert "--expires-in-days" in refused.stderr, refused.stderr
