@@ -842,6 +842,16 @@ async def test_a_shared_only_token_cannot_replay_its_owners_private_writes(
             if answer != first_write:
                 problems.append(f"{name} {sent}: {answer}, under a fresh key {first_write}")
     assert not problems, "\n".join(problems)
+    # Another principal's token that is not private-bound, reusing alice's keys:
+    # a write naming memory it cannot read answers as under a fresh key; a
+    # feedback ID is the conflict first (docs/feedback.md), whatever the content.
+    bob_shared = await token(writes, w.team_a, "bob", "shared_only")
+    for name, data, _ in cases[:2]:
+        _, reused = await mutate(client, bob_shared, name, data)
+        _, fresh = await mutate(client, bob_shared, name, rekeyed(name, data))
+        assert reused == fresh and reused["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+    _, reused = await mutate(client, bob_shared, "submitRecallSessionFeedback", feedback)
+    assert reused["errors"][0]["extensions"] == {"code": "IDEMPOTENCY_CONFLICT"}, reused
     # A guess naming memory the token reads tells only that the key is used, as
     # the key's use by another principal does.
     _, used = await mutate(

@@ -540,10 +540,13 @@ class _Batch:
         write would be refused (NOT_FOUND), before the replay's receipt or the
         conflict is answered. Either would tell a guess of the earlier write's
         exact content from a wrong one (the receipt, or IDEMPOTENCY_CONFLICT,
-        against the NOT_FOUND of a fresh key). Only a principal's ``shared_only``
-        token needs it: a private-bound token reads every space its principal
-        writes, and another principal's use of the key is a conflict whatever the
-        content. What the record names is the space it names, or the row its
+        against the NOT_FOUND of a fresh key). Only a token that is not
+        private-bound is checked: a private-bound token reads every space its
+        principal writes, and gets the conflict for another principal's key
+        whatever the content. To any other token, a used key whose content names
+        memory it cannot read, or nothing that exists, answers what that content
+        under a fresh key answers (NOT_FOUND), whoever used the key; else the
+        replay or the conflict. What the record names is the space it names, or the row its
         checks read first (``reads``, answered with the claim; every other row it
         names is in that row's space). A row of an earlier generation is still the
         same write's: looked up in any generation, as the tenancy shows it. That
