@@ -196,6 +196,23 @@ async def test_limits_and_authentication_are_graphql_s(
         assert failed and error["code"] == "UNAUTHENTICATED"
 
 
+async def test_the_stdio_token_is_never_an_http_caller_s(dsn: str, writes: WriteService) -> None:
+    """A server given RECALL_MCP_TOKEN (the stdio caller) and served over HTTP: a
+    request without a token is refused, and a request with another principal's
+    token reads as that principal, never as the configured one."""
+    team, _ = await two_teams(writes)
+    alice = await token(writes, team, "alice")
+    with serve_in_thread(http_app(Gateway(app_for(dsn), alice))) as server:
+        async with connect(server, None) as client:
+            failed, anonymous = await call(
+                client, "trace_memory", {"relationshipId": "rel-private"}
+            )
+        async with connect(server, await token(writes, team, "bob")) as client:
+            bob_failed, bob = await call(client, "trace_memory", {"relationshipId": "rel-private"})
+    assert failed and anonymous["code"] == "UNAUTHENTICATED", anonymous
+    assert bob_failed and bob["code"] == "NOT_FOUND", bob  # alice's private relationship
+
+
 async def test_stdio_with_the_sdk_client(dsn: str, writes: WriteService) -> None:
     team, _ = await two_teams(writes)
     secret = await token(writes, team, "alice")
