@@ -27,8 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import gateway.app as gateway_app
 from gateway.app import create_app
-from gateway.observability import Observability
-from gateway.observability.logs import JsonFormatter
+from gateway.observability import Observability, metrics
+from gateway.observability.logs import JsonFormatter, TextFormatter
+from gateway.observability.metrics import OperationLabels
 from gateway.observability.tracing import exporters, uninstrument_asyncpg
 from gateway.services.writes import WriteService
 from gateway.settings import Settings
@@ -44,6 +45,12 @@ RECALL = """query WhoOwnsBilling($q: String!) {
     degradations { frontier code }
   }
 }"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_operation_labels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own label bound: the process-wide one fills as the suite grows."""
+    monkeypatch.setattr(metrics, "OPERATION_LABELS", OperationLabels())
 
 
 def attributes(span: ReadableSpan) -> Mapping[str, AnyValue]:
@@ -283,6 +290,89 @@ async def test_metrics_after_a_few_requests(
     assert delta("recall_gateway_statements_per_request_sum") >= 3 * 5
     assert after[("recall_gateway_pool_connections", (("state", "max"),))] == 4
     assert ("recall_gateway_pool_connections", (("state", "waiting"),)) in after
+
+
+async def test_a_request_without_a_caller_names_no_operation_in_the_metrics(
+    client: httpx.AsyncClient, writes: WriteService
+) -> None:
+    """/metrics is read by whoever reaches it: the operation names of requests
+    without an authenticated caller (no token, a wrong one) must not become
+    labels there, nor grow the label set; a caller's do."""
+    team = unique("promanon")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    secret = await token(writes, team, "alice")
+    before = _samples((await client.get("/metrics")).text)
+    named = "query AcmeMergerDueDiligence { viewer { principalId } }"
+    for headers in ({}, {"authorization": "Bearer rgt_nosuchtoken.secret"}):
+        refused = await client.post("/graphql", json={"query": named}, headers=headers)
+        assert refused.json()["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    ok = await client.post(
+        "/graphql", json={"query": named}, headers={"authorization": f"Bearer {secret}"}
+    )
+    assert "errors" not in ok.json()
+    text = (await client.get("/metrics")).text
+    after = _samples(text)
+
+    def delta(**labels: str) -> float:
+        key = ("recall_gateway_requests_total", tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta(operation="(unauthenticated)", outcome="UNAUTHENTICATED") == 2
+    assert delta(operation="AcmeMergerDueDiligence", outcome="UNAUTHENTICATED") == 0
+    assert delta(operation="AcmeMergerDueDiligence", outcome="ok") == 1
+
+
+def test_operation_labels_are_bounded_and_well_formed() -> None:
+    labels = OperationLabels(limit=2)
+    # a document that did not parse, or names no definition: no slot taken
+    assert labels("Ghost", "unknown", True) == "(invalid)"
+    assert labels("First", "query", True) == "First"
+    assert labels("Second", "mutation", True) == "Second"
+    assert labels("Third", "query", True) == "(other)"  # past the bound
+    assert labels("First", "query", True) == "First"  # the first names keep theirs
+    assert labels("Second", "query", False) == "(unauthenticated)"
+    assert labels(None, "query", True) == "(anonymous)"
+    assert labels("First", None, True) == "(none)"  # never reached an operation
+    assert labels("no such\noperation", "query", True) == "(invalid)"
+    assert labels("x" * 101, "query", True) == "(invalid)"
+
+
+async def test_request_lines_carry_no_client_line_breaks(
+    client: httpx.AsyncClient, writes: WriteService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A text log is read line by line: a line break the client chose (in an
+    operation name, or a path's %0A) must not forge a line of its own."""
+    team = unique("logforge")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    secret = await token(writes, team, "alice")
+    forged = "x\n2026-12-05 00:00:00,000 INFO gateway.request: FORGED"
+    with caplog.at_level(logging.INFO, logger="gateway.request"):
+        for headers in ({}, {"authorization": f"Bearer {secret}"}):
+            await client.post(
+                "/graphql",
+                json={"query": "query {", "operationName": forged},
+                headers=headers,
+            )
+        await client.get("/nothing%0A2026-12-05 00:00:00,000 INFO gateway.request: FORGED")
+    lines = [TextFormatter().format(r) for r in caplog.records if r.name == "gateway.request"]
+    assert len(lines) == 3
+    for line in lines:
+        assert "\n" not in line and "FORGED" not in line.split("/nothing", 1)[0], line
+    assert "/nothing\\x0a2026" in lines[2]
+
+
+async def test_a_refusal_before_any_operation_is_not_counted_ok(client: httpx.AsyncClient) -> None:
+    before = _samples((await client.get("/metrics")).text)
+    refused = await client.post(
+        "/graphql", content=b"query=1", headers={"content-type": "text/plain"}
+    )
+    assert refused.status_code >= 400
+    after = _samples((await client.get("/metrics")).text)
+    key = (
+        "recall_gateway_requests_total",
+        (("operation", "(none)"), ("outcome", f"http_{refused.status_code}")),
+    )
+    assert after.get(key, 0.0) - before.get(key, 0.0) == 1
 
 
 def test_metrics_add_up_across_worker_processes(tmp_path: Path) -> None:

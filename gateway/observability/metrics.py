@@ -10,9 +10,12 @@ of the living workers (multiprocess).
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import threading
 import weakref
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -69,6 +72,63 @@ POOL = Gauge(
     ["state"],
     multiprocess_mode="livesum",
 )
+
+
+log = logging.getLogger(__name__)
+
+OPERATION_LABELS_MAX: Final = 200
+_GRAPHQL_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]{0,99}")
+
+
+class OperationLabels:
+    """The ``operation`` label of the request metrics (and the request log line's
+    and span's name), bounded.
+
+    The name is the client's: unbounded, a label would let any client grow every
+    worker's label set (and the scrape) at will, put text of its choosing (line
+    breaks too) into every scrape and log line, and show one team's operation
+    names to whoever reads ``/metrics``. So a request without an authenticated
+    caller is ``(unauthenticated)`` whatever it names (also when the database
+    could not say who it is); a request whose document did not parse, or names
+    no definition the document has, or is not a GraphQL name of at most 100
+    characters, is ``(invalid)`` and takes no slot; past ``limit`` distinct
+    names in this process (each worker counts its own), a new one is
+    ``(other)``, with one warning (the names seen first keep their label)."""
+
+    def __init__(self, limit: int = OPERATION_LABELS_MAX) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._full = False
+        self._lock = threading.Lock()  # finish() runs on the loop; the MCP stdio app too
+
+    def __call__(self, name: str | None, operation_type: str | None, caller: bool) -> str:
+        if operation_type is None:
+            return "(none)"  # the request never reached an operation
+        if not caller:
+            return "(unauthenticated)"
+        if operation_type == "unknown" or (
+            name is not None and _GRAPHQL_NAME.fullmatch(name) is None
+        ):
+            return "(invalid)"
+        if name is None:
+            return "(anonymous)"
+        with self._lock:
+            if name in self._seen:
+                return name
+            if len(self._seen) >= self.limit:
+                if not self._full:
+                    self._full = True
+                    log.warning(
+                        "%d distinct operation names labelled in this process; later new "
+                        "names are counted as (other) (docs/observability.md)",
+                        self.limit,
+                    )
+                return "(other)"
+            self._seen.add(name)
+            return name
+
+
+OPERATION_LABELS = OperationLabels()
 
 
 _SIDE_SEEN: weakref.WeakKeyDictionary[Any, tuple[int, int, int]] = weakref.WeakKeyDictionary()

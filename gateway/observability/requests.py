@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ class RequestRecord:
 
     operation: str | None = None
     operation_type: str | None = None
+    caller: bool = False  # the operation ran for an authenticated principal
     execution: Any = None  # strawberry's ExecutionContext, read when the request is done
     degradations: list[str] = field(default_factory=list)
     trace_id: str | None = None
@@ -98,9 +100,10 @@ async def finish(
     # here (the client left) must not cost the request its line.
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.sleep(0)
-    operation = entry.operation or ("(none)" if entry.operation_type is None else "(anonymous)")
+    operation = metrics.OPERATION_LABELS(entry.operation, entry.operation_type, entry.caller)
     outcome = entry.outcome()
-    if outcome == "ok" and status is not None and status >= 500:
+    if outcome == "ok" and status is not None and status >= 400:
+        # refused before any operation ran (a body that is not JSON, 404, 413, 415)
         outcome = f"http_{status}"
     if graphql:
         metrics.REQUESTS.labels(operation, outcome).inc()
@@ -111,7 +114,7 @@ async def finish(
     log.info(
         "%s %s %s %s %s %.1fms",
         method,
-        path,
+        _printable(path),
         operation,
         outcome,
         status if status is not None else "-",
@@ -130,6 +133,15 @@ async def finish(
             "trace_id": entry.trace_id,
         },
     )
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters escaped: a path is the client's, and a
+    line break in it (``%0A``, decoded) would forge a line of a text log."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 class RequestObserver:
@@ -172,6 +184,12 @@ class RequestObserver:
             )
 
 
+def _caller(context: Any) -> bool:
+    """Whether the operation ran for an authenticated principal (the request
+    context of HTTP and MCP alike: gateway.schema.context)."""
+    return getattr(context.context, "principal", None) is not None
+
+
 def observer_extension(tracer: Tracer | None) -> type[SchemaExtension]:
     """A schema extension that names the request's operation and, with a tracer, wraps
     the operation in one span. It hooks the operation, never the fields."""
@@ -206,9 +224,12 @@ def observer_extension(tracer: Tracer | None) -> type[SchemaExtension]:
                 entry.operation = name
                 entry.operation_type = kind or "unknown"
                 entry.execution = context
+                entry.caller = _caller(context)
             if span is not None:
                 errors = getattr(context.result, "errors", None) or context.pre_execution_errors
-                span.update_name(f"{kind or 'graphql'} {name or '(anonymous)'}")
+                # the metrics' label: a bounded name of no client-chosen characters
+                label = metrics.OPERATION_LABELS(name, kind or "unknown", _caller(context))
+                span.update_name(f"{kind or 'graphql'} {label}")
                 span.set_attribute("graphql.operation.name", name or "")
                 span.set_attribute("graphql.operation.type", kind or "unknown")
                 span.set_attribute("graphql.errors", len(errors or ()))
