@@ -125,6 +125,19 @@ async def test_other_principals_spaces_and_generations_are_walled(
         assert {r["owner_principal_id"] for r in seen} == owners, name
         assert {r["team_id"] for r in seen} <= {team}, name
         assert {r["space_id"] for r in generations} == {spaces[o] for o in owners}, name
+        # nor make a space (a principal of its own making gets none either)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with db.tenant(tenant, allowed, readonly=False) as conn:
+                await conn.execute(
+                    "INSERT INTO principals (team_id, id, kind, display_name) "
+                    "VALUES ($1, 'probe', 'agent', 'Probe')",
+                    tenant,
+                )
+                await conn.execute(
+                    "INSERT INTO memory_spaces (team_id, kind, owner_principal_id) "
+                    "VALUES ($1, 'private', 'probe')",
+                    tenant,
+                )
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             async with db.tenant(tenant, allowed, readonly=False) as conn:
                 await conn.execute(
