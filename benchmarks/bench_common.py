@@ -121,13 +121,3 @@ def schedstat_ns(path: str | Path) -> int:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0
-
-
-def threads_cpu_ns(pid: int | str = "self", skip: frozenset[int] = frozenset()) -> int:
-    """Nanoseconds on a CPU of every live thread of ``pid`` but those in ``skip``
-    (native thread IDs)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        if int(task.name) not in skip:
-            total += schedstat_ns(task / "schedstat")
-    return total

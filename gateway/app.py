@@ -33,6 +33,7 @@ from gateway.errors import ConfigurationError, DatabaseUnavailable, GatewayError
 from gateway.http import limits as http_limits
 from gateway.http.body import RequestBodyMiddleware
 from gateway.http.documents import Documents
+from gateway.http.errors import error_response
 from gateway.http.persisted import PersistedQueries, load_manifest
 from gateway.http.view import GraphQLHTTPView
 from gateway.observability import Observability, logs
@@ -117,6 +118,20 @@ class GatewayGraphQL(GraphQLHTTPView):
                 # is down answers DATABASE_UNAVAILABLE, not a 500.
                 ctx.auth_error = exc
         return ctx
+
+
+async def not_found(request: Request, exc: Exception) -> Response:
+    """A path the gateway does not serve: a coded JSON 404 that says where GraphQL
+    is, instead of Starlette's plain-text "Not Found" (what a newcomer opening
+    the server's root in a browser got)."""
+    return error_response(
+        404,
+        "NOT_FOUND",
+        f"nothing is served at '{request.url.path[:200]}': GraphQL is at /graphql "
+        "(POST, or GET; GraphiQL there in a browser when it is on), health at /healthz "
+        "and /readyz",
+        headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
+    )
 
 
 async def healthz(request: Request) -> Response:
@@ -330,6 +345,7 @@ def create_app(
             *(graphql.ide.routes() if graphql.ide else []),
             *observability.routes(),
         ],
+        exception_handlers={404: not_found},
         lifespan=lifespan,
     )
     app.state.drain = None

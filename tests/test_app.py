@@ -140,3 +140,22 @@ async def test_health_and_readiness(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     r = await client.get("/readyz")
     assert r.status_code == 200 and r.json() == {"status": "ready"}
+
+
+async def test_a_path_the_gateway_does_not_serve_says_where_graphql_is(
+    client: httpx.AsyncClient,
+) -> None:
+    """``http://127.0.0.1:8000/`` opened by a newcomer answered Starlette's
+    plain-text ``Not Found``. Any unserved path is now a coded JSON 404 naming the
+    endpoint; the endpoints themselves are unchanged."""
+    for path in ("/", "/graphq", "/api/graphql", "/graphiql/3.9.0/nope.js"):
+        r = await client.get(path)
+        assert r.status_code == 404, (path, r.text)
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.headers["x-content-type-options"] == "nosniff"
+        error = r.json()["errors"][0]
+        assert error["extensions"] == {"code": "NOT_FOUND"}, error
+        assert f"'{path}'" in error["message"] and "/graphql" in error["message"], error
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    r = await _ask(client, None, "{ __typename }")
+    assert r.json() == {"data": {"__typename": "Query"}}

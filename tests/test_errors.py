@@ -44,3 +44,52 @@ async def test_unexpected_error_is_masked_and_logged_with_the_request_id(
     logged = [rec for rec in caplog.records if "req-12345678" in rec.getMessage()]
     assert logged and logged[0].exc_info is not None
     assert "internal-7f3a" in str(logged[0].exc_info[1])
+
+
+async def test_a_malformed_id_is_refused_with_the_form_an_id_takes(
+    dsn: str, writes: WriteService
+) -> None:
+    """Reads said only "is not a well-formed ID" (writes quote the pattern): a
+    caller who typed ``ev note 1`` or pasted a URL learnt nothing of what an ID
+    may hold. Each read argument now says it, with the field as before."""
+    team = unique("idform")
+    await load_jsonl(writes, jsonl(team_records(team)))
+    tok = await token(writes, team, "alice")
+    app = app_for(dsn)
+    cases = [
+        ('{ traceMemory(relationshipId: "rel owner") { truncated } }', "relationshipId"),
+        (
+            '{ recallMemory(query: "x", knownEvidenceIds: ["ok", "ev/1"]) { recallId } }',
+            "knownEvidenceIds",
+        ),
+        (
+            '{ recallMemory(query: "x", knownRelationshipIds: [""]) { recallId } }',
+            "knownRelationshipIds",
+        ),
+        ('{ recallMemory(expandFromEntityIds: ["-x"]) { recallId } }', "expandFromEntityIds"),
+        (
+            'mutation { submitRecallSessionFeedback(input: {feedbackId: "fb 1", '
+            'recallEventId: "00000000-0000-0000-0000-000000000000", used: true}) '
+            "{ created } }",
+            "feedbackId",
+        ),
+        (
+            'mutation { submitRecallSessionFeedback(input: {feedbackId: "fb-1", '
+            'recallEventId: "00000000-0000-0000-0000-000000000000", used: true, '
+            'irrelevantResults: [{frontier: EVIDENCE, id: "ev 1"}]}) { created } }',
+            "irrelevantResults[0]",
+        ),
+        # a trailing newline: `$` alone let it through as a well-formed ID
+        ('{ traceMemory(relationshipId: "rel-owner\\n") { truncated } }', "relationshipId"),
+    ]
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+            for query, field in cases:
+                r = await client.post(
+                    "/graphql", json={"query": query}, headers={"Authorization": f"Bearer {tok}"}
+                )
+                error = r.json()["errors"][0]
+                assert error["extensions"] == {"code": "BAD_USER_INPUT", "field": field}, error
+                assert "not a well-formed ID" in error["message"], error
+                assert "1 to 128 letters, digits" in error["message"], error

@@ -88,6 +88,25 @@ def test_vendoring_refuses_a_package_that_is_not_the_recorded_one(tmp_path: Path
     assert not (tmp_path / "vendor2").exists()
 
 
+async def test_the_page_sends_each_security_header_once(dsn: str) -> None:
+    """The page sets ``Cache-Control`` and ``X-Content-Type-Options`` itself and
+    the GraphQL view added both again: two of each reached the browser."""
+    import httpx
+
+    app = app_for(dsn)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as c:
+            r = await c.get("/graphql", headers={"accept": "text/html"})
+            assert r.status_code == 200 and "GraphiQL" in r.text
+            for name in ("cache-control", "x-content-type-options", "content-security-policy"):
+                assert len(r.headers.get_list(name)) == 1, (name, r.headers.get_list(name))
+            assert r.headers["cache-control"] == "no-store"
+            r = await c.post("/graphql", json={"query": "{ __typename }"})
+            assert r.headers.get_list("cache-control") == ["no-store"], r.headers
+            assert r.headers.get_list("x-content-type-options") == ["nosniff"], r.headers
+
+
 async def test_production_serves_neither_page_nor_files(dsn: str) -> None:
     import httpx
 

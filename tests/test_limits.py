@@ -618,6 +618,37 @@ async def test_malformed_requests_are_coded_4xx_without_a_trace(
     assert not [rec for rec in caplog.records if rec.exc_info or rec.levelname == "ERROR"]
 
 
+async def test_a_post_that_is_not_json_says_which_content_type_to_send(
+    make_client: MakeClient,
+) -> None:
+    """``curl -d '{"query": ...}'`` without ``-H 'Content-Type: application/json'``
+    sends ``application/x-www-form-urlencoded``, the commonest first mistake; the
+    answer was strawberry's bare "Unsupported content type". It stays 400
+    ``BAD_REQUEST`` and now names what came and what to send."""
+    client = await make_client()
+    body = b'{"query": "{ __typename }"}'
+    for content_type, named in [
+        ("application/x-www-form-urlencoded", "application/x-www-form-urlencoded"),
+        ("text/plain; charset=utf-8", "text/plain"),
+        ("application/graphql", "application/graphql"),
+        ("", "none"),
+    ]:
+        headers = {"content-type": content_type} if content_type else {}
+        r = await client.post("/graphql", content=body, headers=headers)
+        assert r.status_code == 400 and code(r) == "BAD_REQUEST", (content_type, r.text)
+        message = r.json()["errors"][0]["message"]
+        assert "Content-Type: application/json" in message, message
+        assert f"got {named}" in message, message
+    # what came is echoed, bounded (a header may hold about 64 KB)
+    r = await client.post("/graphql", content=body, headers={"content-type": "text/" + "a" * 6000})
+    message = r.json()["errors"][0]["message"]
+    assert code(r) == "BAD_REQUEST" and len(message) < 300, len(message)
+    # the JSON types still run, with their parameters
+    for content_type in ("application/json", "application/json; charset=utf-8"):
+        r = await client.post("/graphql", content=body, headers={"content-type": content_type})
+        assert r.json() == {"data": {"__typename": "Query"}}, (content_type, r.text)
+
+
 async def test_nul_in_the_recall_query_is_bad_input(
     make_client: MakeClient, writes: WriteService
 ) -> None:

@@ -15,7 +15,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +29,7 @@ import pytest_asyncio
 from gateway.embedded import EmbeddedPostgres
 from gateway.embeddings import EmbeddingProvider
 from gateway.services.writes import WriteService
+from gateway.store import replicas
 from gateway.store.database import Database, prepare
 from gateway.store.replicas import (
     InvalidPosition,
@@ -38,7 +39,7 @@ from gateway.store.replicas import (
     parse_lsn,
 )
 
-from .conftest import app_for, load_jsonl, unique
+from .conftest import app_for, load_jsonl, unique, until
 from .factories import jsonl, team_records
 from .test_feedback import SUBMIT
 from .test_mutations import REMEMBER_SELECTION, incident_memory
@@ -418,6 +419,201 @@ async def test_overlapping_checks_look_at_a_replica_one_at_a_time(replicated: Re
     finally:
         await router.close()
         await primary.close()
+
+
+class HeldProxy:
+    """A loopback TCP proxy in front of a server's unix socket that holds every
+    connection (reads nothing, forwards nothing) until ``released`` is set, then
+    pipes both ways: a probe "still connecting" to the real server for as long as
+    a test wants (not a database double: the server answers everything)."""
+
+    def __init__(self, server: EmbeddedPostgres) -> None:
+        self.socket = str(server.socket_dir / f".s.PGSQL.{server.port}")
+        self.accepted = asyncio.Event()
+        self.released = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+        self.connections = 0
+
+    async def start(self) -> None:
+        # port 0: the OS's pick, as this suite's other loopback servers
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.accepted.set()
+        await self.released.wait()
+        try:
+            server_r, server_w = await asyncio.open_unix_connection(self.socket)
+        except OSError:  # the server is gone (a failing run): the client sees its end
+            client_w.close()
+            return
+        await asyncio.gather(_pipe(client_r, server_w), _pipe(server_r, client_w))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until either end closes, then close the other (a terminated client's
+    backend then sees the end of its connection and exits)."""
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    except OSError:
+        pass
+    finally:
+        writer.close()
+
+
+@dataclass
+class HeldProbe:
+    """A router whose one replica's probe goes through a :class:`HeldProxy`, and a
+    connection of the test's own to the replica to count the probe's backends."""
+
+    router: ReadRouter
+    proxy: HeldProxy
+    watcher: asyncpg.Connection
+    name: str  # the probe's application_name
+
+    async def gone(self) -> bool:
+        """No backend of the probe's connections on the replica."""
+        count = await self.watcher.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", self.name
+        )
+        return int(count) == 0
+
+
+@asynccontextmanager
+async def held_probe(
+    replicated: Replicated, monkeypatch: pytest.MonkeyPatch, **router: Any
+) -> AsyncIterator[HeldProbe]:
+    """A :class:`HeldProbe` (no monitor started: the test starts what looks), closed
+    afterwards with the proxy released."""
+    # the probe's own bound, out of the way of the hold (60 s, not 1 s)
+    monkeypatch.setattr(replicas, "_PROBE_TIMEOUT_S", 60.0)
+    name = unique("probe")
+    proxy = HeldProxy(replicated.standby)
+    await proxy.start()
+    url = (
+        f"postgresql://postgres@127.0.0.1:{proxy.port}/{replicated.standby.database}"
+        f"?application_name={name}&sslmode=disable"
+    )
+    # The way in works (the hold is the only thing that can stop a probe): through
+    # the proxy, released, a connection reaches the replica by that name.
+    proxy.released.set()
+    direct = await asyncpg.connect(url)
+    try:
+        assert await direct.fetchval("SELECT current_setting('application_name')") == name
+    finally:
+        await direct.close()
+    proxy.released.clear()
+    proxy.accepted.clear()
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    pool = await Database.open(replicated.standby.dsn, min_size=0, max_size=1)
+    held = ReadRouter(primary, [replicas.Replica("replica-1", url, pool)], **router)
+    watcher = await asyncpg.connect(replicated.standby.dsn)
+    try:
+        yield HeldProbe(held, proxy, watcher, name)
+    finally:
+        proxy.released.set()
+        await held.close()
+        await watcher.close()
+        await primary.close()
+        await proxy.close()
+
+
+async def test_close_leaves_no_probe_a_check_was_still_opening(
+    replicated: Replicated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller's check() still connecting the probe when the router closes: close()
+    returns without waiting for it, the connection it gets is closed at once (none
+    stays open on the replica), and a check after close() opens none."""
+    async with held_probe(replicated, monkeypatch) as held:
+        router, proxy, replica = held.router, held.proxy, held.router.replicas[0]
+        checking = asyncio.create_task(router.check())
+        await until(proxy.accepted.is_set, "the probe reached the proxy")
+        await asyncio.wait_for(router.close(), 20)  # returns with the probe held
+        assert not checking.done()
+        proxy.released.set()
+        await asyncio.wait_for(checking, 20)
+        await until(held.gone, "the probe connected after close() was closed")
+        assert replica.probe is None
+        assert (replica.in_rotation, replica.state) == (False, "closed")
+        connections = proxy.connections
+        await router.check()  # after close(): no probe opened, not even for a moment
+        assert proxy.connections == connections
+        assert replica.probe is None and replica.state == "closed"
+
+
+async def test_close_while_the_look_lock_is_held_does_not_wait(replicated: Replicated) -> None:
+    """close() called while the replica's look lock is held (here by the test's own
+    task, as a look that called it would hold it) returns: it does not wait for that
+    lock. The replica is out of rotation at once, its probe closed, and no later
+    check opens one."""
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    router = await ReadRouter.open(primary, [replicated.standby.dsn], max_size=1)
+    replica = router.replicas[0]
+    try:
+        probe = replica.probe
+        assert probe is not None and not probe.is_closed()  # open() looked once
+        assert replica.in_rotation, replica.state
+        async with replica._looking:  # as a look in this task holds it
+            await asyncio.wait_for(router.close(), 20)
+        assert (replica.in_rotation, replica.state) == (False, "closed")
+        assert probe.is_closed() and replica.probe is None
+        await router.check()
+        assert replica.probe is None and replica.state == "closed"
+    finally:
+        await router.close()
+        await primary.close()
+
+
+async def test_a_look_answered_as_the_router_closes_leaves_it_out_of_rotation(
+    replicated: Replicated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() may run after a look's row arrived and before the look resumes (both
+    are ready callbacks of one loop): the replica, in rotation until then, stays out
+    of it. Here close() runs as the real answer is read."""
+    primary = await Database.open(replicated.primary.dsn, max_size=2)
+    router = await ReadRouter.open(primary, [replicated.standby.dsn], max_size=1)
+    replica = router.replicas[0]
+    try:
+        assert replica.in_rotation, replica.state
+        if router._monitor is not None:  # only the check below looks
+            router._monitor.cancel()
+        read = replicas._state
+
+        def closing(row: object) -> tuple[bool, str | None]:
+            replica.close_probe()
+            return read(row)
+
+        monkeypatch.setattr(replicas, "_state", closing)
+        await router.check()
+        assert (replica.in_rotation, replica.state) == (False, "closed")
+    finally:
+        await router.close()
+        await primary.close()
+
+
+async def test_close_during_the_monitors_connect_leaves_no_probe(
+    replicated: Replicated, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shutdown path: the monitor's own look is still connecting (held by the
+    proxy) when close() cancels it. close() returns, and once the connection is let
+    through no probe stays on the replica."""
+    async with held_probe(replicated, monkeypatch, interval_s=0.01) as held:
+        router = held.router
+        router._monitor = asyncio.create_task(router._watch())  # as open() starts it
+        await until(held.proxy.accepted.is_set, "the monitor's probe reached the proxy")
+        await asyncio.wait_for(router.close(), 20)
+        held.proxy.released.set()
+        await asyncio.sleep(0.5)  # time for a connection let through to show up
+        await until(held.gone, "a probe stayed on the replica after close()")
+        assert router.replicas[0].probe is None
 
 
 async def test_commits_are_flushed_before_they_return_when_replicas_are_set(

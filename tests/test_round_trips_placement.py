@@ -147,9 +147,12 @@ async def test_a_claim_sends_the_statement_it_sent_before(dsn: str, writes: Writ
     text and arguments as the numbering it had of its own, and the same answers."""
     team = unique("placed-claim")
     await load_jsonl(writes, jsonl(team_records(team)))
-    reads: list[store.ReadVisible | store.ReadSpace] = [
+    # ReadModel between the others: a parameter it bound of its own would renumber
+    # every lookup after it
+    reads: list[store.Read] = [
         store.ReadSpace(None),
         store.ReadVisible("source", ("src-handbook",)),
+        store.ReadModel(),
         store.ReadVisible("entity", ("billing", "payments-team", "nowhere")),
         store.ReadSpace("alice"),
     ]
@@ -159,6 +162,8 @@ async def test_a_claim_sends_the_statement_it_sent_before(dsn: str, writes: Writ
         if isinstance(read, store.ReadSpace):
             sql = store._SPACE
             args.append(read.owner)
+        elif isinstance(read, store.ReadModel):
+            sql = store._MODEL_AND_PROJECTION  # the team only: the claim's $1
         else:
             sql = store._visible_sql(read.kind)
             args.append(list(read.ids))
@@ -175,12 +180,15 @@ async def test_a_claim_sends_the_statement_it_sent_before(dsn: str, writes: Writ
             claim, _, answers = await store.claim_write(
                 conn, team, "evidence", "ev-placed", bytes(32), "principal:alice", reads=reads
             )
+            alone = await store.embedding_model_and_projection(conn, team)
     finally:
         await db.close()
     claims = [(q, a) for q, a in sent if "INSERT INTO write_log" in q]
     assert claims == [(expected, tuple(args))]
     assert claim == "new"
-    shared, source, entities, private = answers
+    shared, source, model, entities, private = answers
+    # the team's model and projection, as the statement of its own answers them
+    assert model == alone and model[0] is not None and model[1] is not None
     assert shared is not None and shared.owner is None
     assert set(source) == {"src-handbook"}
     assert set(entities) == {"billing", "payments-team"}

@@ -20,6 +20,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
@@ -168,7 +169,8 @@ class GraphiQLPage:
         files = self._load()
         name = request.path_params["name"]
         if files is None or name not in files:
-            return Response("Not Found", status_code=404, media_type="text/plain")
+            # the app's 404 handler answers: coded JSON, like any unserved path
+            raise HTTPException(404)
         data, media_type = files[name]
         return Response(
             data,

@@ -250,7 +250,11 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
             # Answers are per caller and typed by their header: no cache keeps
             # them, no browser sniffs them as something else.
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *_SECURITY_HEADERS]
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                # the GraphiQL page sets them itself: one of each, not two
+                headers += [(n, v) for n, v in _SECURITY_HEADERS if n not in present]
+                message["headers"] = headers
             await send(message)
 
         response: Response
@@ -351,6 +355,16 @@ class GraphQLHTTPView(GraphQL[RequestContext, None]):
                     415,
                     "UNSUPPORTED_MEDIA_TYPE",
                     f"charset={charset} is not supported: send UTF-8.",
+                )
+            media = (request.content_type or "").split(";")[0].strip().lower()
+            multipart = self.multipart_uploads_enabled and media == "multipart/form-data"
+            # strawberry's own test, with its bare "Unsupported content type": say
+            # what came and what to send (curl -d without a Content-Type header
+            # sends a form, the commonest first mistake)
+            if "application/json" not in media and not multipart:
+                raise _bad_request(
+                    f"Unsupported content type (got {media[:100] or 'none'}): send the GraphQL "
+                    "request as a JSON body with the header Content-Type: application/json."
                 )
         return await super().parse_http_body(request)
 

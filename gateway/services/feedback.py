@@ -16,14 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from uuid import UUID
 
 from gateway.errors import IdempotencyConflict, InvalidInput, NotFound
 from gateway.services.auth import Principal
-from gateway.services.recall_input import RecallRequest
+from gateway.services.recall_input import ID_FORM, WELL_FORMED_ID, RecallRequest
 from gateway.services.recall_types import Degradation, RecallOutcome, SuggestedAction
 from gateway.stages import stage
 from gateway.store import feedback as store
@@ -38,7 +37,6 @@ SNAPSHOT_UNAVAILABLE = "recall_feedback_snapshot_unavailable"
 FRONTIERS = ("evidence", "relationship", "community", "hypothesis", "conflict")
 JUDGEMENTS = ("useful", "not_useful", "wrong")
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 MAX_MISSING_CONTEXT = 4000
 MAX_NOTE = 2000
 MAX_IRRELEVANT = 200
@@ -278,8 +276,10 @@ class SessionFeedback:
     hypotheses: tuple[HypothesisJudgement, ...] = ()
 
     def validated_event_id(self) -> UUID:
-        if not _ID.match(self.feedback_id):
-            raise InvalidInput("feedbackId is not a well-formed ID", field="feedbackId")
+        if not WELL_FORMED_ID.fullmatch(self.feedback_id):
+            raise InvalidInput(
+                f"feedbackId is not a well-formed ID ({ID_FORM})", field="feedbackId"
+            )
         try:
             return UUID(self.recall_event_id)
         except ValueError:
@@ -322,8 +322,8 @@ class SessionFeedback:
         for path, frontier, item_id in self.references():
             if frontier not in FRONTIERS:
                 raise InvalidInput(f"unknown frontier '{frontier}'", field=path)
-            if not _ID.match(item_id):
-                raise InvalidInput(f"'{item_id}' is not a well-formed ID", field=path)
+            if not WELL_FORMED_ID.fullmatch(item_id):
+                raise InvalidInput(f"'{item_id}' is not a well-formed ID ({ID_FORM})", field=path)
             if (frontier, item_id) in seen:
                 raise InvalidInput(f"{frontier} '{item_id}' is cited twice", field=path)
             seen.add((frontier, item_id))

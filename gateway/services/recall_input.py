@@ -13,7 +13,12 @@ from datetime import UTC, datetime
 
 from gateway.errors import InvalidInput
 
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+WELL_FORMED_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
+"""What any ID of memory may be: the pattern the loader's and the mutations'
+records hold (services/records.py). Use it with ``fullmatch``: with ``match``,
+``$`` also lets a trailing newline through, which the records' pattern refuses."""
+ID_FORM = "1 to 128 letters, digits, '.', '_', ':' or '-', starting with a letter or digit"
+"""The pattern in words, for refusals: "not a well-formed ID" alone tells a caller nothing."""
 
 MAX_QUERY_CHARS = 2000
 MAX_KNOWN_IDS = 500
@@ -75,8 +80,8 @@ def _ids(name: str, values: Sequence[str] | None, maximum: int) -> tuple[str, ..
     if len(values) > maximum:
         raise InvalidInput(f"{name} takes at most {maximum} IDs; got {len(values)}", field=name)
     for i, value in enumerate(values):
-        if not _ID.match(value):
-            raise InvalidInput(f"{name}[{i}] is not a well-formed ID", field=name)
+        if not WELL_FORMED_ID.fullmatch(value):
+            raise InvalidInput(f"{name}[{i}] is not a well-formed ID ({ID_FORM})", field=name)
     return tuple(dict.fromkeys(values))
 
 

@@ -21,7 +21,6 @@ NotFound.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -30,7 +29,7 @@ from datetime import UTC, datetime
 
 from gateway.errors import DatabaseUnavailable, InvalidInput, NotFound
 from gateway.services.auth import Principal
-from gateway.services.recall_input import Bound
+from gateway.services.recall_input import ID_FORM, WELL_FORMED_ID, Bound
 from gateway.services.recall_types import MAX_CONTEXT_CHARS, ReadView
 from gateway.store import recall as read_store
 from gateway.store import trace as store
@@ -38,8 +37,6 @@ from gateway.store.connection import Conn
 from gateway.store.database import STORE_FAILURES, Database
 from gateway.store.recall import EntityRow, RelationshipRow, SourceRow
 from gateway.store.replicas import ReadRouter
-
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 
 # (default, minimum, maximum). Maxima keep one trace to a few hundred rows.
 TRACE_BOUNDS: dict[str, Bound] = {
@@ -103,8 +100,10 @@ def validate(
 ) -> TraceRequest:
     """The checked request. A malformed ID cannot name anything, so refusing it
     as bad input reveals nothing about what exists."""
-    if not _ID.match(relationship_id):
-        raise InvalidInput("relationshipId is not a well-formed ID", field="relationshipId")
+    if not WELL_FORMED_ID.fullmatch(relationship_id):
+        raise InvalidInput(
+            f"relationshipId is not a well-formed ID ({ID_FORM})", field="relationshipId"
+        )
     known = _instant("knownAt", known_at)
     if known is not None and known > (now or datetime.now(UTC)):
         raise InvalidInput(

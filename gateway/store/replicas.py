@@ -94,6 +94,13 @@ class InvalidPosition(GatewayError):
     code = "INVALID_READ_POSITION"
 
 
+class ReplicaClosed(Exception):
+    """A look at a replica whose router has closed (it opens no connection)."""
+
+
+_LOOK_FAILURES: tuple[type[BaseException], ...] = (ReplicaClosed, *_FAILURES)
+
+
 def parse_lsn(text: str) -> int:
     """``'16/B374D848'`` -> an integer that orders like the log."""
     match = _LSN.match(text.strip())
@@ -199,6 +206,9 @@ class Replica:
     _looking: asyncio.Lock = field(
         default_factory=asyncio.Lock, init=False, repr=False, compare=False
     )
+    # Set by ``close_probe``: a look still connecting then closes what it opens, and
+    # no later look opens a probe.
+    closed: bool = field(default=False, init=False, compare=False)
 
     async def look(self) -> tuple[bool, str | None]:
         """(in recovery, replay position), on the monitor's connection, one look at
@@ -206,13 +216,33 @@ class Replica:
         async with self._looking:
             probe = self.probe
             if probe is None or probe.is_closed():
-                probe = self.probe = await asyncpg.connect(self.url, timeout=_PROBE_TIMEOUT_S)
+                if self.closed:
+                    raise ReplicaClosed(f"{self.name} is closed")
+                probe = await asyncpg.connect(self.url, timeout=_PROBE_TIMEOUT_S)
+                if self.closed:  # closed while this look was connecting
+                    probe.terminate()
+                    raise ReplicaClosed(f"{self.name} is closed")
+                self.probe = probe
             try:
                 return _state(await probe.fetchrow(_REPLICA_STATE, timeout=_PROBE_TIMEOUT_S))
             except BaseException:
                 probe.terminate()
                 self.probe = None
                 raise
+
+    def close_probe(self) -> None:
+        """Take the replica out of rotation and close the monitor's connection for
+        good. It does not take the look's lock (nor await anything): a close called
+        while a look holds it (from inside the look's task, or with the look stuck
+        connecting) must neither wait for that look nor leave it a connection: a
+        look still connecting closes the one it gets (``closed``), a look on the
+        probe fails on the terminated probe, and a look answered just before does
+        not put the replica back (``ReadRouter._check_replica``)."""
+        self.closed = True
+        self.in_rotation, self.state = False, "closed"
+        probe, self.probe = self.probe, None
+        if probe is not None:
+            probe.terminate()
 
 
 @dataclass(frozen=True)
@@ -297,6 +327,8 @@ class ReadRouter:
         return router
 
     async def close(self, wait_s: float | None = None) -> None:
+        """Stop the monitor, then close each replica's probe (without waiting for a
+        look in flight: see ``Replica.close_probe``) and its pool."""
         if self._monitor is not None:
             self._monitor.cancel()
             try:
@@ -304,8 +336,7 @@ class ReadRouter:
             except asyncio.CancelledError:
                 pass
         for replica in self.replicas:
-            if replica.probe is not None:
-                replica.probe.terminate()
+            replica.close_probe()
             await replica.db.close(wait_s)
 
     async def _watch(self) -> None:
@@ -342,8 +373,13 @@ class ReadRouter:
     async def _check_replica(self, replica: Replica) -> None:
         try:
             recovering, text = await replica.look()
-        except _FAILURES as exc:
-            self._set(replica, False, f"unreachable: {type(exc).__name__}")
+        except _LOOK_FAILURES as exc:
+            # a look the router's close() cut short is no sign of a dead replica
+            state = "closed" if replica.closed else f"unreachable: {type(exc).__name__}"
+            self._set(replica, False, state)
+            return
+        if replica.closed:  # closed after the look's answer came, before it resumed
+            self._set(replica, False, "closed")
             return
         if not recovering or text is None:
             self._set(replica, False, "not a replica (not in recovery)")
