@@ -12,8 +12,11 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import errno
+import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -311,7 +314,9 @@ def _issue(
 
     token_id = tokens.new_token_id()
     secret = tokens.new_secret()
-    expires = datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days else None
+    expires = (
+        datetime.now(UTC) + timedelta(days=expires_in_days) if expires_in_days is not None else None
+    )
     record = TokenRecord(
         kind="token",
         team=team,
@@ -553,6 +558,52 @@ def cmd_export_schema(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def check_listen_address(host: str, port: int, workers: int = 1) -> None:
+    """Refuse, before anything starts, an address the server could not listen on.
+
+    uvicorn finds out only when it binds: after the embedded database started
+    and migrations ran, and for ``demo`` after the data loaded and a token was
+    issued and printed under "demo is starting"; it then exits 3 with an
+    ``[Errno 98]`` line among its own. The usual cause is a gateway or demo left
+    running in another terminal. The probe binds as the bind that follows does,
+    so that it never refuses a start that would work: one worker listens
+    through asyncio's ``create_server`` (every address ``getaddrinfo`` gives,
+    ``SO_REUSEADDR``, IPv6 sockets ``IPV6_V6ONLY``), several through uvicorn's
+    ``Config.bind_socket`` (one socket, IPv6 if the host has a colon,
+    ``SO_REUSEADDR``, dual-stack). Port 0 (any free port) is never busy."""
+    if port == 0:
+        return
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    addresses: list[tuple[socket.AddressFamily, Any]]
+    if workers > 1:
+        addresses = [(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))]
+    else:
+        try:
+            found = socket.getaddrinfo(
+                host, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
+            )
+        except OSError as exc:
+            raise ConfigurationError(f"cannot listen on {where}: {exc.strerror or exc}") from None
+        addresses = list(dict.fromkeys((family, address) for family, _, _, _, address in found))
+    for family, address in addresses:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and workers <= 1:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                hint = (
+                    " (another gateway or demo still running? stop it, or choose another port "
+                    "with --port or RECALL_PORT)"
+                    if exc.errno == errno.EADDRINUSE
+                    else ""
+                )
+                raise ConfigurationError(
+                    f"cannot listen on {where}: {exc.strerror or exc}{hint}"
+                ) from None
+
+
 def _run_server(settings: Settings, dsn: str, host: str, port: int, workers: int) -> None:
     """uvicorn with the read timeouts and the SIGTERM drain of gateway/serving.py;
     in-flight requests get ``RECALL_SHUTDOWN_GRACE_MS`` once the drain is over."""
@@ -613,6 +664,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
     workers = args.workers or settings.workers
+    check_listen_address(host, port, workers)
     if settings.database_url is None:
         from gateway.services.warmup import check_budget
 
@@ -634,6 +686,7 @@ def demo_dataset() -> list[str]:
 def cmd_demo(settings: Settings, args: argparse.Namespace) -> int:
     host = args.host or settings.host
     port = args.port if args.port is not None else settings.port
+    check_listen_address(host, port)
     started = time.perf_counter()
     with database(settings) as dsn:
         demo_lines = demo_dataset()
@@ -683,6 +736,10 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.mcp import Gateway, http_app, run_stdio
 
+    host = args.host or settings.host
+    port = args.port if args.port is not None else settings.port
+    if args.transport == "http":
+        check_listen_address(host, port)
     with database(settings) as dsn:
         app = create_app(settings.model_copy(update={"database_url": dsn}))
         token = settings.mcp_token.get_secret_value() if settings.mcp_token else None
@@ -695,8 +752,6 @@ def cmd_mcp(settings: Settings, args: argparse.Namespace) -> int:
             return 0
         import uvicorn
 
-        host = args.host or settings.host
-        port = args.port if args.port is not None else settings.port
         print(f"MCP (streamable HTTP): http://{host}:{port}/mcp", file=sys.stderr, flush=True)
         uvicorn.run(http_app(gateway, host), host=host, port=port, log_level=settings.log_level)
     return 0
@@ -718,6 +773,31 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if not 1 <= value <= 100_000:
         raise argparse.ArgumentTypeError(f"{value} is not between 1 and 100000")
+    return value
+
+
+MAX_TOKEN_DAYS = 36500
+"""Longest lifetime ``tokens issue`` gives (100 years); leave the flag out for none."""
+MIN_TOKEN_DAYS = 1 / 1440
+"""Shortest: one minute. A shorter one (``1e-9`` days is 86 microseconds) would be
+expired by the time it is printed."""
+
+
+def _days(text: str) -> float:
+    """A token's lifetime in days: a finite number from a minute (fractions allowed).
+    0 once meant "never expires" by accident, a negative number an expired token,
+    and ``nan``, ``inf`` or a huge number a traceback after the database started."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of days") from None
+    if not MIN_TOKEN_DAYS <= value <= MAX_TOKEN_DAYS:  # also false for nan
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a token's lifetime must be at least one minute "
+            f"({math.ceil(MIN_TOKEN_DAYS * 1e6) / 1e6} "
+            f"days) and at most {MAX_TOKEN_DAYS} days (leave the flag out for a token that "
+            "does not expire)"
+        )
     return value
 
 
@@ -799,7 +879,13 @@ def _parser() -> argparse.ArgumentParser:
     issue.add_argument("--principal", required=True)
     issue.add_argument("--binding", choices=["private", "shared_only"], default="private")
     issue.add_argument("--label")
-    issue.add_argument("--expires-in-days", type=float)
+    issue.add_argument(
+        "--expires-in-days",
+        type=_days,
+        metavar="DAYS",
+        help=f"lifetime in days, from one minute (fractions allowed) to {MAX_TOKEN_DAYS}; "
+        "default: the token does not expire",
+    )
     issue.set_defaults(func=cmd_tokens_issue)
     listing = tok_sub.add_parser("list", help="list tokens (IDs, owners, state; never secrets)")
     listing.add_argument("--team", help="only this team's tokens")

@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from gateway.cli import check_listen_address
+from gateway.errors import ConfigurationError
 from gateway.services.records import RECORD_KINDS
 
 from .conftest import REPO, unique
@@ -145,6 +147,37 @@ def test_tokens_issue_prints_a_working_token(dsn: str) -> None:
     assert refused.returncode == 1 and "no principal 'nobody'" in refused.stderr
 
 
+def test_tokens_issue_refuses_a_lifetime_that_is_not_a_positive_number_of_days(
+    dsn: str,
+) -> None:
+    """``--expires-in-days 0`` once issued a token that never expired (0 read as
+    "no expiry"), a negative value or one under a minute a token expired by the
+    time it is printed, and ``nan``, ``inf`` or ``1e9`` a traceback after the
+    database had started: each is refused by the argument parser (exit 2, naming
+    the flag) and no token is written. A fraction of a day still issues a token
+    that expires."""
+    team = unique("clidays")
+    assert run(["load", "-"], dsn, stdin=jsonl(team_records(team))).returncode == 0
+    issue = ["tokens", "issue", "--team", team, "--principal", "bob"]
+    for days in ("0", "-1", "1e-9", "0.0006", "nan", "inf", "1e9"):
+        refused = run([*issue, "--expires-in-days", days, "--label", f"days {days}"], dsn)
+        assert refused.returncode == 2, (days, refused.stdout, refused.stderr)
+        assert "--expires-in-days" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr, refused.stderr
+    listed = run(["tokens", "list", "--team", team], dsn)
+    assert listed.returncode == 0, listed.stderr
+    assert "days " not in listed.stdout, listed.stdout
+    issued = run([*issue, "--expires-in-days", "0.5", "--label", "half a day"], dsn)
+    assert issued.returncode == 0, issued.stderr
+    line = next(
+        x
+        for x in run(["tokens", "list", "--team", team], dsn).stdout.splitlines()
+        if x.endswith("half a day")
+    )
+    fields = line.split()
+    assert fields[4] == "active" and fields[6] != "-", line
+
+
 def test_export_schema_matches_committed(tmp_path: Path) -> None:
     out = tmp_path / "schema.graphql"
     assert run(["export-schema", "-o", str(out)], None).returncode == 0
@@ -155,6 +188,98 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize(
+    "command", [["serve"], ["demo"], ["mcp", "--transport", "http"]], ids=lambda c: c[0]
+)
+def test_a_port_in_use_is_refused_before_anything_starts(
+    command: list[str], tmp_path: Path
+) -> None:
+    """A second gateway on a port another process listens on (a demo left
+    running in another terminal) once started the embedded database, migrated,
+    and for ``demo`` loaded the data, issued a token and printed "demo is
+    starting" with its URL, before uvicorn failed to bind (exit 3, under that
+    banner). It is refused first, naming the port and how to choose another,
+    and nothing starts: the data folder stays empty."""
+    data = tmp_path / "data"
+    data.mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run(
+            command, None, RECALL_DATA_DIR=str(data), RECALL_PORT=str(port), RECALL_HOST="127.0.0.1"
+        )
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert result.stderr.startswith(
+        f"recall-gateway: error CONFIGURATION_ERROR: cannot listen on 127.0.0.1:{port}: "
+    ), result.stderr
+    assert "--port" in result.stderr and "RECALL_PORT" in result.stderr, result.stderr
+    assert "demo is starting" not in result.stdout and "RECALL_TOKEN" not in result.stdout
+    assert list(data.iterdir()) == [], "a database was started"
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+def _listening(family: socket.AddressFamily, host: str, port: int = 0) -> socket.socket:
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's listener
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    sock.bind((host, port))
+    sock.listen()
+    return sock
+
+
+def test_the_port_probe_refuses_only_what_the_bind_would() -> None:
+    """The probe must never refuse a start that would have worked (review of
+    the busy-port check): each case is what the bind that follows does, asyncio's
+    ``create_server`` for one worker, uvicorn's ``bind_socket`` for several."""
+    # a port left in TIME_WAIT by a gateway stopped after serving a request (the
+    # common Ctrl-C and start again) is free to listen on, as SO_REUSEADDR makes it
+    with _listening(socket.AF_INET, "127.0.0.1") as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            served, _ = listener.accept()
+            served.close()  # the server side closes first: it keeps the TIME_WAIT
+            client.recv(1)
+    check_listen_address("127.0.0.1", port)
+    check_listen_address("127.0.0.1", 0)  # any free port
+    # busy: the same address, or the wildcard over a listening loopback
+    with _listening(socket.AF_INET, "127.0.0.1") as busy:
+        port = busy.getsockname()[1]
+        for host in ("127.0.0.1", "0.0.0.0", "localhost"):
+            with pytest.raises(ConfigurationError, match="Address already in use") as refused:
+                check_listen_address(host, port)
+            assert f"{host}:{port}" in str(refused.value) and "RECALL_PORT" in str(refused.value)
+    # an address that is not this machine's is refused without blaming another gateway
+    with pytest.raises(ConfigurationError) as foreign:
+        check_listen_address("192.0.2.1", 18000)
+    assert "cannot listen on 192.0.2.1:18000" in str(foreign.value)
+    assert "another gateway" not in str(foreign.value)
+    if not _ipv6_loopback():
+        return
+    # one worker listens IPv6-only on "::" (asyncio sets IPV6_V6ONLY), so an IPv4
+    # listener on the same port does not stop it; several workers share uvicorn's
+    # dual-stack socket, which it does stop
+    with _listening(socket.AF_INET, "0.0.0.0") as ipv4:
+        port = ipv4.getsockname()[1]
+        check_listen_address("::", port)
+        with pytest.raises(ConfigurationError, match="Address already in use"):
+            check_listen_address("::", port, workers=2)
+    with _listening(socket.AF_INET6, "::1") as busy6:
+        port = busy6.getsockname()[1]
+        with pytest.raises(ConfigurationError) as refused6:
+            check_listen_address("::1", port)
+        assert f"cannot listen on [::1]:{port}: " in str(refused6.value)
 
 
 @pytest.mark.slow

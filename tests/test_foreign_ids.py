@@ -775,6 +775,91 @@ async def test_another_teams_keys_are_a_fresh_namespace(
     )
 
 
+async def test_a_shared_only_token_cannot_replay_its_owners_private_writes(
+    client: httpx.AsyncClient, writes: WriteService, db: Database
+) -> None:
+    """A replay (the same key, the same content, the same principal) answers the
+    earlier receipt; but a shared_only token may not read its principal's private
+    space, so its replay of a private write, and any guess at that write's content
+    under the same key, must answer exactly what its write under a fresh key
+    answers (NOT_FOUND): neither the receipt nor a conflict may tell the exact
+    content of the private write (docs/feedback.md refuses the same for recall
+    events of private-bound tokens, for that reason)."""
+    w = await world(writes)
+    event = await recall_event(client, w.alice, "Private note billing latency spikes at noon")
+    feedback = {
+        "feedbackId": "pw-fb",
+        "recallEventId": event,
+        "used": True,
+        "irrelevantResults": [{"frontier": "EVIDENCE", "id": "ev-private"}],
+    }
+
+    def rekeyed(name: str, sent: dict[str, Any]) -> dict[str, Any]:
+        """The same input under a key nobody used (the key of its first record)."""
+        if name == "remember":
+            return {**sent, "source": {**sent["source"], "id": "f-src"}}
+        key = "feedbackId" if name == "submitRecallSessionFeedback" else "id"
+        return {**sent, key: sent[key] + "-fresh"}
+
+    # (mutation, alice's private write, guesses at it under its key)
+    cases: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
+        (
+            "withdrawEvidence",
+            {"id": "pw-1", "evidence": "ev-private2", "reason": "moved"},
+            [
+                {"id": "pw-1", "evidence": "ev-private2", "reason": "other guess"},
+                {"id": "pw-1", "evidence": "ev-private", "reason": "moved"},
+            ],
+        ),
+        (
+            "remember",
+            remember_with(space="PRIVATE"),
+            [
+                remember_with(
+                    space="PRIVATE",
+                    source={"id": "n-src", "type": "DOCUMENT", "title": "Other title"},
+                )
+            ],
+        ),
+        (
+            "submitRecallSessionFeedback",
+            feedback,
+            [
+                {**feedback, "irrelevantResults": [{"frontier": "EVIDENCE", "id": "ev-owner"}]},
+                {**feedback, "used": False},
+            ],
+        ),
+    ]
+    problems = []
+    for name, data, guesses in cases:
+        _, done = await mutate(client, w.alice, name, data)
+        assert all(receipts(done, name)), done
+        for sent in [data, *guesses]:
+            _, answer = await mutate(client, w.alice_shared, name, sent)
+            _, first_write = await mutate(client, w.alice_shared, name, rekeyed(name, sent))
+            code = (first_write.get("errors") or [{}])[0].get("extensions", {}).get("code")
+            assert code == "NOT_FOUND", (name, first_write)
+            if answer != first_write:
+                problems.append(f"{name} {sent}: {answer}, under a fresh key {first_write}")
+    assert not problems, "\n".join(problems)
+    # Another principal's token that is not private-bound, reusing alice's keys:
+    # a write naming memory it cannot read answers as under a fresh key; a
+    # feedback ID is the conflict first (docs/feedback.md), whatever the content.
+    bob_shared = await token(writes, w.team_a, "bob", "shared_only")
+    for name, data, _ in cases[:2]:
+        _, reused = await mutate(client, bob_shared, name, data)
+        _, fresh = await mutate(client, bob_shared, name, rekeyed(name, data))
+        assert reused == fresh and reused["errors"][0]["extensions"]["code"] == "NOT_FOUND"
+    _, reused = await mutate(client, bob_shared, "submitRecallSessionFeedback", feedback)
+    assert reused["errors"][0]["extensions"] == {"code": "IDEMPOTENCY_CONFLICT"}, reused
+    # A guess naming memory the token reads tells only that the key is used, as
+    # the key's use by another principal does.
+    _, used = await mutate(
+        client, w.alice_shared, "withdrawEvidence", {"id": "pw-1", "evidence": "a-ev"}
+    )
+    assert used["errors"][0]["extensions"] == {"code": "IDEMPOTENCY_CONFLICT", "field": "id"}
+
+
 async def test_replays_readable_to_the_token_stay_replays(
     client: httpx.AsyncClient, writes: WriteService, db: Database
 ) -> None:

@@ -147,6 +147,70 @@ async def test_a_tenancy_makes_no_team_principal_token_or_space(
     assert [tuple(r) for r in privileges] == []
 
 
+async def test_other_principals_spaces_and_generations_are_walled(
+    db: Database, writes: WriteService, admin_conn: Conn
+) -> None:
+    """A tenancy sees, and may write, only the spaces it reads (db/0205): not
+    another principal's private space nor its generations, and it cannot reset
+    one (insert its next generation); a shared-only tenancy not even its own
+    principal's private space; another team's tenancy none of them."""
+    team, other = unique("rls-sp"), unique("rls-sq")
+    await load_jsonl(writes, jsonl(team_records(team) + team_records(other)))
+    spaces = await _spaces(admin_conn, team)
+    tenancies = {
+        "bob, private-bound": (team, [spaces[None], spaces["bob"]], {None, "bob"}),
+        "alice, shared only": (team, [spaces[None]], {None}),
+        "another team with these IDs": (other, list(spaces.values()), set()),
+    }
+    for name, (tenant, allowed, owners) in tenancies.items():
+        async with db.tenant(tenant, allowed) as conn:
+            seen = await conn.fetch("SELECT team_id, owner_principal_id FROM memory_spaces")
+            generations = await conn.fetch("SELECT space_id FROM space_generations")
+        assert {r["owner_principal_id"] for r in seen} == owners, name
+        assert {r["team_id"] for r in seen} <= {team}, name
+        assert {r["space_id"] for r in generations} == {spaces[o] for o in owners}, name
+        # nor make a space (a principal of its own making gets none either)
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with db.tenant(tenant, allowed, readonly=False) as conn:
+                await conn.execute(
+                    "INSERT INTO principals (team_id, id, kind, display_name) "
+                    "VALUES ($1, 'probe', 'agent', 'Probe')",
+                    tenant,
+                )
+                await conn.execute(
+                    "INSERT INTO memory_spaces (team_id, kind, owner_principal_id) "
+                    "VALUES ($1, 'private', 'probe')",
+                    tenant,
+                )
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            async with db.tenant(tenant, allowed, readonly=False) as conn:
+                await conn.execute(
+                    "INSERT INTO space_generations "
+                    "(team_id, space_id, generation, reset_id, reason, recorded_by) "
+                    "VALUES ($1, $2, 2, $3, 'not mine', 'principal:bob')",
+                    team,
+                    spaces["alice"],
+                    unique("sneak"),
+                )
+    assert (
+        await admin_conn.fetchval(
+            "SELECT max(generation) FROM space_generations WHERE team_id = $1 AND space_id = $2",
+            team,
+            spaces["alice"],
+        )
+        == 1
+    )
+    # its own spaces it reads, and resets
+    async with db.tenant(team, [spaces[None], spaces["bob"]], readonly=False) as conn:
+        await conn.execute(
+            "INSERT INTO space_generations (team_id, space_id, generation, reset_id, recorded_by) "
+            "VALUES ($1, $2, 2, $3, 'principal:bob')",
+            team,
+            spaces["bob"],
+            unique("reset"),
+        )
+
+
 async def test_every_tenant_table_has_a_policy(admin_conn: Conn) -> None:
     """A table added later without row-level security fails here, not in production."""
     rows = await admin_conn.fetch(

@@ -192,7 +192,10 @@ class FeedbackService:
             principal.team_id, principal.readable_space_ids, readonly=False
         ) as conn:
             earlier = await store.find_feedback(conn, principal.team_id, fb.feedback_id)
-            if earlier is not None:
+            if earlier is not None and earlier.principal != principal.principal_id:
+                raise _conflict(fb)  # another principal's key, whatever the content
+            if earlier is not None and principal.private_space_id is not None:
+                # a private-bound token may cite every event of its principal
                 return _replay(fb, earlier, digest)
             returned = await store.event_items(
                 conn,
@@ -202,8 +205,14 @@ class FeedbackService:
                 principal.token_id,
                 principal.space_kinds,
             )
+            # Also before the principal's own replay or conflict: either would tell
+            # a guess of what was cited from a wrong one, which a token that may not
+            # cite the event must not learn (a shared_only token of the principal
+            # whose private-bound token made the event).
             if returned is None:
                 raise NotFound(f"no recall event '{fb.recall_event_id}'")
+            if earlier is not None:
+                return _replay(fb, earlier, digest)
             for path, frontier, item_id in fb.references():
                 if (frontier, item_id) not in returned:
                     raise InvalidInput(
@@ -233,11 +242,15 @@ class FeedbackService:
         return FeedbackReceipt(fb.feedback_id, fb.recall_event_id, True, recorded)
 
 
+def _conflict(fb: SessionFeedback) -> IdempotencyConflict:
+    return IdempotencyConflict(
+        f"feedback '{fb.feedback_id}' was submitted before with different content"
+    )
+
+
 def _replay(fb: SessionFeedback, earlier: store.StoredFeedback, digest: bytes) -> FeedbackReceipt:
     if earlier.payload_sha256 != digest:
-        raise IdempotencyConflict(
-            f"feedback '{fb.feedback_id}' was submitted before with different content"
-        )
+        raise _conflict(fb)
     return FeedbackReceipt(fb.feedback_id, str(earlier.recall_event_id), False, earlier.recorded_at)
 
 

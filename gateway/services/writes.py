@@ -162,6 +162,9 @@ _TARGET_FIRST: dict[str, tuple[Any, str]] = {
     "conflict_reopening": ("conflict_case", "case"),
     "hypothesis_feedback": ("hypothesis", "hypothesis"),
 }
+# The row a record's checks read first, by kind: (its kind, the record's field).
+# Every other row a record names is in that row's space (or the space it names).
+_REPLAY_TARGET: dict[str, tuple[Any, str]] = {"evidence": ("source", "source"), **_TARGET_FIRST}
 _HYPOTHESIS_STATUS = {
     "confirm": "confirmed",
     "reject": "rejected",
@@ -528,6 +531,51 @@ class _Batch:
         space_id: UUID | None = None,
     ) -> store.Visible:
         return (await self.visible(kind, team, [ident], field_name, space_id=space_id))[ident]
+
+    async def check_replay(
+        self, record: Any, reads: Sequence[store.Read], answers: Sequence[Any]
+    ) -> None:
+        """For a key used before (a replay, or the same key with other content):
+        refuse a record that names memory the actor cannot read, as its first
+        write would be refused (NOT_FOUND), before the replay's receipt or the
+        conflict is answered. Either would tell a guess of the earlier write's
+        exact content from a wrong one (the receipt, or IDEMPOTENCY_CONFLICT,
+        against the NOT_FOUND of a fresh key). Only a token that is not
+        private-bound is checked: a private-bound token reads every space its
+        principal writes, and gets the conflict for another principal's key
+        whatever the content. To any other token, a used key whose content names
+        memory it cannot read, or nothing that exists, answers what that content
+        under a fresh key answers (NOT_FOUND), whoever used the key; else the
+        replay or the conflict. What the record names is the space it names, or the row its
+        checks read first (``reads``, answered with the claim; every other row it
+        names is in that row's space). A row of an earlier generation is still the
+        same write's: looked up in any generation, as the tenancy shows it. That
+        lookup is the one statement a refused replay costs more than a refused
+        fresh key (the claim's read-ahead never holds a row the tenancy hides): it
+        tells only that the key was used, which the conflict of a guess naming
+        readable memory tells anyway."""
+        if self.actor.is_operator or self.actor.private_bound:
+            return
+        team, kind = rec.record_team(record), record.kind
+        space_ref = getattr(record, "space", None) if kind in _SPACE_FIRST else None
+        if space_ref is not None and not self._space_allowed(rec.private_owner(space_ref)):
+            await self.space(team, space_ref)  # not allowed: NOT_FOUND, no statement
+        if kind not in _REPLAY_TARGET:
+            return
+        target_kind, attr = _REPLAY_TARGET[kind]
+        ident = getattr(record, attr)
+        for read, answer in zip(reads, answers, strict=True):
+            if isinstance(read, store.ReadVisible) and read.kind == target_kind:
+                row = answer.get(ident)
+                # row-level security keeps unreadable rows out of the read-ahead;
+                # the owner test holds should that wall be missing
+                if row is not None and self._space_allowed(row.space_owner):
+                    return
+        exists, owner = await store.space_owner_of(self.conn, target_kind, team, ident)
+        if not (exists and self._space_allowed(owner)):
+            raise _fail(
+                attr, NotFound(f"no {target_kind.replace('_', ' ')} '{ident}' in team '{team}'")
+            )
 
     # --- the record kinds -------------------------------------------------------------
 
@@ -1661,8 +1709,10 @@ class WriteService:
             reads=reads,
         )
         if claim == "same":
+            await batch.check_replay(record, reads, answers)
             return False, recorded_at
         if claim == "different":
+            await batch.check_replay(record, reads, answers)
             raise _fail(
                 "id",
                 IdempotencyConflict(

@@ -343,6 +343,25 @@ async def find_visible(
     return _visible_rows([dict(row) for row in rows])
 
 
+async def space_owner_of(
+    conn: Conn, kind: VisibleKind, team: str, ident: str
+) -> tuple[bool, str | None]:
+    """Whether a row of ``kind`` has this ID in any generation, and the owner of
+    its space (None: the shared space), as the caller's tenancy lets it read
+    rows. For a replay's check (``gateway.services.writes``): a row that an
+    earlier generation holds is still the same write's, while a row of a space
+    the caller cannot read is not there for it."""
+    table = "supports" if kind == "support" else _EXTRA[kind][0]
+    row = await conn.fetchrow(
+        f"SELECT s.owner_principal_id FROM {table} o "
+        "JOIN memory_spaces s ON s.team_id = o.team_id AND s.id = o.space_id "
+        "WHERE o.team_id = $1 AND o.id = $2",
+        team,
+        ident,
+    )
+    return (False, None) if row is None else (True, row["owner_principal_id"])
+
+
 def _visible_sql(kind: VisibleKind) -> str:
     if kind == "support":
         return _VISIBLE_SUPPORT
