@@ -1,4 +1,5 @@
-"""Recall's LRU of query embeddings is keyed by the vector space, not by events.
+"""Recall's LRU of query embeddings is keyed by who asks and by the vector space,
+not by events.
 
 A store's first vectors (seen by the store-model watcher of a serving gateway)
 leave the space unchanged: the LRU keeps its vectors. A store moving to another
@@ -24,11 +25,11 @@ from gateway.services.writes import WriteService
 
 from .conftest import app_for, load_jsonl, unique, until
 from .factories import jsonl, team_records
-from .test_recall import recall, token
+from .test_recall import Binding, recall, token
 from .test_reembed import Double
 
 QUESTION = "who owns the billing service"
-ASKER = ("team-a", "alice")
+ASKER = ("team-a", "alice", "private")
 WATCHER = "the store-model watcher (it reads the store about once a second) saw the change"
 
 
@@ -141,24 +142,34 @@ async def test_a_question_asked_by_one_caller_is_not_cached_for_another() -> Non
     assert first is not None
     assert await embeddings.vector(QUESTION, [], ASKER) is first  # the asker's own: cached
     assert double.texts == [QUESTION]
-    for other in (("team-b", "alice"), ("team-a", "bob")):
+    for other in (
+        ("team-b", "alice", "private"),
+        ("team-a", "bob", "private"),
+        ("team-a", "alice", "shared_only"),
+    ):
         assert embeddings.known(QUESTION, other) == (False, None)
         again = await embeddings.vector(QUESTION, [], other)
         assert again is not None and np.array_equal(again, first)
-    assert double.texts == [QUESTION] * 3  # each other caller ran the model
+    assert double.texts == [QUESTION] * 4  # each other caller ran the model
 
 
 async def test_recall_files_a_question_under_its_caller(
     gateway_app: Any, client: Any, writes: WriteService
 ) -> None:
-    """Through the gateway: the same question from two teams' principals and from
-    a second principal of one team is three entries, each under its caller."""
+    """Through the gateway: the same question from two teams' principals, a second
+    principal of one team and a principal's shared_only token is four entries,
+    each under its caller."""
     teams = [unique("lrua"), unique("lrub")]
     for team in teams:
         await load_jsonl(writes, jsonl(team_records(team)))
-    callers = [(teams[0], "alice"), (teams[0], "bob"), (teams[1], "alice")]
+    callers: list[tuple[str, str, Binding]] = [
+        (teams[0], "alice", "private"),
+        (teams[0], "alice", "shared_only"),
+        (teams[0], "bob", "private"),
+        (teams[1], "alice", "private"),
+    ]
     question = f"who owns billing {unique('q')}"
-    for team, principal in callers:
-        await recall(client, await token(writes, team, principal), q=question, limit=3)
+    for team, principal, binding in callers:
+        await recall(client, await token(writes, team, principal, binding), q=question, limit=3)
     cache = gateway_app.state.services.recall.embeddings._cache
-    assert sorted(k[:2] for k in cache if k[3] == question) == sorted(callers)
+    assert sorted(k[:3] for k in cache if k[4] == question) == sorted(callers)

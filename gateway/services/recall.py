@@ -122,8 +122,9 @@ def plan_cache_mode(setting: str) -> str | None:
     return None if setting == "server" else setting
 
 
-Asker = tuple[str, str]
-"""Who asks a question: (team ID, principal ID)."""
+Asker = tuple[str, str, str]
+"""Who asks a question: (team ID, principal ID, the token's binding: a
+principal's shared_only token must not time its private-bound token's questions)."""
 
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
@@ -143,7 +144,7 @@ class QueryEmbeddings:
     the key. What leaves the space unchanged (a store's first vectors, seen by
     the store-model watcher) keeps the LRU.
 
-    It is keyed by who asks too (team and principal): a question found in the
+    It is keyed by who asks too (team, principal, the token's binding): a question found in the
     LRU is answered about 10 ms sooner (the model does not run), so one LRU for
     every caller would tell a caller, by timing, which questions another team
     or another principal had asked lately. A caller's own repeated questions
@@ -168,7 +169,7 @@ class QueryEmbeddings:
         self.embedder = embedder
         self.size = size
         self.store_model = store_model
-        self._cache: OrderedDict[tuple[str, str, str, str], np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str, str, str], np.ndarray] = OrderedDict()
 
     def known(self, query: str | None, asker: Asker) -> tuple[bool, np.ndarray | None]:
         """``(True, vector)`` when :meth:`vector` would answer without running the
@@ -183,7 +184,7 @@ class QueryEmbeddings:
         cached = self._cache.get(self._key(query, asker))
         return (True, cached) if cached is not None else (False, None)
 
-    def _key(self, query: str, asker: Asker) -> tuple[str, str, str, str]:
+    def _key(self, query: str, asker: Asker) -> tuple[str, str, str, str, str]:
         """Who asks (see the class), then what decides a query's vector: the model it
         will be embedded with, and the text."""
         return (*asker, query_model(self.embedder), query)
@@ -241,7 +242,7 @@ class QueryEmbeddings:
             return None
         vector = np.array(vectors[0], dtype=np.float32)
         vector.setflags(write=False)
-        if self.embedder.model == key[2]:
+        if self.embedder.model == key[3]:
             self._cache[key] = vector
             if len(self._cache) > self.size:
                 self._cache.popitem(last=False)
@@ -305,7 +306,7 @@ class RecallService:
             # during the model run instead of after it. Relationship discovery,
             # when a side connection is free, runs there instead, as soon as the
             # view's instant and the embedding are known (_DiscoveryBeside).
-            asker = (principal.team_id, principal.principal_id)
+            asker = (principal.team_id, principal.principal_id, principal.binding)
             ready, known = self.embeddings.known(request.query, asker)
             embedding = asyncio.ensure_future(
                 self.embeddings.vector(request.query, degradations, asker)
