@@ -425,7 +425,9 @@ async def test_a_serving_gateway_follows_the_switch_within_a_second(
         await load(services.db, embedder, team_records("initech"))
         assert services.embedder.model == embedder.model
         question = "who owns the billing service"
-        before = await services.recall.embeddings.vector(question, [])  # now cached
+        before = await services.recall.embeddings.vector(
+            question, [], ("reembed", "alice", "private")
+        )  # now cached
         report = await reembed(services.db, Double(target.model))
         assert report.switched
         await asyncio.sleep(2.5)  # the watcher reads the store's model every second
@@ -433,6 +435,8 @@ async def test_a_serving_gateway_follows_the_switch_within_a_second(
         assert services.embedder.model == target.model
         assert np.array_equal(vectors, target.vectors(["a question after the switch"]))
         # recall's query cache does not hand out the old model's vector
-        after = await services.recall.embeddings.vector(question, [])
+        after = await services.recall.embeddings.vector(
+            question, [], ("reembed", "alice", "private")
+        )
         assert before is not None and after is not None
         assert np.array_equal(after, target.vectors([question])[0])

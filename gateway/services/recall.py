@@ -122,6 +122,10 @@ def plan_cache_mode(setting: str) -> str | None:
     return None if setting == "server" else setting
 
 
+Asker = tuple[str, str, str]
+"""Who asks a question: (team ID, principal ID, the token's binding: a
+principal's shared_only token must not time its private-bound token's questions)."""
+
 QUERY_EMBEDDING_CACHE: Final = 1024
 """Query embeddings kept per process (about 1.5 MB at 384 dimensions): agents
 and type-ahead frontends repeat queries, and an embedding is the largest
@@ -139,6 +143,12 @@ class QueryEmbeddings:
     size is a setting, fixed for the process's life), so they are not part of
     the key. What leaves the space unchanged (a store's first vectors, seen by
     the store-model watcher) keeps the LRU.
+
+    It is keyed by who asks too (team, principal, the token's binding): a question found in the
+    LRU is answered about 10 ms sooner (the model does not run), so one LRU for
+    every caller would tell a caller, by timing, which questions another team
+    or another principal had asked lately. A caller's own repeated questions
+    still hit.
 
     A store moving to another model (``reembed``) never gets an old model's
     vector from here: a following provider's key changes with the store's
@@ -159,9 +169,9 @@ class QueryEmbeddings:
         self.embedder = embedder
         self.size = size
         self.store_model = store_model
-        self._cache: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str, str, str, str], np.ndarray] = OrderedDict()
 
-    def known(self, query: str | None) -> tuple[bool, np.ndarray | None]:
+    def known(self, query: str | None, asker: Asker) -> tuple[bool, np.ndarray | None]:
         """``(True, vector)`` when :meth:`vector` would answer without running the
         model and without a degradation (no query; a query in the LRU), else
         ``(False, None)``: what a recall may send before the embedding is done."""
@@ -171,15 +181,18 @@ class QueryEmbeddings:
         # store moves to another model; only this keeps its old vectors out.
         if self.store_model is not None and self.store_model.mismatch() is not None:
             return False, None
-        cached = self._cache.get(self._key(query))
+        cached = self._cache.get(self._key(query, asker))
         return (True, cached) if cached is not None else (False, None)
 
-    def _key(self, query: str) -> tuple[str, str]:
-        """What decides a query's vector: the model it will be embedded with, and the text."""
-        return (query_model(self.embedder), query)
+    def _key(self, query: str, asker: Asker) -> tuple[str, str, str, str, str]:
+        """Who asks (see the class), then what decides a query's vector: the model it
+        will be embedded with, and the text."""
+        return (*asker, query_model(self.embedder), query)
 
     @stage("query_embedding")
-    async def vector(self, query: str | None, degradations: list[Degradation]) -> np.ndarray | None:
+    async def vector(
+        self, query: str | None, degradations: list[Degradation], asker: Asker
+    ) -> np.ndarray | None:
         if query is None:
             return None
         # Never compare a question of one model with vectors of another: without
@@ -199,7 +212,7 @@ class QueryEmbeddings:
             return None
         # Keyed by the model the vector will come from: after a store moved to
         # another model (reembed), vectors cached before belong to the old one.
-        key = self._key(query)
+        key = self._key(query, asker)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
@@ -229,7 +242,7 @@ class QueryEmbeddings:
             return None
         vector = np.array(vectors[0], dtype=np.float32)
         vector.setflags(write=False)
-        if self.embedder.model == key[0]:
+        if self.embedder.model == key[3]:
             self._cache[key] = vector
             if len(self._cache) > self.size:
                 self._cache.popitem(last=False)
@@ -293,8 +306,11 @@ class RecallService:
             # during the model run instead of after it. Relationship discovery,
             # when a side connection is free, runs there instead, as soon as the
             # view's instant and the embedding are known (_DiscoveryBeside).
-            ready, known = self.embeddings.known(request.query)
-            embedding = asyncio.ensure_future(self.embeddings.vector(request.query, degradations))
+            asker = (principal.team_id, principal.principal_id, principal.binding)
+            ready, known = self.embeddings.known(request.query, asker)
+            embedding = asyncio.ensure_future(
+                self.embeddings.vector(request.query, degradations, asker)
+            )
             if beside is not None:
                 beside.start(embedding)
             try:
