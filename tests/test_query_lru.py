@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.embeddings import LOCAL_MODELS, EmbeddingProvider, LocalModel, Vectors, by_model_id
+from gateway.embeddings import EmbeddingProvider, Vectors, by_model_id
 from gateway.services.recall import QueryEmbeddings
 from gateway.services.reembed import reembed
 from gateway.services.writes import WriteService
@@ -26,7 +26,7 @@ from gateway.services.writes import WriteService
 from .conftest import app_for, load_jsonl, unique, until
 from .factories import jsonl, team_records
 from .test_recall import Binding, recall, token
-from .test_reembed import Double
+from .test_reembed import Double, registered_double
 
 QUESTION = "who owns the billing service"
 ASKER = ("team-a", "alice", "private")
@@ -57,10 +57,7 @@ async def test_a_stores_first_vectors_keep_the_query_lru(
 async def test_a_model_switch_empties_the_query_lru(
     fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = Double("double-lru")
-    monkeypatch.setitem(
-        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
-    )
+    target = registered_double(monkeypatch, "double-lru")
     app = app_for(fresh_dsn)
     async with app.router.lifespan_context(app):
         services = app.state.services
@@ -85,10 +82,7 @@ async def test_a_pinned_gateway_never_serves_a_cached_vector_after_a_switch(
 ) -> None:
     """A gateway that names its model keeps its LRU key when the store moves on:
     the mismatch check, before the LRU, is what keeps the cached vector out."""
-    target = Double("double-pinned")
-    monkeypatch.setitem(
-        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
-    )
+    target = registered_double(monkeypatch, "double-pinned")
     own = by_model_id(embedder.model)
     assert own is not None
     app = app_for(fresh_dsn, embedding_model=own.key)

@@ -69,6 +69,16 @@ class Double:
         return None
 
 
+def registered_double(monkeypatch: pytest.MonkeyPatch, model: str) -> Double:
+    """A :class:`Double` of ``model``, registered as the local model ``double`` for
+    the test (what ``reembed --model double`` and a gateway naming it load)."""
+    double = Double(model)
+    monkeypatch.setitem(
+        LOCAL_MODELS, "double", LocalModel("double", double.model, "none", lambda _: double)
+    )
+    return double
+
+
 class Interrupted(Exception):
     """Stands for Ctrl-C or a killed process half way through a run."""
 
@@ -247,10 +257,7 @@ async def test_one_run_at_a_time_and_nothing_to_do_on_an_empty_store(store: Data
 async def test_a_gateway_follows_the_store_or_refuses_after_the_switch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    double = Double("double-model")
-    monkeypatch.setitem(
-        LOCAL_MODELS, "double", LocalModel("double", double.model, "none", lambda _: double)
-    )
+    double = registered_double(monkeypatch, "double-model")
     minilm = LOCAL_MODELS["minilm"]
 
     following = FollowingProvider(minilm, Double(minilm.model_id), follow=True, batch_size=8)
@@ -291,10 +298,7 @@ def test_cli_reembed_off_a_terminal_prints_progress_lines_and_switches(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    target = Double("double-cli")
-    monkeypatch.setitem(
-        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
-    )
+    target = registered_double(monkeypatch, "double-cli")
     monkeypatch.setenv("DATABASE_URL", fresh_dsn)
     monkeypatch.setenv("RECALL_LOAD_PROGRESS_INTERVAL_S", "0.001")
     file = tmp_path / "memory.jsonl"
@@ -325,10 +329,7 @@ def test_cli_reembed_outpaced_by_writes_fails_with_its_own_code_then_resumes(
 
     The writer is a second connection committing one evidence with an old-model
     vector (as the owner, directly) right before each switch takes its lock."""
-    target = Double("double-outpaced")
-    monkeypatch.setitem(
-        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
-    )
+    target = registered_double(monkeypatch, "double-outpaced")
     monkeypatch.setenv("DATABASE_URL", fresh_dsn)
     file = tmp_path / "memory.jsonl"
     file.write_text(jsonl(team_records("outpaced") + extra_evidence("outpaced", 3)), "utf-8")
@@ -415,10 +416,7 @@ def test_cli_reembed_needs_a_model_under_auto_and_reports_a_current_store(
 async def test_a_serving_gateway_follows_the_switch_within_a_second(
     fresh_dsn: str, embedder: EmbeddingProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    target = Double("double-followed")
-    monkeypatch.setitem(
-        LOCAL_MODELS, "double", LocalModel("double", target.model, "none", lambda _: target)
-    )
+    target = registered_double(monkeypatch, "double-followed")
     app = app_for(fresh_dsn)
     async with app.router.lifespan_context(app):
         services = app.state.services
